@@ -1,0 +1,48 @@
+"""Transactional outbox and inbox for microservices over PostgreSQL and Kafka.
+
+from outbox import Broker
+broker = Broker()
+with conn.transaction():
+    ...business writes...
+    broker.send(conn, "orders.created", {"id": 42}, key="order-42")
+"""
+
+from outbox.broker import Broker, Message
+from outbox.core.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidHeaders,
+    InvalidKey,
+    InvalidTopic,
+    KafkaUnavailable,
+    NotInTransaction,
+    OutboxError,
+    PayloadTooLarge,
+    SchemaNotMigrated,
+    SchemaTooNew,
+    SerializationError,
+    UnsupportedTransaction,
+)
+from outbox.core.retry import Backoff
+from outbox.core.serializers import JsonSerializer, Serializer
+
+__all__ = [
+    "Backoff",
+    "Broker",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "InvalidHeaders",
+    "InvalidKey",
+    "InvalidTopic",
+    "JsonSerializer",
+    "KafkaUnavailable",
+    "Message",
+    "NotInTransaction",
+    "OutboxError",
+    "PayloadTooLarge",
+    "SchemaNotMigrated",
+    "SchemaTooNew",
+    "SerializationError",
+    "Serializer",
+    "UnsupportedTransaction",
+]

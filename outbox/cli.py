@@ -1,0 +1,174 @@
+"""The `outbox` command: migrate, run the relays, run the demo.
+
+Errors are one line on stderr and a non-zero exit: 2 for a usage error, 1 for anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from outbox.core.errors import ConfigurationError, OutboxError
+
+ENV_DATABASE_URL = "OUTBOX_DATABASE_URL"
+ENV_KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
+ENV_SCHEMA = "OUTBOX_SCHEMA"
+
+
+def _kafka_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def _add_database(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(ENV_DATABASE_URL),
+        help=f"PostgreSQL URL (env {ENV_DATABASE_URL})",
+    )
+    parser.add_argument(
+        "--schema",
+        default=os.environ.get(ENV_SCHEMA, "outbox"),
+        help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
+    )
+
+
+def _add_kafka(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kafka-bootstrap",
+        default=os.environ.get(ENV_KAFKA_BOOTSTRAP),
+        help=f"Kafka bootstrap servers, host:port[,...] (env {ENV_KAFKA_BOOTSTRAP})",
+    )
+    parser.add_argument(
+        "--kafka-config",
+        action="append",
+        type=_kafka_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra librdkafka setting; repeatable",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `outbox` command."""
+    parser = argparse.ArgumentParser(
+        prog="outbox", description="Transactional outbox and inbox over PostgreSQL and Kafka."
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    migrate = commands.add_parser("migrate", help="create or upgrade the outbox tables")
+    _add_database(migrate)
+    migrate.add_argument(
+        "--sql", action="store_true", help="print the SQL instead of running it (for a DBA)"
+    )
+
+    producer = commands.add_parser("producer", help="relay producer_queue to Kafka")
+    _add_database(producer)
+    _add_kafka(producer)
+    producer.add_argument("--batch-size", type=int, default=1000)
+    producer.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
+    )
+
+    demo = commands.add_parser(
+        "demo", help="start local servers and show messages travelling end to end"
+    )
+    demo.add_argument("--messages", type=int, default=10)
+    return parser
+
+
+def _require(value: str | None, flag: str, env: str) -> str:
+    if not value:
+        raise ConfigurationError(f"{flag} is required (or set {env})")
+    return value
+
+
+def _install_stop_handlers(stop: object) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("outbox").info("received %s, finishing", signal.Signals(signum).name)
+        stop()  # type: ignore[operator]
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from outbox.postgres import migrate
+
+    if args.sql:
+        sys.stdout.write(migrate.upgrade_sql(args.schema))
+        return 0
+    url = _require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    _check_database(url)
+    migrate.upgrade(url, args.schema)
+    print(f"outbox schema {args.schema!r} is at revision {migrate.head_revision()}")
+    return 0
+
+
+def _check_database(url: str) -> None:
+    import psycopg
+
+    from outbox.core.errors import DatabaseUnavailable
+
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first}") from None
+
+
+def _producer(args: argparse.Namespace) -> int:
+    from outbox.daemons.producer import Producer, ProducerConfig
+
+    config = ProducerConfig(
+        database_url=_require(args.database_url, "--database-url", ENV_DATABASE_URL),
+        kafka_bootstrap=_require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
+        schema=args.schema,
+        kafka_config=dict(args.kafka_config),
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+    )
+    relay = Producer(config)
+    _install_stop_handlers(relay.stop)
+    relay.run()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from outbox.demo import run_demo
+
+    return run_demo(messages=args.messages)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `outbox` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handlers = {"migrate": _migrate, "producer": _producer, "demo": _demo}
+    try:
+        return handlers[args.command](args)
+    except OutboxError as exc:
+        print(f"outbox: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

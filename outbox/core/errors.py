@@ -1,0 +1,55 @@
+"""The exceptions `outbox` raises. Every one is an `OutboxError`."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error raised by outbox."""
+
+
+class InvalidTopic(OutboxError, ValueError):
+    """A topic name Kafka would refuse."""
+
+
+class InvalidKey(OutboxError, ValueError):
+    """A message key that is not str, bytes or None."""
+
+
+class InvalidHeaders(OutboxError, ValueError):
+    """Headers that are not a mapping of str to str or bytes, or that use a reserved name."""
+
+
+class SerializationError(OutboxError, ValueError):
+    """A payload the serializer cannot encode (or a stored payload it cannot decode)."""
+
+
+class PayloadTooLarge(OutboxError, ValueError):
+    """An encoded payload above the configured size limit."""
+
+
+class UnsupportedTransaction(OutboxError, TypeError):
+    """`tx` is not a connection or session that outbox can write with."""
+
+
+class NotInTransaction(OutboxError):
+    """`tx` is in autocommit mode outside a transaction block, or its transaction has failed."""
+
+
+class ConfigurationError(OutboxError, ValueError):
+    """A configuration value that is missing or invalid; the message names it."""
+
+
+class SchemaNotMigrated(OutboxError):
+    """The database has no outbox schema, or an older one: run `outbox migrate`."""
+
+
+class SchemaTooNew(OutboxError):
+    """The database was migrated by a newer version of outbox than this one."""
+
+
+class DatabaseUnavailable(OutboxError):
+    """PostgreSQL cannot be reached with the given URL."""
+
+
+class KafkaUnavailable(OutboxError):
+    """No Kafka broker answered at the given bootstrap address."""

@@ -1,0 +1,55 @@
+"""User headers: validation, and their stored (JSON) and Kafka forms."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from outbox.core.errors import InvalidHeaders
+
+#: Header names starting with this prefix are set by outbox itself.
+RESERVED_PREFIX = "outbox-"
+MESSAGE_ID = "outbox-message-id"
+CREATED_AT = "outbox-created-at"
+CONTENT_TYPE = "content-type"
+
+Headers = Mapping[str, str | bytes]
+
+
+def validate_headers(headers: object) -> dict[str, str | bytes]:
+    """Return headers as a dict, or raise `InvalidHeaders` naming the bad entry."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidHeaders(
+            f"headers must be a mapping of str to str or bytes, got {type(headers).__name__}"
+        )
+    result: dict[str, str | bytes] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidHeaders(f"header name must be a non-empty str, got {name!r}")
+        if name.lower().startswith(RESERVED_PREFIX) or name.lower() == CONTENT_TYPE:
+            raise InvalidHeaders(f"header name {name!r} is reserved by outbox")
+        if not isinstance(value, str | bytes):
+            raise InvalidHeaders(
+                f"header {name!r} must be str or bytes, got {type(value).__name__}"
+            )
+        result[name] = value
+    return result
+
+
+def to_json(headers: Mapping[str, str | bytes]) -> dict[str, Any]:
+    """The stored form: str values as they are, bytes values as {"b64": "..."}."""
+    return {
+        name: value if isinstance(value, str) else {"b64": base64.b64encode(value).decode()}
+        for name, value in headers.items()
+    }
+
+
+def from_json(stored: Mapping[str, Any]) -> dict[str, str | bytes]:
+    """Invert `to_json`."""
+    return {
+        name: value if isinstance(value, str) else base64.b64decode(value["b64"])
+        for name, value in stored.items()
+    }

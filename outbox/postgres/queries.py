@@ -1,0 +1,47 @@
+"""Loads the named statements of `sql/queries.sql` for one schema."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from outbox.core.errors import ConfigurationError
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def validate_schema(schema: object) -> str:
+    """Return `schema` if it is a safe lower-case SQL identifier, else raise."""
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
+        raise ConfigurationError(
+            f"schema {schema!r} is not valid: use 1-63 lower-case letters, digits and "
+            "underscores, starting with a letter or underscore"
+        )
+    return schema
+
+
+def quote_ident(name: str) -> str:
+    """Double-quote an identifier (after validation, as a second line of defence)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@cache
+def _raw() -> dict[str, str]:
+    text = resources.files("outbox.postgres").joinpath("sql/queries.sql").read_text()
+    parts = _NAME.split(text)
+    # parts: [preamble, name1, body1, name2, body2, ...]
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+@cache
+def queries(schema: str) -> dict[str, str]:
+    """All statements with `{schema}` replaced by the quoted, validated schema name."""
+    quoted = quote_ident(validate_schema(schema))
+    return {name: body.replace("{schema}", quoted) for name, body in _raw().items()}
+
+
+def channel(schema: str, queue: str) -> str:
+    """The LISTEN/NOTIFY channel of one queue table in one schema."""
+    return f"{validate_schema(schema)}.{queue}"

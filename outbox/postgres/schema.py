@@ -1,0 +1,95 @@
+"""The declared schema, as SQLAlchemy tables; the migrations must produce exactly this."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    Uuid,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from outbox.postgres.queries import validate_schema
+
+PRODUCER_QUEUE = "producer_queue"
+CONSUMER_QUEUE = "consumer_queue"
+RELAY_STATE = "relay_state"
+
+
+def _message_columns() -> list[Column[object]]:
+    return [
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("message_id", Uuid, nullable=False, unique=True),
+        Column("topic", Text, nullable=False),
+        Column("key", LargeBinary),
+        Column("payload", LargeBinary, nullable=False),
+        Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        Column("content_type", Text, nullable=False),
+        Column("lane", SmallInteger, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        Column("attempts", Integer, nullable=False, server_default=text("0")),
+        Column(
+            "next_attempt_at",
+            DateTime(timezone=True),
+            nullable=False,
+            server_default=text("now()"),
+        ),
+        Column("last_error", Text),
+        Column("dead_at", DateTime(timezone=True)),
+    ]
+
+
+def metadata(schema: str = "outbox") -> MetaData:
+    """The tables of one outbox schema."""
+    md = MetaData(schema=validate_schema(schema))
+    producer = Table(PRODUCER_QUEUE, md, *_message_columns())
+    Index(
+        "producer_queue_lane_id",
+        producer.c.lane,
+        producer.c.id,
+        postgresql_where=producer.c.dead_at.is_(None),
+    )
+    Index(
+        "producer_queue_retry",
+        producer.c.lane,
+        producer.c.key,
+        postgresql_where=text("attempts > 0 AND dead_at IS NULL"),
+    )
+    consumer = Table(
+        CONSUMER_QUEUE,
+        md,
+        *_message_columns(),
+        Column("source_partition", Integer),
+        Column("source_offset", BigInteger),
+        Column(
+            "received_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
+        ),
+        Column("locked_by", Text),
+        Column("locked_until", DateTime(timezone=True)),
+    )
+    Index(
+        "consumer_queue_lane_id",
+        consumer.c.lane,
+        consumer.c.id,
+        postgresql_where=consumer.c.dead_at.is_(None),
+    )
+    Table(
+        RELAY_STATE,
+        md,
+        Column("relay_id", Text, primary_key=True),
+        Column("queue", Text, nullable=False),
+        Column("backend_pid", Integer, nullable=False),
+        Column("sleeping", Boolean, nullable=False, server_default=text("false")),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    )
+    return md
