@@ -1,0 +1,184 @@
+"""pytest plugin: real PostgreSQL and Kafka for outbox tests (loaded via entry point `pytest11`).
+
+Servers start once per session (per xdist worker) on first use, as chosen by
+`outbox.testing.servers.start_servers`; every test gets its own database cloned from a migrated
+template and its own topics. Tests marked `kafka_only` are skipped when the broker is Tansu.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from outbox.testing.servers import (
+    Servers,
+    TansuBroker,
+    create_database,
+    create_topic,
+    drop_database,
+    start_servers,
+)
+
+__all__ = ["DatabaseFactory", "TopicFactory"]
+
+_TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
+_TOPIC_MAX_LEN = 100
+
+
+class DatabaseFactory(Protocol):
+    """Callable returning the URL of a new database, dropped at the end of the test."""
+
+    def __call__(self, *, migrated: bool = True) -> str:
+        """Create a database: cloned from the migrated template, or empty if not `migrated`."""
+        ...
+
+
+class TopicFactory(Protocol):
+    """Callable returning the name of a new topic unique to this test."""
+
+    def __call__(self, partitions: int = 3) -> str:
+        """Create a topic with `partitions` partitions and return its name."""
+        ...
+
+
+@pytest.fixture(scope="session")
+def outbox_servers() -> Iterator[Servers]:
+    """PostgreSQL and Kafka for the whole session; those we started are stopped at its end.
+
+    Source: OUTBOX_TEST_DATABASE_URL / OUTBOX_TEST_KAFKA_BOOTSTRAP if set, else testcontainers
+    when Docker answers (unless OUTBOX_TEST_NO_DOCKER=1), else local PostgreSQL + Tansu.
+    """
+    base_dir = Path(tempfile.mkdtemp(prefix="outbox-test-"))
+    try:
+        servers = start_servers(base_dir)
+        try:
+            yield servers
+        finally:
+            servers.stop()
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def outbox_kafka_bootstrap(outbox_servers: Servers) -> str:
+    """Kafka `bootstrap.servers` value of the session's broker."""
+    return outbox_servers.kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def outbox_admin_url(outbox_servers: Servers) -> str:
+    """Admin URL of the session's PostgreSQL server (its `postgres` database)."""
+    return outbox_servers.postgres.url
+
+
+@pytest.fixture(scope="session")
+def outbox_template(outbox_servers: Servers, outbox_admin_url: str) -> Iterator[str]:
+    """Name of a database migrated to head (schema `outbox`), used as the clone template.
+
+    Connections to it are forbidden after migration (CREATE DATABASE ... TEMPLATE needs that);
+    dropped at session end.
+    """
+    from outbox.postgres.migrate import upgrade  # the package under test; imported late
+
+    name = f"outbox_template_{os.getpid()}"
+    drop_database(outbox_admin_url, name)  # a leftover from a crashed run on an external server
+    create_database(outbox_admin_url, name)
+    try:
+        upgrade(outbox_servers.postgres.url_for(name), schema="outbox")
+        with psycopg.connect(outbox_admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
+                    sql.Identifier(name)
+                )
+            )
+            # Connections the migration leaked would block every clone: end them now.
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
+        yield name
+    finally:
+        drop_database(outbox_admin_url, name)
+
+
+@pytest.fixture
+def outbox_database_factory(
+    request: pytest.FixtureRequest, outbox_servers: Servers, outbox_admin_url: str
+) -> Iterator[DatabaseFactory]:
+    """Factory of fresh databases `t_<hex>` (migrated clone by default); all dropped afterwards.
+
+    The template is only built when a migrated database is first asked for, so migration
+    tests using `migrated=False` do not depend on the migration working.
+    """
+    created: list[str] = []
+
+    def make(*, migrated: bool = True) -> str:
+        template: str | None = request.getfixturevalue("outbox_template") if migrated else None
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        create_database(outbox_admin_url, name, template=template)
+        created.append(name)
+        return outbox_servers.postgres.url_for(name)
+
+    yield make
+    for name in created:
+        drop_database(outbox_admin_url, name)  # WITH (FORCE): leaked connections are ended
+
+
+@pytest.fixture
+def outbox_database_url(outbox_database_factory: DatabaseFactory) -> str:
+    """URL (postgresql://...) of a fresh database already migrated (schema `outbox`)."""
+    return outbox_database_factory()
+
+
+@pytest.fixture
+def outbox_empty_database_url(outbox_database_factory: DatabaseFactory) -> str:
+    """URL of a fresh empty database (no migration applied), for migration tests."""
+    return outbox_database_factory(migrated=False)
+
+
+def _topic_prefix(test_name: str) -> str:
+    prefix = _TOPIC_UNSAFE.sub("_", test_name).strip("._-") or "topic"
+    return prefix[: _TOPIC_MAX_LEN - 9]  # room for "-" and 8 hex digits
+
+
+@pytest.fixture
+def outbox_topic_factory(
+    request: pytest.FixtureRequest, outbox_kafka_bootstrap: str
+) -> TopicFactory:
+    """Factory of new topics named `<sanitized test name>-<8 hex>` (at most 100 characters)."""
+    prefix = _topic_prefix(request.node.name)
+
+    def make(partitions: int = 3) -> str:
+        name = f"{prefix}-{secrets.token_hex(4)}"
+        create_topic(outbox_kafka_bootstrap, name, partitions)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def outbox_topic(outbox_topic_factory: TopicFactory) -> str:
+    """Name of a new topic with 3 partitions, unique to this test."""
+    return outbox_topic_factory()
+
+
+@pytest.fixture(autouse=True)
+def _outbox_skip_kafka_only(request: pytest.FixtureRequest) -> None:
+    """Skip tests marked `kafka_only` when the session's broker is Tansu (not real Kafka)."""
+    if request.node.get_closest_marker("kafka_only") is None:
+        return  # never start servers for tests that do not ask for them
+    servers: Servers = request.getfixturevalue("outbox_servers")
+    if isinstance(servers.kafka, TansuBroker):
+        pytest.skip("kafka_only: needs real Apache Kafka, but this session runs Tansu")
