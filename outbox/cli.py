@@ -160,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     handlers = {"migrate": _migrate, "producer": _producer, "demo": _demo}
     try:
         return handlers[args.command](args)

@@ -25,7 +25,7 @@ def validate_topic(topic: object) -> str:
     if not _LEGAL.fullmatch(topic):
         bad = sorted({c for c in topic if not _LEGAL.fullmatch(c)})
         raise InvalidTopic(
-            f"topic {topic!r} contains {''.join(bad)!r}; "
+            f"topic {topic!r} contains {', '.join(map(repr, bad))}; "
             "only ASCII letters, digits, '.', '_' and '-' are allowed"
         )
     return topic

@@ -246,11 +246,9 @@ class Producer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            # Short slices keep SIGTERM prompt; a notification ends the wait at once.
+            # Short slices keep SIGTERM prompt; a notification ends the wait at once. (Do not
+            # nest notifies() calls: the generator holds the connection lock while suspended.)
             for _ in conn.notifies(timeout=min(remaining, 0.2), stop_after=1):
-                # Drain what else has queued up so one burst costs one wake-up.
-                for _ in conn.notifies(timeout=0):
-                    pass
                 return
 
     def _rebalance(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:

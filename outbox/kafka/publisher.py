@@ -27,6 +27,16 @@ DEFAULTS: dict[str, Any] = {
     "message.timeout.ms": 30000,
     "socket.keepalive.enable": True,
 }
+# Errors after which this client's producer identity is unusable (fenced, or its epoch or
+# sequence lost, as after an outage that timed messages out): a new client gets a new one.
+IDENTITY_LOST = {
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_ID_MAPPING,
+    KafkaError._FATAL,
+}
 # Errors that a retry of the same message cannot fix; such a row goes dead at once.
 PERMANENT = {
     KafkaError.MSG_SIZE_TOO_LARGE,
@@ -108,7 +118,7 @@ class KafkaPublisher:
                 pending -= 1
                 if err is not None:
                     results[index] = _failure(err)
-                    if err.fatal():
+                    if err.fatal() or err.code() in IDENTITY_LOST:
                         fatal.append(err)
 
             return on_delivery
@@ -139,9 +149,8 @@ class KafkaPublisher:
             if time.monotonic() > deadline:  # pragma: no cover - librdkafka contract broken
                 raise RuntimeError(f"{pending} delivery reports never arrived")
         if fatal:
-            # A fatal error (e.g. the idempotent producer lost its sequence) poisons the client;
-            # the failed rows are retried through a new one.
-            log.error("kafka producer hit a fatal error, recreating it: %s", fatal[0].str())
+            # The client is poisoned; the failed rows are retried through a new one.
+            log.error("kafka producer lost its identity, recreating it: %s", fatal[0].str())
             self._producer.flush(0)
             self._producer = Producer(self._config)
         return results

@@ -1,0 +1,148 @@
+"""Pure checks of what `Broker.send` accepts, without any server."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from outbox import (
+    Broker,
+    ConfigurationError,
+    InvalidHeaders,
+    InvalidKey,
+    InvalidTopic,
+    OutboxError,
+    PayloadTooLarge,
+    SerializationError,
+)
+from outbox.core.envelope import compose
+from outbox.core.headers import from_json, to_json, validate_headers
+from outbox.core.lanes import LANES, lane_for
+from outbox.core.serializers import BYTES, JSON, TEXT, JsonSerializer, decode_payload
+from outbox.core.topics import validate_topic
+
+
+def _compose(topic: object = "t", payload: object = b"x", **kw: object) -> object:
+    args: dict[str, object] = {"key": None, "headers": None, "message_id": None}
+    args.update(kw)
+    return compose(
+        topic,
+        payload,
+        serializer=JsonSerializer(),
+        max_payload_bytes=int(args.pop("limit", 100)),  # type: ignore[call-overload]
+        **args,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("topic", "fragment"),
+    [
+        ("", "must not be empty"),
+        ("a" * 250, "250 characters long"),
+        ("orders created", "' '"),
+        ("orders;DROP TABLE x", "';'"),
+        ("orders'--", '"\'"'),
+        ("ordérs", "'é'"),
+        (".", "reserved"),
+        (None, "must be a str"),
+        (42, "must be a str"),
+    ],
+)
+def test_topics_kafka_refuses_are_rejected(topic: object, fragment: str) -> None:
+    with pytest.raises(InvalidTopic) as info:
+        validate_topic(topic)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("topic", ["a", "orders.created", "A-b_c.9", "x" * 249])
+def test_legal_topics_pass(topic: str) -> None:
+    assert validate_topic(topic) == topic
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        ([("a", "b")], "must be a mapping"),
+        ({"a": 1}, "'a' must be str or bytes, got int"),
+        ({"a": None}, "got NoneType"),
+        ({1: "x"}, "non-empty str"),
+        ({"": "x"}, "non-empty str"),
+        ({"outbox-message-id": "x"}, "reserved"),
+        ({"Content-Type": "x"}, "reserved"),
+    ],
+)
+def test_bad_headers_are_rejected(headers: object, fragment: str) -> None:
+    with pytest.raises(InvalidHeaders) as info:
+        validate_headers(headers)
+    assert fragment in str(info.value)
+
+
+def test_headers_round_trip_through_their_stored_form() -> None:
+    headers = {"trace": "abc", "blob": b"\x00\xff", "empty": ""}
+    assert from_json(to_json(headers)) == headers
+
+
+def test_payload_forms_and_content_types() -> None:
+    serializer = JsonSerializer()
+    for payload, content_type in [(b"\x00raw", BYTES), ("text é", TEXT), ({"a": [1, 2]}, JSON)]:
+        message = _compose(payload=payload, limit=1000)
+        assert message.content_type == content_type  # type: ignore[attr-defined]
+        decoded = decode_payload(message.payload, content_type, serializer)  # type: ignore[attr-defined]
+        assert decoded == payload
+
+
+@pytest.mark.parametrize("payload", [object(), {"a": {1, 2}}, float("nan"), {"a": b"bytes"}])
+def test_unserializable_payloads_raise_serialization_error(payload: object) -> None:
+    with pytest.raises(SerializationError) as info:
+        _compose(payload=payload, limit=1000)
+    assert "JSON" in str(info.value)
+
+
+def test_payload_over_the_limit_names_sizes_and_topic() -> None:
+    _compose(payload=b"x" * 100, limit=100)
+    with pytest.raises(PayloadTooLarge) as info:
+        _compose(topic="big.one", payload=b"x" * 101, limit=100)
+    assert "'big.one'" in str(info.value)
+    assert "101 bytes" in str(info.value)
+    assert "100 bytes" in str(info.value)
+
+
+def test_keys_and_message_ids() -> None:
+    with pytest.raises(InvalidKey):
+        _compose(key=42)
+    with pytest.raises(OutboxError, match="not a UUID"):
+        _compose(message_id="nope")
+    mid = uuid.uuid4()
+    message = _compose(key="k", message_id=str(mid))
+    assert message.message_id == mid  # type: ignore[attr-defined]
+    assert message.key == b"k"  # type: ignore[attr-defined]
+
+
+def test_lanes_are_stable_per_key_and_in_range() -> None:
+    ids = [uuid.uuid4() for _ in range(200)]
+    lanes_of_k = {lane_for(b"order-1", i) for i in ids}
+    assert len(lanes_of_k) == 1
+    spread = {lane_for(None, i) for i in ids}
+    assert len(spread) > LANES // 2
+    assert all(0 <= lane < LANES for lane in spread)
+
+
+def test_broker_options_are_validated() -> None:
+    with pytest.raises(ConfigurationError, match="schema"):
+        Broker(schema="bad-schema; drop")
+    with pytest.raises(ConfigurationError, match="max_payload_bytes"):
+        Broker(max_payload_bytes=0)
+
+
+def test_send_many_rejects_duplicate_ids_and_names_the_bad_item() -> None:
+    from outbox import Message
+
+    broker = Broker()
+    mid = uuid.uuid4()
+    with pytest.raises(OutboxError, match="same message_id twice"):
+        broker.send_many(
+            object(), [Message("t", 1, message_id=mid), Message("t", 2, message_id=mid)]
+        )
+    with pytest.raises(InvalidTopic, match="item 1"):
+        broker.send_many(object(), [Message("t", 1), Message("bad topic", 2)])
