@@ -104,7 +104,10 @@ def run_demo(messages: int = 10) -> int:
 
         _say("5. what arrived on Kafka")
         for partition, offset, key, value, received_id in received:
-            _say(f"   partition {partition} offset {offset:>3} key {key:<10} {value}  id {received_id}")
+            _say(
+                f"   partition {partition} offset {offset:>3} key {key:<10} {value}"
+                f"  id {received_id}"
+            )
         ids = [r[4] for r in received]
         lost = set(committed) - set(ids)
         unexpected = set(ids) - set(committed)

@@ -16,6 +16,8 @@ from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID
 from outbox.ports import DeliveryFailure
 
 log = logging.getLogger("outbox.kafka")
+#: librdkafka's own log lines, routed through logging instead of raw stderr.
+rdkafka_log = logging.getLogger("outbox.kafka.librdkafka")
 
 #: Settings the delivery guarantee depends on; a user override that weakens them is refused.
 REQUIRED = {"enable.idempotence": "true", "acks": "all"}
@@ -52,7 +54,7 @@ def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> d
     """librdkafka settings for the relay: defaults, then the user's, then the required ones."""
     if not bootstrap:
         raise ConfigurationError("kafka bootstrap servers are not set (--kafka-bootstrap)")
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, **DEFAULTS}
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, **DEFAULTS, "logger": rdkafka_log}
     for key, value in (extra or {}).items():
         if key in REQUIRED and str(value).lower() != REQUIRED[key]:
             raise ConfigurationError(
@@ -71,12 +73,16 @@ def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> None:
         for k, v in config.items()
         if k.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "client."))
     }
+    # Quiet: the outcome is reported once, below, not as one librdkafka line per retry.
+    admin_config["log_level"] = 0
     try:
         AdminClient(admin_config).list_topics(timeout=timeout)
     except KafkaException as exc:
+        error = exc.args[0]
+        reason = error.str() if isinstance(error, KafkaError) else str(error)
         raise KafkaUnavailable(
             f"no Kafka broker answered at {config.get('bootstrap.servers')} "
-            f"within {timeout:g}s: {exc.args[0]}"
+            f"within {timeout:g}s: {reason}"
         ) from None
 
 

@@ -1,0 +1,255 @@
+"""Every bad input gets its own clear error before anything is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+
+from outbox import (
+    Broker,
+    InvalidHeaders,
+    InvalidKey,
+    InvalidTopic,
+    Message,
+    NotInTransaction,
+    OutboxError,
+    PayloadTooLarge,
+    SerializationError,
+    UnsupportedTransaction,
+)
+from outbox.postgres.migrate import sqlalchemy_url
+from outbox.testing.servers import free_port
+
+broker = Broker(max_payload_bytes=1024)
+
+
+def _rows(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT id, message_id, topic, key, payload, headers FROM outbox.producer_queue "
+            "ORDER BY id"
+        ).fetchall()
+
+
+@pytest.fixture
+def seeded(outbox_database_url: str) -> str:
+    """A database that already holds one message, which no failed send may disturb."""
+    with psycopg.connect(outbox_database_url) as conn, conn.transaction():
+        broker.send(conn, "seed", {"keep": True}, key="seed")
+    return outbox_database_url
+
+
+BAD_SENDS: list[tuple[str, dict[str, Any], type[OutboxError], str]] = [
+    ("empty topic", {"topic": ""}, InvalidTopic, "must not be empty"),
+    ("long topic", {"topic": "t" * 250}, InvalidTopic, "at most 249"),
+    ("space in topic", {"topic": "a b"}, InvalidTopic, "' '"),
+    ("sql in topic", {"topic": "x'); DROP TABLE outbox.producer_queue; --"}, InvalidTopic, "';'"),
+    ("oversized payload", {"payload": b"x" * 1025}, PayloadTooLarge, "1025 bytes"),
+    ("unserializable payload", {"payload": {"when": object()}}, SerializationError, "JSON"),
+    ("int header", {"headers": {"n": 1}}, InvalidHeaders, "'n' must be str or bytes"),
+    ("list headers", {"headers": [("a", "b")]}, InvalidHeaders, "mapping"),
+    ("reserved header", {"headers": {"outbox-message-id": "x"}}, InvalidHeaders, "reserved"),
+    ("float key", {"key": 1.5}, InvalidKey, "got float"),
+    ("bad message id", {"message_id": "not-a-uuid"}, OutboxError, "not a UUID"),
+]
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "fragment"),
+    [case[1:] for case in BAD_SENDS],
+    ids=[case[0] for case in BAD_SENDS],
+)
+def test_bad_send_raises_and_leaves_the_table_and_transaction_intact(
+    seeded: str, override: dict[str, Any], error: type[OutboxError], fragment: str
+) -> None:
+    before = _rows(seeded)
+    args: dict[str, Any] = {"topic": "ok.topic", "payload": {"a": 1}, **override}
+    with psycopg.connect(seeded) as conn:
+        with conn.transaction():
+            with pytest.raises(error) as info:
+                broker.send(
+                    conn,
+                    args.pop("topic"),
+                    args.pop("payload"),
+                    **args,
+                )
+            assert fragment in str(info.value)
+            # Nothing reached the server, so the caller's transaction is still usable.
+            conn.execute("SELECT 1")
+    assert _rows(seeded) == before
+
+
+def test_send_many_with_one_bad_item_writes_none(seeded: str) -> None:
+    before = _rows(seeded)
+    with psycopg.connect(seeded) as conn, conn.transaction():
+        with pytest.raises(PayloadTooLarge, match="item 2"):
+            broker.send_many(
+                conn,
+                [Message("ok", 1), Message("ok", 2), Message("ok", b"x" * 5000)],
+            )
+    assert _rows(seeded) == before
+
+
+def test_unsupported_transaction_handles(seeded: str) -> None:
+    before = _rows(seeded)
+    engine = create_engine(sqlalchemy_url(seeded))
+    try:
+        for handle in ["postgresql://x", None, 42, engine]:
+            with pytest.raises(UnsupportedTransaction, match="cannot send with"):
+                broker.send(handle, "t", b"x")
+        with psycopg.connect(seeded) as conn, conn.cursor() as cursor:
+            with pytest.raises(UnsupportedTransaction, match=r"psycopg\.Connection"):
+                broker.send(cursor, "t", b"x")
+    finally:
+        engine.dispose()
+    assert _rows(seeded) == before
+
+
+async def test_sync_and_async_handles_are_not_mixed_up(seeded: str) -> None:
+    async with await psycopg.AsyncConnection.connect(seeded) as aconn:
+        with pytest.raises(UnsupportedTransaction, match="send_async"):
+            broker.send(aconn, "t", b"x")
+    with psycopg.connect(seeded) as conn:
+        with pytest.raises(UnsupportedTransaction, match=r"broker\.send\("):
+            await broker.send_async(conn, "t", b"x")
+
+
+def test_autocommit_outside_a_transaction_is_refused(seeded: str) -> None:
+    before = _rows(seeded)
+    with psycopg.connect(seeded, autocommit=True) as conn:
+        with pytest.raises(NotInTransaction, match="autocommit"):
+            broker.send(conn, "t", b"x")
+        with conn.transaction():  # the supported way with an autocommit connection
+            broker.send(conn, "t", b"inside")
+    assert len(_rows(seeded)) == len(before) + 1
+
+
+def test_a_failed_transaction_is_refused_with_a_clear_error(seeded: str) -> None:
+    with psycopg.connect(seeded) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(NotInTransaction, match="roll it back"):
+            broker.send(conn, "t", b"x")
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outbox.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fragment in lines[0], lines[0]
+
+
+def test_cli_unreachable_database_is_one_line(outbox_kafka_bootstrap: str) -> None:
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nope"
+    for command in (["migrate"], ["producer", "--kafka-bootstrap", outbox_kafka_bootstrap]):
+        result = _cli(*command, "--database-url", url)
+        _one_line_error(result, "cannot connect to PostgreSQL")
+
+
+def test_cli_malformed_database_url_is_one_line() -> None:
+    result = _cli("migrate", "--database-url", "postgresql://host:notaport/db")
+    _one_line_error(result, "cannot connect to PostgreSQL")
+
+
+def test_cli_missing_settings_name_the_flag_and_env_var() -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+    result = _cli("producer", "--kafka-bootstrap", "127.0.0.1:1", env=env)
+    _one_line_error(result, "--database-url is required (or set OUTBOX_DATABASE_URL)")
+    result = _cli("producer", "--database-url", "postgresql://x/y", env=env)
+    _one_line_error(result, "--kafka-bootstrap is required (or set OUTBOX_KAFKA_BOOTSTRAP)")
+
+
+def test_cli_unmigrated_database_says_to_migrate(
+    outbox_empty_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    result = _cli(
+        "producer",
+        "--database-url",
+        outbox_empty_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+    )
+    _one_line_error(result, "run `outbox migrate")
+
+
+def test_cli_unreachable_kafka_is_one_line(outbox_database_url: str) -> None:
+    result = _cli(
+        "producer",
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        f"127.0.0.1:{free_port()}",
+        "--kafka-config",
+        "socket.connection.setup.timeout.ms=1000",
+    )
+    _one_line_error(result, "no Kafka broker answered")
+
+
+def test_cli_refuses_weakened_delivery_settings(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    result = _cli(
+        "producer",
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+        "--kafka-config",
+        "acks=1",
+    )
+    _one_line_error(result, "acks=1 would weaken delivery")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["producer", "--kafka-config", "no-equals-sign"], "expected key=value"),
+        (["producer", "--batch-size", "many"], "invalid int value"),
+        (["nonsense"], "invalid choice"),
+    ],
+)
+def test_cli_usage_errors_exit_2(args: list[str], fragment: str) -> None:
+    result = _cli(*args)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+
+
+def test_cli_bad_schema_name(outbox_database_url: str, outbox_kafka_bootstrap: str) -> None:
+    result = _cli(
+        "producer",
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+        "--schema",
+        "x; DROP SCHEMA outbox",
+    )
+    _one_line_error(result, "schema 'x; DROP SCHEMA outbox' is not valid")
+
+
+def test_message_id_given_twice_across_transactions_is_rejected_by_the_database(
+    seeded: str,
+) -> None:
+    mid = uuid.uuid4()
+    with psycopg.connect(seeded) as conn:
+        with conn.transaction():
+            broker.send(conn, "t", b"1", message_id=mid)
+        with pytest.raises(psycopg.errors.UniqueViolation), conn.transaction():
+            broker.send(conn, "t", b"2", message_id=mid)

@@ -1,0 +1,132 @@
+"""The Alembic chain: a fresh upgrade yields the declared schema; down and up round-trip."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine
+
+from outbox import Broker, SchemaNotMigrated, SchemaTooNew
+from outbox.postgres import migrate
+from outbox.postgres.schema import metadata
+
+
+def _tables(url: str, schema: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _diff(url: str, schema: str) -> list[object]:
+    engine = create_engine(migrate.sqlalchemy_url(url))
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "include_schemas": True,
+                    "version_table_schema": schema,
+                    "include_name": lambda name, type_, _parent: (
+                        type_ != "schema" or name == schema
+                    ),
+                    "include_object": lambda _o, name, type_, *_: name != "alembic_version",
+                },
+            )
+            return list(compare_metadata(context, metadata(schema)))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("schema", ["outbox", "billing_outbox"])
+def test_fresh_upgrade_matches_the_declared_schema(
+    outbox_empty_database_url: str, schema: str
+) -> None:
+    migrate.upgrade(outbox_empty_database_url, schema)
+    assert _tables(outbox_empty_database_url, schema) == {
+        "alembic_version",
+        "producer_queue",
+        "consumer_queue",
+        "relay_state",
+    }
+    assert _diff(outbox_empty_database_url, schema) == []
+
+
+def test_downgrade_and_upgrade_round_trip(outbox_empty_database_url: str) -> None:
+    url = outbox_empty_database_url
+    migrate.upgrade(url)
+    migrate.downgrade(url)
+    assert _tables(url, "outbox") == {"alembic_version"}
+    migrate.upgrade(url)
+    assert _diff(url, "outbox") == []
+    with psycopg.connect(url) as conn:
+        with conn.transaction():
+            Broker().send(conn, "after.roundtrip", b"x")
+        assert conn.execute("SELECT count(*) FROM outbox.producer_queue").fetchone() == (1,)
+
+
+def test_two_schemas_live_side_by_side(outbox_empty_database_url: str) -> None:
+    url = outbox_empty_database_url
+    migrate.upgrade(url, "svc_a")
+    migrate.upgrade(url, "svc_b")
+    with psycopg.connect(url) as conn, conn.transaction():
+        Broker(schema="svc_a").send(conn, "t", b"a")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM svc_a.producer_queue").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM svc_b.producer_queue").fetchone() == (0,)
+
+
+def test_migrate_sql_prints_the_ddl_and_touches_nothing(outbox_empty_database_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "migrate", "--sql", "--schema", "ops_outbox"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert 'CREATE SCHEMA IF NOT EXISTS "ops_outbox"' in result.stdout
+    assert "CREATE TABLE ops_outbox.producer_queue" in result.stdout
+    assert "CREATE TABLE ops_outbox.consumer_queue" in result.stdout
+    assert "COMMIT" in result.stdout
+    # The printed SQL is what a DBA would apply: it must produce the declared schema.
+    with psycopg.connect(outbox_empty_database_url, autocommit=True) as conn:
+        conn.execute(result.stdout.encode())
+    assert _diff(outbox_empty_database_url, "ops_outbox") == []
+
+
+def test_migrate_command_migrates(outbox_empty_database_url: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "outbox.cli",
+            "migrate",
+            "--database-url",
+            outbox_empty_database_url,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "at revision" in result.stdout
+    assert "producer_queue" in _tables(outbox_empty_database_url, "outbox")
+
+
+def test_schema_check_tells_to_migrate_or_to_upgrade_outbox(
+    outbox_empty_database_url: str,
+) -> None:
+    url = outbox_empty_database_url
+    with psycopg.connect(url, autocommit=True) as conn:
+        with pytest.raises(SchemaNotMigrated, match="run `outbox migrate"):
+            migrate.check_schema(conn, "outbox")
+    migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate.check_schema(conn, "outbox")
+        conn.execute("UPDATE outbox.alembic_version SET version_num = '9999_from_the_future'")
+        with pytest.raises(SchemaTooNew, match="newer outbox"):
+            migrate.check_schema(conn, "outbox")
