@@ -1,5 +1,8 @@
 """producer_queue, consumer_queue and relay_state
 
+consumer_queue keeps a processed row (payload cleared) for the dedup window, so that a
+redelivered message meets the unique message_id and is stored once.
+
 Revision ID: 0001
 Revises:
 Create Date: 2026-11-25
@@ -74,16 +77,29 @@ def upgrade(schema: str) -> None:
             nullable=False,
             server_default=sa.text("now()"),
         ),
-        sa.Column("locked_by", sa.Text()),
-        sa.Column("locked_until", sa.DateTime(timezone=True)),
+        sa.Column("processed_at", sa.DateTime(timezone=True)),
         schema=schema,
     )
     op.create_index(
-        "consumer_queue_lane_id",
+        "consumer_queue_pending",
         "consumer_queue",
         ["lane", "id"],
         schema=schema,
-        postgresql_where=sa.text("dead_at IS NULL"),
+        postgresql_where=sa.text("processed_at IS NULL AND dead_at IS NULL"),
+    )
+    op.create_index(
+        "consumer_queue_retry",
+        "consumer_queue",
+        ["lane", "key"],
+        schema=schema,
+        postgresql_where=sa.text("attempts > 0 AND processed_at IS NULL AND dead_at IS NULL"),
+    )
+    op.create_index(
+        "consumer_queue_processed",
+        "consumer_queue",
+        ["processed_at"],
+        schema=schema,
+        postgresql_where=sa.text("processed_at IS NOT NULL"),
     )
     op.create_table(
         "relay_state",

@@ -29,10 +29,19 @@ def quote_ident(name: str) -> str:
 
 @cache
 def _raw() -> dict[str, str]:
-    text = resources.files("outbox.postgres").joinpath("sql/queries.sql").read_text()
-    parts = _NAME.split(text)
-    # parts: [preamble, name1, body1, name2, body2, ...]
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """Every named statement of every `sql/*.sql` file; a name may appear only once."""
+    statements: dict[str, str] = {}
+    folder = resources.files("outbox.postgres").joinpath("sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME.split(entry.read_text())
+        # parts: [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in statements:
+                raise RuntimeError(f"SQL statement {name!r} is defined twice ({entry.name})")
+            statements[name] = body.strip()
+    return statements
 
 
 @cache

@@ -74,14 +74,24 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column(
             "received_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
         ),
-        Column("locked_by", Text),
-        Column("locked_until", DateTime(timezone=True)),
+        Column("processed_at", DateTime(timezone=True)),
     )
     Index(
-        "consumer_queue_lane_id",
+        "consumer_queue_pending",
         consumer.c.lane,
         consumer.c.id,
-        postgresql_where=consumer.c.dead_at.is_(None),
+        postgresql_where=text("processed_at IS NULL AND dead_at IS NULL"),
+    )
+    Index(
+        "consumer_queue_retry",
+        consumer.c.lane,
+        consumer.c.key,
+        postgresql_where=text("attempts > 0 AND processed_at IS NULL AND dead_at IS NULL"),
+    )
+    Index(
+        "consumer_queue_processed",
+        consumer.c.processed_at,
+        postgresql_where=text("processed_at IS NOT NULL"),
     )
     Table(
         RELAY_STATE,
