@@ -1,0 +1,257 @@
+"""The loop both queue relays share: own lanes, fetch, process, and sleep without the NOTIFY trap.
+
+A relay (the Producer on `producer_queue`, the Handler on `consumer_queue`) owns a fair share of
+the lanes through PostgreSQL session advisory locks, which die with its connection; within a lane
+rows are processed in id order, so several relays keep per-key order. While it has nothing to
+do it sets its `relay_state.sleeping` flag, so writers NOTIFY only then, and polls on a
+geometric schedule so a missed notification delays a row but never strands it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+import psycopg
+from psycopg.rows import tuple_row
+from tenacity import Retrying, retry_if_exception_type, wait_exponential
+
+from outbox.core.errors import DatabaseUnavailable
+from outbox.core.lanes import LANES
+from outbox.postgres.migrate import check_schema
+from outbox.postgres.queries import channel, queries, quote_ident
+
+log = logging.getLogger("outbox.relay")
+
+#: After going idle a relay polls again after these delays (seconds) before settling on the
+#: poll interval; this bounds the delay of a row whose NOTIFY was skipped or lost.
+IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+Row = TypeVar("Row")
+
+
+def new_relay_id() -> str:
+    """host:pid:random, unique per relay process and start."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's text, for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def connect(url: str, *, timeout: float, application_name: str) -> Connection:
+    """An autocommit connection for a relay's control loop."""
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        row_factory=tuple_row,
+        connect_timeout=max(1, int(timeout)),
+        application_name=application_name,
+    )
+
+
+class LaneRelay(Generic[Row]):
+    """Base of the relays: subclasses say how to fetch a batch and how to process it."""
+
+    #: Which table the relay drains: "producer_queue" or "consumer_queue".
+    table: str
+    #: The relay_state.queue value of this kind of relay.
+    kind: str
+
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        schema: str,
+        poll_interval: float,
+        rebalance_interval: float,
+        connect_timeout: float,
+        relay_id: str,
+    ) -> None:
+        self.database_url = database_url
+        self.schema = schema
+        self.poll_interval = poll_interval
+        self.rebalance_interval = rebalance_interval
+        self.connect_timeout = connect_timeout
+        self.relay_id = relay_id
+        self.sql = queries(schema)
+        self.channel = channel(schema, self.table)
+        self._lock_class = zlib.crc32(f"{schema}.{self.table}".encode()) & 0x7FFFFFFF
+        self._stop = threading.Event()
+        self.lanes: set[int] = set()
+        self._next_rebalance = 0.0
+
+    # -- for subclasses ------------------------------------------------------------------------
+
+    def fetch(self, conn: Connection, lanes: list[int]) -> Sequence[Row]:
+        """The next rows to process from `lanes`, in id order; empty when there is nothing."""
+        raise NotImplementedError
+
+    def process(self, conn: Connection, rows: Sequence[Row]) -> None:
+        """Process one batch completely (a stop request waits for it)."""
+        raise NotImplementedError
+
+    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
+        """Seconds until the earliest scheduled retry in `lanes`, or None."""
+        return None
+
+    def housekeeping(self, conn: Connection) -> None:
+        """Periodic work done between batches (retention, for example)."""
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the relay to finish the batch in hand and return from `serve_forever`."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def connect(self) -> Connection:
+        return connect(
+            self.database_url,
+            timeout=self.connect_timeout,
+            application_name=f"outbox-{self.kind}",
+        )
+
+    def check_database(self) -> None:
+        """Fail fast with one clear error on an unreachable database or a wrong schema."""
+        try:
+            conn = self.connect()
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
+        with conn:
+            check_schema(conn, self.schema)
+
+    def serve_forever(self) -> None:
+        """Run until `stop()`; reconnect with backoff whenever the database connection drops."""
+        while not self.stopping:
+            try:
+                conn = self._connect_retrying()
+            except psycopg.OperationalError:
+                break  # raised only once stopping
+            try:
+                with conn:
+                    self._serve(conn)
+            except psycopg.OperationalError as exc:
+                log.warning("%s lost the database connection (%s); reconnecting", self.kind, exc)
+                self.lanes.clear()
+
+    def _connect_retrying(self) -> Connection:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(psycopg.OperationalError),
+            wait=wait_exponential(multiplier=0.1, max=5),
+            stop=lambda _state: self.stopping,
+            reraise=True,
+            before_sleep=lambda state: log.warning(
+                "cannot reach PostgreSQL (attempt %d): %s",
+                state.attempt_number,
+                state.outcome.exception() if state.outcome else "",
+            ),
+        ):
+            with attempt:
+                return self.connect()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _serve(self, conn: Connection) -> None:
+        relay = {"relay_id": self.relay_id, "queue": self.kind}
+        conn.execute(self.sql["relay_forget_dead"])
+        conn.execute(self.sql["relay_register"], relay)
+        conn.execute(f"LISTEN {quote_ident(self.channel)}")
+        self.lanes.clear()
+        self._next_rebalance = 0.0
+        sleeping = False
+        idle_step = 0
+        try:
+            while not self.stopping:
+                self._rebalance(conn)
+                rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
+                if rows:
+                    if sleeping:
+                        conn.execute(self.sql["relay_set_sleeping"], {**relay, "sleeping": False})
+                        sleeping = False
+                    idle_step = 0
+                    self.process(conn, rows)
+                    continue
+                if not sleeping:
+                    # Announce the nap, then look once more: a row committed before the flag
+                    # was visible to its writer would otherwise wait for the next poll.
+                    conn.execute(self.sql["relay_set_sleeping"], {**relay, "sleeping": True})
+                    sleeping = True
+                    self.housekeeping(conn)
+                    continue
+                self._wait(conn, self._idle_timeout(conn, idle_step))
+                idle_step += 1
+        finally:
+            if not conn.closed:
+                conn.execute(self.sql["relay_unregister"], relay)
+
+    def _idle_timeout(self, conn: Connection, step: int) -> float:
+        timeout = IDLE_POLLS[step] if step < len(IDLE_POLLS) else self.poll_interval
+        timeout = min(timeout, self.poll_interval)
+        if self.lanes:
+            due = self.next_due(conn, sorted(self.lanes))
+            if due is not None:
+                timeout = max(0.0, min(timeout, due))
+        return timeout
+
+    def _wait(self, conn: Connection, timeout: float) -> None:
+        """Sleep until a NOTIFY, `timeout` or stop, whichever comes first."""
+        deadline = time.monotonic() + timeout
+        while not self.stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            # Short slices keep SIGTERM prompt; a notification ends the wait at once. (Do not
+            # nest notifies() calls: the generator holds the connection lock while suspended.)
+            for _ in conn.notifies(timeout=min(remaining, 0.2), stop_after=1):
+                return
+
+    def _rebalance(self, conn: Connection) -> None:
+        """Hold a fair share of the lanes: ceil(LANES / live relays of this kind)."""
+        now = time.monotonic()
+        if now < self._next_rebalance:
+            return
+        self._next_rebalance = now + self.rebalance_interval
+        conn.execute(self.sql["relay_forget_dead"])
+        row = conn.execute(self.sql["relay_count"], {"queue": self.kind}).fetchone()
+        relays = max(1, int(row[0]) if row else 1)
+        target = math.ceil(LANES / relays)
+        if len(self.lanes) > target:
+            for lane in sorted(self.lanes)[target:]:
+                conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self._lock_class, lane))
+                self.lanes.discard(lane)
+        elif len(self.lanes) < target:
+            held = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT objid::int FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND classid::int = %s AND objsubid = 2 AND granted",
+                    (self._lock_class,),
+                )
+            }
+            free = [lane for lane in range(LANES) if lane not in held]
+            random.shuffle(free)
+            for lane in free:
+                if len(self.lanes) >= target:
+                    break
+                got = conn.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", (self._lock_class, lane)
+                ).fetchone()
+                if got and got[0]:
+                    self.lanes.add(lane)
