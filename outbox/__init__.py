@@ -8,6 +8,7 @@ with conn.transaction():
 """
 
 from outbox.broker import Broker, Message
+from outbox.core.envelope import InboxMessage
 from outbox.core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -23,6 +24,7 @@ from outbox.core.errors import (
     SerializationError,
     UnsupportedTransaction,
 )
+from outbox.core.handlers import HandlerConflict, Handlers
 from outbox.core.retry import Backoff
 from outbox.core.serializers import JsonSerializer, Serializer
 
@@ -31,6 +33,9 @@ __all__ = [
     "Broker",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "HandlerConflict",
+    "Handlers",
+    "InboxMessage",
     "InvalidHeaders",
     "InvalidKey",
     "InvalidTopic",

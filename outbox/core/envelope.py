@@ -86,3 +86,21 @@ def compose(
         headers=valid_headers,
         lane=lane_for(raw_key, mid),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class InboxMessage:
+    """What a handler receives: the decoded message and where it is in its retries."""
+
+    id: UUID
+    topic: str
+    key: bytes | None
+    payload: Any
+    raw_payload: bytes
+    content_type: str
+    headers: dict[str, str | bytes]
+    attempt: int
+    created_at: datetime
+    received_at: datetime
+    partition: int | None = None
+    offset: int | None = None

@@ -91,3 +91,92 @@ FROM unnest(
     CAST(%(delays)s AS float8[])
 ) AS f(id, error, delay)
 WHERE q.id = f.id;
+
+-- name: inbox_insert
+-- Store a batch of Kafka records, once per message id: a record delivered again (by Kafka, by a
+-- relay that re-sent it, or by a replay) meets the unique message_id, pending or processed,
+-- and is skipped. Then wake a sleeping Handler.
+WITH inserted AS (
+    INSERT INTO {schema}.consumer_queue
+        (message_id, topic, key, payload, headers, content_type, lane, created_at,
+         source_partition, source_offset)
+    SELECT * FROM unnest(
+        CAST(%(message_ids)s AS uuid[]),
+        CAST(%(topics)s AS text[]),
+        CAST(%(keys)s AS bytea[]),
+        CAST(%(payloads)s AS bytea[]),
+        CAST(%(headers)s AS jsonb[]),
+        CAST(%(content_types)s AS text[]),
+        CAST(%(lanes)s AS smallint[]),
+        CAST(%(created_ats)s AS timestamptz[]),
+        CAST(%(partitions)s AS integer[]),
+        CAST(%(offsets)s AS bigint[])
+    )
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING 1
+), woken AS (
+    SELECT pg_notify(%(channel)s, '')
+    FROM {schema}.relay_state
+    WHERE queue = 'handler' AND sleeping
+    LIMIT 1
+)
+SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken);
+
+-- name: handler_fetch
+-- The next pending rows of the owned lanes, in id order; a key whose earlier row waits for a
+-- retry is held back, so a handler sees each key's messages in order.
+WITH blocked AS (
+    SELECT DISTINCT lane, key
+    FROM {schema}.consumer_queue
+    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL
+      AND next_attempt_at > now() AND lane = ANY(%(lanes)s)
+)
+SELECT id, lane, key, topic
+FROM {schema}.consumer_queue q
+WHERE q.lane = ANY(%(lanes)s)
+  AND q.processed_at IS NULL
+  AND q.dead_at IS NULL
+  AND q.next_attempt_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key)
+ORDER BY q.id
+LIMIT %(limit)s;
+
+-- name: handler_next_retry
+SELECT EXTRACT(EPOCH FROM min(next_attempt_at) - now())
+FROM {schema}.consumer_queue
+WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL AND lane = ANY(%(lanes)s);
+
+-- name: handler_claim
+-- Lock one pending row for the handler's transaction. SKIP LOCKED: a row another process is
+-- handling right now is left to it.
+SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+       attempts, source_partition, source_offset
+FROM {schema}.consumer_queue
+WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL
+FOR UPDATE SKIP LOCKED;
+
+-- name: handler_done
+-- Mark a row processed in the handler's transaction. The row stays (payload cleared) for the
+-- dedup window, so that a redelivery of the same message id is not stored again.
+UPDATE {schema}.consumer_queue
+SET processed_at = now(), attempts = attempts + 1, payload = ''::bytea, last_error = NULL
+WHERE id = %(id)s;
+
+-- name: handler_fail
+-- Record a failed attempt: retry after `delay` seconds, or (dead) keep it for an operator.
+UPDATE {schema}.consumer_queue
+SET attempts = attempts + 1,
+    last_error = %(error)s,
+    next_attempt_at = CASE WHEN %(dead)s THEN next_attempt_at
+                           ELSE now() + make_interval(secs => %(delay)s) END,
+    dead_at = CASE WHEN %(dead)s THEN now() ELSE NULL END
+WHERE id = %(id)s AND processed_at IS NULL;
+
+-- name: handler_retention
+-- Forget processed rows older than the dedup window, a bounded batch at a time.
+DELETE FROM {schema}.consumer_queue
+WHERE id IN (
+    SELECT id FROM {schema}.consumer_queue
+    WHERE processed_at < now() - make_interval(secs => %(window)s)
+    LIMIT %(limit)s
+);

@@ -1,0 +1,128 @@
+"""The handler registry: `@handlers.handler("topic")` binds a topic to a callback.
+
+One topic has exactly one handler in a registry; a second registration for the same topic is
+refused when the decorator runs (to fan out, call several functions from one handler, or give
+each consumer its own inbox schema). Registries from several modules merge with `include`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from outbox.core.errors import ConfigurationError
+from outbox.core.retry import Backoff
+from outbox.core.serializers import JsonSerializer, Serializer
+from outbox.core.topics import validate_topic
+
+Func = TypeVar("Func", bound=Callable[..., Any])
+TransactionKind = Literal["psycopg", "sqlalchemy"]
+DEFAULT_BACKOFF = Backoff(initial=1.0, maximum=300.0)
+
+
+class HandlerConflict(ConfigurationError):
+    """Two handlers registered for one topic."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One registered handler and its retry policy."""
+
+    topic: str
+    func: Callable[..., Any]
+    max_attempts: int
+    backoff: Backoff
+    is_async: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.func.__module__}.{self.func.__qualname__}"
+
+
+class Handlers:
+    """A registry of message handlers, run by `outbox handler module:attribute`.
+
+    `transaction` chooses what a callback receives as its second argument: a psycopg
+    connection ("psycopg", the default; `AsyncConnection` for async callbacks) or a SQLAlchemy
+    `Session` ("sqlalchemy"; `AsyncSession` for async callbacks). Either way the callback's
+    writes commit together with the marking of the message as processed, or not at all.
+    """
+
+    def __init__(
+        self,
+        *,
+        transaction: TransactionKind = "psycopg",
+        serializer: Serializer | None = None,
+    ) -> None:
+        if transaction not in ("psycopg", "sqlalchemy"):
+            raise ConfigurationError(
+                f"transaction must be 'psycopg' or 'sqlalchemy', got {transaction!r}"
+            )
+        self.transaction: TransactionKind = transaction
+        self.serializer: Serializer = serializer or JsonSerializer()
+        self._specs: dict[str, HandlerSpec] = {}
+
+    def handler(
+        self,
+        topic: str,
+        *,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+    ) -> Callable[[Func], Func]:
+        """Register the decorated function (sync or async) as the handler of `topic`."""
+        validate_topic(topic)
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+
+        def decorate(func: Func) -> Func:
+            if not callable(func):
+                raise ConfigurationError(f"@handler({topic!r}) must decorate a function")
+            self._add(
+                HandlerSpec(
+                    topic=topic,
+                    func=func,
+                    max_attempts=max_attempts,
+                    backoff=backoff or DEFAULT_BACKOFF,
+                    is_async=inspect.iscoroutinefunction(func),
+                )
+            )
+            return func
+
+        return decorate
+
+    def _add(self, spec: HandlerSpec) -> None:
+        existing = self._specs.get(spec.topic)
+        if existing is not None and existing.func is not spec.func:
+            raise HandlerConflict(
+                f"topic {spec.topic!r} already has the handler {existing.name}; "
+                f"cannot also register {spec.name} (one handler per topic)"
+            )
+        self._specs[spec.topic] = spec
+
+    def include(self, other: Handlers) -> Handlers:
+        """Merge another registry's handlers into this one; returns self."""
+        if other.transaction != self.transaction:
+            raise ConfigurationError(
+                f"cannot include a registry using {other.transaction!r} transactions into one "
+                f"using {self.transaction!r}"
+            )
+        for spec in other:
+            self._add(spec)
+        return self
+
+    def get(self, topic: str) -> HandlerSpec | None:
+        """The handler of `topic`, or None."""
+        return self._specs.get(topic)
+
+    @property
+    def topics(self) -> list[str]:
+        """The registered topics, sorted."""
+        return sorted(self._specs)
+
+    def __iter__(self) -> Iterator[HandlerSpec]:
+        return iter(list(self._specs.values()))
+
+    def __len__(self) -> int:
+        return len(self._specs)

@@ -1,0 +1,525 @@
+"""The Handler runner: `consumer_queue` -> the service's decorated callbacks.
+
+Contract: each message is handled in one database transaction that (1) locks its row, (2) runs
+the callback with that transaction's connection or session, and (3) marks the row processed.
+The callback's writes and "processed" commit together or not at all, and a processed row stays
+(payload cleared) for the dedup window, so a message is never handled twice. A callback that
+raises is rolled back, the error recorded, and the row retried with backoff until its handler's
+`max_attempts`, then kept as dead. Messages of one key are handled in order: they share a lane,
+a lane belongs to one worker of one process, and a key waits behind its failing message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psycopg
+
+from outbox.core.envelope import InboxMessage
+from outbox.core.errors import ConfigurationError
+from outbox.core.handlers import Handlers, HandlerSpec
+from outbox.core.headers import from_json
+from outbox.core.serializers import decode_payload
+from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
+from outbox.postgres.migrate import sqlalchemy_url
+from outbox.postgres.queries import validate_schema
+
+log = logging.getLogger("outbox.handler")
+
+Execute = Callable[[str, dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """Settings of one Handler process; validated at construction."""
+
+    database_url: str
+    schema: str = "outbox"
+    concurrency: int = 4
+    batch_size: int = 200
+    poll_interval: float = 1.0
+    rebalance_interval: float = 2.0
+    #: Processed rows are kept this long (seconds) to recognise a redelivered message.
+    dedup_window: float = 24 * 3600.0
+    retention_interval: float = 30.0
+    retention_batch: int = 5000
+    connect_timeout: float = 10.0
+    relay_id: str = field(default_factory=new_relay_id)
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            raise ConfigurationError("database URL is not set (--database-url)")
+        validate_schema(self.schema)
+        if self.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.batch_size < 1:
+            raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.dedup_window < 0:
+            raise ConfigurationError(f"dedup_window must be >= 0, got {self.dedup_window}")
+
+
+def load_handlers(path: str) -> Handlers:
+    """Import `package.module:attribute` and check that it names a `Handlers` registry."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(
+            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
+            f"got {path!r}"
+        )
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(target, Handlers):
+        raise ConfigurationError(
+            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
+        )
+    if not len(target):
+        raise ConfigurationError(f"{path} has no handlers registered")
+    return target
+
+
+class Pending(NamedTuple):
+    """A row the dispatcher hands to a worker."""
+
+    id: int
+    lane: int
+    key: bytes | None
+    topic: str
+
+
+# -- transactions in the four flavours: psycopg or SQLAlchemy, sync or async ---------------------
+
+
+class _PsycopgSync:
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True, application_name="outbox-handler")
+
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[Execute, Any]]:
+        with self.conn.transaction():
+            yield self.conn.execute, self.conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _SqlAlchemySync:
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.pool import NullPool
+
+        self.engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+        self.conn = self.engine.connect()
+
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[Execute, Any]]:
+        from sqlalchemy.orm import Session
+
+        with self.conn.begin():
+            session = Session(bind=self.conn)
+            try:
+                yield self.conn.exec_driver_sql, session
+                session.flush()  # the callback's ORM changes belong to this transaction
+            finally:
+                session.close()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+class _PsycopgAsync:
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    @classmethod
+    async def open(cls, url: str) -> _PsycopgAsync:
+        return cls(
+            await psycopg.AsyncConnection.connect(
+                url, autocommit=True, application_name="outbox-handler"
+            )
+        )
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[tuple[Callable[..., Any], Any]]:
+        async with self.conn.transaction():
+            yield self.conn.execute, self.conn
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
+class _SqlAlchemyAsync:
+    def __init__(self, engine: Any, conn: Any) -> None:
+        self.engine = engine
+        self.conn = conn
+
+    @classmethod
+    async def open(cls, url: str) -> _SqlAlchemyAsync:
+        from sqlalchemy.ext.asyncio import create_async_engine
+        from sqlalchemy.pool import NullPool
+
+        engine = create_async_engine(sqlalchemy_url(url), poolclass=NullPool)
+        return cls(engine, await engine.connect())
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[tuple[Callable[..., Any], Any]]:
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        async with self.conn.begin():
+            session = AsyncSession(bind=self.conn)
+            try:
+                yield self.conn.exec_driver_sql, session
+                await session.flush()
+            finally:
+                await session.close()
+
+    async def close(self) -> None:
+        await self.conn.close()
+        await self.engine.dispose()
+
+
+# -- a worker: one thread, its own connections, the rows of its lanes in order -----------------
+
+
+class _ConnectionLost(Exception):
+    """The worker's database connection broke; the row stays for a later attempt."""
+
+
+class _Worker:
+    def __init__(self, runner: HandlerRunner, index: int) -> None:
+        self.runner = runner
+        self.index = index
+        self.jobs: queue.Queue[tuple[list[Pending], threading.Event] | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self._sync: _PsycopgSync | _SqlAlchemySync | None = None
+        self._async: _PsycopgAsync | _SqlAlchemyAsync | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(
+            target=self._main, name=f"outbox-handler-{index}", daemon=True
+        )
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                rows, done = job
+                try:
+                    self._run(rows)
+                except BaseException as exc:  # handed to the dispatcher, which re-raises it
+                    self.error = exc
+                finally:
+                    done.set()
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+        if self._async is not None and self._loop is not None:
+            self._loop.run_until_complete(self._async.close())
+        if self._loop is not None:
+            self._loop.close()
+
+    def _run(self, rows: list[Pending]) -> None:
+        failed_keys: set[bytes] = set()
+        for row in rows:
+            if row.key is not None and row.key in failed_keys:
+                continue  # stays behind its failed predecessor, in order
+            try:
+                ok = self._handle(row)
+            except _ConnectionLost as exc:
+                log.warning("worker %d lost its database connection: %s", self.index, exc)
+                self._reset()
+                return
+            if not ok and row.key is not None:
+                failed_keys.add(row.key)
+
+    def _reset(self) -> None:
+        sync, self._sync = self._sync, None
+        if sync is not None:
+            with suppress(psycopg.Error):
+                sync.close()
+        if self._async is not None and self._loop is not None:
+            with suppress(psycopg.Error):
+                self._loop.run_until_complete(self._async.close())
+        self._async = None
+
+    def _handle(self, row: Pending) -> bool:
+        spec = self.runner.handlers.get(row.topic)
+        if spec is not None and spec.is_async:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(self._handle_async(row, spec))
+        return self._handle_sync(row, spec)
+
+    def _tx_sync(self) -> _PsycopgSync | _SqlAlchemySync:
+        if self._sync is None:
+            url = self.runner.config.database_url
+            try:
+                if self.runner.handlers.transaction == "sqlalchemy":
+                    self._sync = _SqlAlchemySync(url)
+                else:
+                    self._sync = _PsycopgSync(url)
+            except Exception as exc:
+                raise _ConnectionLost(str(exc)) from exc
+        return self._sync
+
+    def _handle_sync(self, row: Pending, spec: HandlerSpec | None) -> bool:
+        sql = self.runner.sql
+        tx = self._tx_sync()
+        claimed: Any = None
+        try:
+            with tx.transaction() as (execute, handle):
+                claimed = execute(sql["handler_claim"], {"id": row.id}).fetchone()
+                if claimed is None:
+                    return True  # handled meanwhile, or another process holds it
+                if spec is None:
+                    execute(sql["handler_fail"], self.runner.no_handler(row))
+                    return False
+                message = self.runner.message(claimed)
+                spec.func(message, handle)
+                execute(sql["handler_done"], {"id": row.id})
+        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
+            raise _ConnectionLost(str(exc)) from exc
+        except Exception as exc:
+            failure = self.runner.failure(row, spec, claimed, exc)
+            try:
+                with tx.transaction() as (execute, _handle):
+                    execute(sql["handler_fail"], failure)
+            except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
+                raise _ConnectionLost(str(lost)) from lost
+            return False
+        self.runner.count_handled(spec)
+        return True
+
+    async def _tx_async(self) -> _PsycopgAsync | _SqlAlchemyAsync:
+        if self._async is None:
+            url = self.runner.config.database_url
+            try:
+                if self.runner.handlers.transaction == "sqlalchemy":
+                    self._async = await _SqlAlchemyAsync.open(url)
+                else:
+                    self._async = await _PsycopgAsync.open(url)
+            except Exception as exc:
+                raise _ConnectionLost(str(exc)) from exc
+        return self._async
+
+    async def _handle_async(self, row: Pending, spec: HandlerSpec) -> bool:
+        sql = self.runner.sql
+        tx = await self._tx_async()
+        claimed: Any = None
+        try:
+            async with tx.transaction() as (execute, handle):
+                # psycopg's async cursor fetches asynchronously; SQLAlchemy's result is buffered.
+                fetched = (await execute(sql["handler_claim"], {"id": row.id})).fetchone()
+                claimed = await fetched if inspect.isawaitable(fetched) else fetched
+                if claimed is None:
+                    return True
+                message = self.runner.message(claimed)
+                await spec.func(message, handle)
+                await execute(sql["handler_done"], {"id": row.id})
+        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
+            raise _ConnectionLost(str(exc)) from exc
+        except Exception as exc:
+            failure = self.runner.failure(row, spec, claimed, exc)
+            try:
+                async with tx.transaction() as (execute, _handle):
+                    await execute(sql["handler_fail"], failure)
+            except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
+                raise _ConnectionLost(str(lost)) from lost
+            return False
+        self.runner.count_handled(spec)
+        return True
+
+
+def _sqlalchemy_disconnect() -> type[Exception]:
+    from sqlalchemy.exc import OperationalError
+
+    return OperationalError
+
+
+class HandlerRunner(LaneRelay[Pending]):
+    """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop."""
+
+    table = "consumer_queue"
+    kind = "handler"
+
+    def __init__(self, config: HandlerConfig, handlers: Handlers) -> None:
+        super().__init__(
+            database_url=config.database_url,
+            schema=config.schema,
+            poll_interval=config.poll_interval,
+            rebalance_interval=config.rebalance_interval,
+            connect_timeout=config.connect_timeout,
+            relay_id=config.relay_id,
+        )
+        self.config = config
+        self.handlers = handlers
+        self._workers: list[_Worker] = []
+        self._counts_lock = threading.Lock()
+        self._next_retention = 0.0
+        #: Counters for tests and logs.
+        self.handled = 0
+        self.failed = 0
+        self.dead = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
+        self.check_database()
+        self._workers = [_Worker(self, i) for i in range(self.config.concurrency)]
+        try:
+            self.serve_forever()
+        finally:
+            for worker in self._workers:
+                worker.jobs.put(None)
+            for worker in self._workers:
+                worker.thread.join(30)
+            log.info(
+                "handler stopped: handled=%d failed=%d dead=%d",
+                self.handled,
+                self.failed,
+                self.dead,
+            )
+
+    # -- the relay hooks -----------------------------------------------------------------------
+
+    def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
+        rows = conn.execute(
+            self.sql["handler_fetch"], {"lanes": lanes, "limit": self.config.batch_size}
+        ).fetchall()
+        return [Pending(*r) for r in rows]
+
+    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
+        row = conn.execute(self.sql["handler_next_retry"], {"lanes": lanes}).fetchone()
+        return float(row[0]) if row and row[0] is not None else None
+
+    def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
+        groups: list[list[Pending]] = [[] for _ in self._workers]
+        for row in rows:
+            groups[row.lane % len(self._workers)].append(row)
+        waits = []
+        for worker, group in zip(self._workers, groups, strict=True):
+            if group:
+                done = threading.Event()
+                worker.jobs.put((group, done))
+                waits.append((worker, done))
+        for worker, done in waits:
+            done.wait()
+            if worker.error is not None:
+                error, worker.error = worker.error, None
+                raise error
+
+    def housekeeping(self, conn: Connection) -> None:
+        now = time.monotonic()
+        if now < self._next_retention:
+            return
+        self._next_retention = now + self.config.retention_interval
+        total = 0
+        while True:
+            cursor = conn.execute(
+                self.sql["handler_retention"],
+                {"window": self.config.dedup_window, "limit": self.config.retention_batch},
+            )
+            total += cursor.rowcount
+            if cursor.rowcount < self.config.retention_batch or self.stopping:
+                break
+        if total:
+            log.info("forgot %d processed messages older than the dedup window", total)
+
+    # -- used by the workers -------------------------------------------------------------------
+
+    def message(self, row: Sequence[Any]) -> InboxMessage:
+        (
+            _id,
+            message_id,
+            topic,
+            key,
+            payload,
+            headers,
+            content_type,
+            created_at,
+            received_at,
+            attempts,
+            partition,
+            offset,
+        ) = row
+        payload = bytes(payload)
+        return InboxMessage(
+            id=message_id,
+            topic=topic,
+            key=bytes(key) if key is not None else None,
+            payload=decode_payload(payload, content_type, self.handlers.serializer),
+            raw_payload=payload,
+            content_type=content_type,
+            headers=from_json(headers),
+            attempt=attempts + 1,
+            created_at=created_at,
+            received_at=received_at,
+            partition=partition,
+            offset=offset,
+        )
+
+    def no_handler(self, row: Pending) -> dict[str, Any]:
+        with self._counts_lock:
+            self.dead += 1
+        log.error("message row %d: no handler registered for topic %r", row.id, row.topic)
+        return {
+            "id": row.id,
+            "error": f"no handler registered for topic {row.topic!r} "
+            f"(registered: {', '.join(self.handlers.topics)})",
+            "dead": True,
+            "delay": 0.0,
+        }
+
+    def failure(
+        self, row: Pending, spec: HandlerSpec | None, claimed: Any, exc: BaseException
+    ) -> dict[str, Any]:
+        attempt = (int(claimed[9]) if claimed is not None else 0) + 1
+        max_attempts = spec.max_attempts if spec is not None else 1
+        dead = attempt >= max_attempts
+        delay = 0.0 if dead or spec is None else spec.backoff.delay(attempt)
+        with self._counts_lock:
+            self.failed += 1
+            if dead:
+                self.dead += 1
+        text = "".join(traceback.format_exception(exc))
+        log.warning(
+            "message row %d topic %r attempt %d/%d failed%s: %s",
+            row.id,
+            row.topic,
+            attempt,
+            max_attempts,
+            " (now dead)" if dead else f" (retry in {delay:.1f}s)",
+            exc,
+        )
+        return {"id": row.id, "error": text, "dead": dead, "delay": delay}
+
+    def count_handled(self, spec: HandlerSpec | None) -> None:
+        with self._counts_lock:
+            self.handled += 1

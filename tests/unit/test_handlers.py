@@ -1,0 +1,108 @@
+"""The handler registry and how a handler path is loaded, without servers."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox import ConfigurationError, HandlerConflict, Handlers, InvalidTopic
+from outbox.daemons.handler import load_handlers
+
+
+def test_a_second_handler_for_a_topic_is_refused_when_decorating() -> None:
+    handlers = Handlers()
+
+    @handlers.handler("orders.created")
+    def first(message: object, conn: object) -> None: ...
+
+    with pytest.raises(HandlerConflict, match=r"already has the handler .*first"):
+
+        @handlers.handler("orders.created")
+        def second(message: object, conn: object) -> None: ...
+
+    spec = handlers.get("orders.created")
+    assert spec is not None and spec.func is first
+
+
+def test_registries_merge_and_conflicts_surface_on_include() -> None:
+    a, b, c = Handlers(), Handlers(), Handlers()
+    a.handler("a")(lambda m, t: None)
+    b.handler("b", max_attempts=2)(lambda m, t: None)
+    c.handler("a")(lambda m, t: None)
+    a.include(b)
+    assert a.topics == ["a", "b"]
+    assert a.get("b").max_attempts == 2  # type: ignore[union-attr]
+    with pytest.raises(HandlerConflict):
+        a.include(c)
+    with pytest.raises(ConfigurationError, match="sqlalchemy"):
+        a.include(Handlers(transaction="sqlalchemy"))
+
+
+def test_async_handlers_are_recognised() -> None:
+    handlers = Handlers()
+
+    @handlers.handler("x")
+    async def on_x(message: object, conn: object) -> None: ...
+
+    assert handlers.get("x").is_async  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"topic": "bad topic"}, InvalidTopic),
+        ({"topic": "t", "max_attempts": 0}, ConfigurationError),
+    ],
+)
+def test_bad_registrations(kwargs: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        Handlers().handler(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_transaction_kind() -> None:
+    with pytest.raises(ConfigurationError, match="'psycopg' or 'sqlalchemy'"):
+        Handlers(transaction="django")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    (tmp_path / "svc_handlers_mod.py").write_text(
+        textwrap.dedent(
+            """
+            from outbox import Handlers
+            handlers = Handlers()
+            empty = Handlers()
+            not_handlers = 42
+            @handlers.handler("t")
+            def on_t(message, conn):
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "svc_handlers_mod"
+    sys.modules.pop("svc_handlers_mod", None)
+
+
+def test_load_handlers_finds_the_registry(app_module: str) -> None:
+    assert load_handlers(f"{app_module}:handlers").topics == ["t"]
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("no_colon_here", "module:attribute"),
+        ("svc_missing_module:handlers", "cannot import 'svc_missing_module'"),
+        ("{mod}:nope", "has no attribute 'nope'"),
+        ("{mod}:not_handlers", "is a int, not an outbox.Handlers"),
+        ("{mod}:empty", "no handlers registered"),
+    ],
+)
+def test_load_handlers_errors_name_the_problem(app_module: str, path: str, fragment: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load_handlers(path.format(mod=app_module))
+    assert fragment in str(info.value)
