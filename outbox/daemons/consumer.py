@@ -22,6 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import to_json
 from outbox.core.topics import validate_topic
+from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, connect, first_line
 from outbox.kafka.publisher import check_reachable
 from outbox.kafka.subscriber import InboxRow, consumer_config, next_offsets, to_inbox_row
@@ -131,6 +132,7 @@ class Consumer:
                 conn = self._store(conn, records)
                 if conn is None:
                     break  # stopped while the database was unreachable: nothing committed
+                failpoint("consumer.after_insert")
                 self._commit(kafka, records)
         finally:
             kafka.close()

@@ -33,6 +33,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.headers import from_json
 from outbox.core.serializers import decode_payload
+from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.postgres.queries import validate_schema
@@ -56,6 +57,9 @@ class HandlerConfig:
     dedup_window: float = 24 * 3600.0
     retention_interval: float = 30.0
     retention_batch: int = 5000
+    #: Longest a callback may run (seconds). Past it the callback's transaction is terminated
+    #: (so nothing it wrote can commit), the attempt counts as failed, and the row is retried.
+    lease: float = 300.0
     connect_timeout: float = 10.0
     relay_id: str = field(default_factory=new_relay_id)
 
@@ -69,6 +73,8 @@ class HandlerConfig:
             raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.dedup_window < 0:
             raise ConfigurationError(f"dedup_window must be >= 0, got {self.dedup_window}")
+        if self.lease <= 0:
+            raise ConfigurationError(f"lease must be > 0, got {self.lease}")
 
 
 def load_handlers(path: str) -> Handlers:
@@ -113,6 +119,7 @@ class Pending(NamedTuple):
 class _PsycopgSync:
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True, application_name="outbox-handler")
+        self.backend_pid = self.conn.info.backend_pid
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Execute, Any]]:
@@ -128,8 +135,13 @@ class _SqlAlchemySync:
         from sqlalchemy import create_engine
         from sqlalchemy.pool import NullPool
 
-        self.engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+        self.engine = create_engine(
+            sqlalchemy_url(url),
+            poolclass=NullPool,
+            connect_args={"application_name": "outbox-handler"},
+        )
         self.conn = self.engine.connect()
+        self.backend_pid: int = self.conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
 
     @contextmanager
     def transaction(self) -> Iterator[tuple[Execute, Any]]:
@@ -151,6 +163,7 @@ class _SqlAlchemySync:
 class _PsycopgAsync:
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
+        self.backend_pid = conn.info.backend_pid
 
     @classmethod
     async def open(cls, url: str) -> _PsycopgAsync:
@@ -170,17 +183,24 @@ class _PsycopgAsync:
 
 
 class _SqlAlchemyAsync:
-    def __init__(self, engine: Any, conn: Any) -> None:
+    def __init__(self, engine: Any, conn: Any, backend_pid: int) -> None:
         self.engine = engine
         self.conn = conn
+        self.backend_pid = backend_pid
 
     @classmethod
     async def open(cls, url: str) -> _SqlAlchemyAsync:
         from sqlalchemy.ext.asyncio import create_async_engine
         from sqlalchemy.pool import NullPool
 
-        engine = create_async_engine(sqlalchemy_url(url), poolclass=NullPool)
-        return cls(engine, await engine.connect())
+        engine = create_async_engine(
+            sqlalchemy_url(url),
+            poolclass=NullPool,
+            connect_args={"application_name": "outbox-handler"},
+        )
+        conn = await engine.connect()
+        raw = await conn.get_raw_connection()
+        return cls(engine, conn, raw.driver_connection.info.backend_pid)  # type: ignore[union-attr]
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[tuple[Callable[..., Any], Any]]:
@@ -212,6 +232,13 @@ class _Worker:
         self.index = index
         self.jobs: queue.Queue[tuple[list[Pending], threading.Event] | None] = queue.Queue()
         self.error: BaseException | None = None
+        #: The row being handled, when it started, and the backend running its transaction;
+        #: read by the dispatcher to enforce the lease.
+        self.current: Pending | None = None
+        self.started = 0.0
+        self.backend_pid: int | None = None
+        #: Set by the dispatcher when this worker overran its lease and was replaced.
+        self.retired = False
         self._sync: _PsycopgSync | _SqlAlchemySync | None = None
         self._async: _PsycopgAsync | _SqlAlchemyAsync | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -230,9 +257,13 @@ class _Worker:
                 try:
                     self._run(rows)
                 except BaseException as exc:  # handed to the dispatcher, which re-raises it
-                    self.error = exc
+                    if not self.retired:
+                        self.error = exc
                 finally:
+                    self.current = None
                     done.set()
+                if self.retired:
+                    return
         finally:
             self._close()
 
@@ -247,14 +278,21 @@ class _Worker:
     def _run(self, rows: list[Pending]) -> None:
         failed_keys: set[bytes] = set()
         for row in rows:
+            if self.retired:
+                return
             if row.key is not None and row.key in failed_keys:
                 continue  # stays behind its failed predecessor, in order
             try:
+                self.started = time.monotonic()
+                self.current = row
                 ok = self._handle(row)
             except _ConnectionLost as exc:
-                log.warning("worker %d lost its database connection: %s", self.index, exc)
+                if not self.retired:
+                    log.warning("worker %d lost its database connection: %s", self.index, exc)
                 self._reset()
                 return
+            finally:
+                self.current = None
             if not ok and row.key is not None:
                 failed_keys.add(row.key)
 
@@ -291,6 +329,7 @@ class _Worker:
     def _handle_sync(self, row: Pending, spec: HandlerSpec | None) -> bool:
         sql = self.runner.sql
         tx = self._tx_sync()
+        self.backend_pid = tx.backend_pid
         claimed: Any = None
         try:
             with tx.transaction() as (execute, handle):
@@ -303,6 +342,7 @@ class _Worker:
                 message = self.runner.message(claimed)
                 spec.func(message, handle)
                 execute(sql["handler_done"], {"id": row.id})
+                failpoint("handler.before_commit")
         except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
             raise _ConnectionLost(str(exc)) from exc
         except Exception as exc:
@@ -331,6 +371,7 @@ class _Worker:
     async def _handle_async(self, row: Pending, spec: HandlerSpec) -> bool:
         sql = self.runner.sql
         tx = await self._tx_async()
+        self.backend_pid = tx.backend_pid
         claimed: Any = None
         try:
             async with tx.transaction() as (execute, handle):
@@ -342,6 +383,7 @@ class _Worker:
                 message = self.runner.message(claimed)
                 await spec.func(message, handle)
                 await execute(sql["handler_done"], {"id": row.id})
+                failpoint("handler.before_commit")
         except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
             raise _ConnectionLost(str(exc)) from exc
         except Exception as exc:
@@ -386,6 +428,7 @@ class HandlerRunner(LaneRelay[Pending]):
         self.handled = 0
         self.failed = 0
         self.dead = 0
+        self.lease_expired = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -429,11 +472,47 @@ class HandlerRunner(LaneRelay[Pending]):
                 done = threading.Event()
                 worker.jobs.put((group, done))
                 waits.append((worker, done))
-        for worker, done in waits:
-            done.wait()
-            if worker.error is not None:
-                error, worker.error = worker.error, None
-                raise error
+        while waits:
+            worker, done = waits[0]
+            if done.wait(0.1) or worker.retired:
+                waits.pop(0)
+                if worker.error is not None:
+                    error, worker.error = worker.error, None
+                    raise error
+                continue
+            for other, _ in waits:
+                self._enforce_lease(conn, other)
+
+    def _enforce_lease(self, conn: Connection, worker: _Worker) -> None:
+        """Take a message back from a callback that overran its lease, and replace its worker."""
+        row, pid = worker.current, worker.backend_pid
+        if row is None or worker.retired:
+            return
+        elapsed = time.monotonic() - worker.started
+        if elapsed <= self.config.lease:
+            return
+        worker.retired = True
+        log.error(
+            "message row %d topic %r: handler ran %.1fs, past its lease of %.1fs; terminating "
+            "its transaction and retrying the message",
+            row.id,
+            row.topic,
+            elapsed,
+            self.config.lease,
+        )
+        if pid is not None:
+            # Its writes roll back and its row lock is released: it can never commit now.
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with self._counts_lock:
+            self.lease_expired += 1
+        spec = self.handlers.get(row.topic)
+        attempts = conn.execute(self.sql["handler_attempts"], {"id": row.id}).fetchone()
+        claimed = [None] * 9 + [attempts[0] if attempts else 0]
+        failure = self.failure(
+            row, spec, claimed, TimeoutError(f"lease of {self.config.lease:g}s expired")
+        )
+        conn.execute(self.sql["handler_fail"], failure)
+        self._workers[worker.index] = _Worker(self, worker.index)
 
     def housekeeping(self, conn: Connection) -> None:
         now = time.monotonic()

@@ -16,6 +16,7 @@ from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import from_json
 from outbox.core.retry import Backoff
+from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
 from outbox.kafka.publisher import KafkaPublisher, check_reachable, producer_config
 from outbox.ports import DeliveryFailure, Publisher
@@ -131,7 +132,9 @@ class Producer(LaneRelay[StoredMessage]):
 
     def process(self, conn: Connection, rows: Sequence[StoredMessage]) -> None:
         assert self._publisher is not None
+        failpoint("producer.before_produce")
         results = self._publisher.publish(rows)
+        failpoint("producer.after_produce")
         delivered = [m.id for m, r in zip(rows, results, strict=True) if r is None]
         failed = [(m, r) for m, r in zip(rows, results, strict=True) if r is not None]
         with conn.transaction():

@@ -10,13 +10,19 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from outbox.core.handlers import Handlers
+from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
+
+R = TypeVar("R", bound="Runnable")
 
 
 def count(url: str, table: str = "producer_queue", where: str = "true") -> int:
@@ -35,28 +41,58 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+class Runnable(Protocol):
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+
 @contextmanager
-def producer_thread(url: str, bootstrap: str, **options: Any) -> Iterator[Producer]:
-    """Run a Producer relay in a background thread of this process."""
-    relay = Producer(ProducerConfig(database_url=url, kafka_bootstrap=bootstrap, **options))
+def running(daemon: R) -> Iterator[R]:
+    """Run a daemon object (Producer, Consumer, HandlerRunner) in a thread of this process."""
     errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            relay.run()
+            daemon.run()
         except BaseException as exc:  # surfaced in the test below
             errors.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     try:
-        yield relay
+        yield daemon
     finally:
-        relay.stop()
+        daemon.stop()
         thread.join(60)
-        assert not thread.is_alive(), "producer did not stop within 60 s"
+        assert not thread.is_alive(), f"{type(daemon).__name__} did not stop within 60 s"
     if errors:
         raise errors[0]
+
+
+def producer_thread(url: str, bootstrap: str, **options: Any) -> Any:
+    """Run a Producer relay in a background thread of this process."""
+    return running(Producer(ProducerConfig(database_url=url, kafka_bootstrap=bootstrap, **options)))
+
+
+#: Consumer settings for the tests: Tansu joins a group in half of session.timeout.ms.
+TEST_CONSUMER_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
+
+
+def consumer_thread(url: str, bootstrap: str, topics: list[str], **options: Any) -> Any:
+    """Run a Consumer relay in a background thread of this process."""
+    options.setdefault("kafka_config", TEST_CONSUMER_KAFKA)
+    options.setdefault("group", f"g-{topics[0]}")
+    return running(
+        Consumer(
+            ConsumerConfig(database_url=url, kafka_bootstrap=bootstrap, topics=topics, **options)
+        )
+    )
+
+
+def handler_thread(url: str, handlers: Handlers, **options: Any) -> Any:
+    """Run a HandlerRunner in a background thread of this process."""
+    options.setdefault("poll_interval", 0.2)
+    return running(HandlerRunner(HandlerConfig(database_url=url, **options), handlers))
 
 
 def relay_until_empty(url: str, bootstrap: str, timeout: float = 60, **options: Any) -> None:
@@ -67,11 +103,12 @@ def relay_until_empty(url: str, bootstrap: str, timeout: float = 60, **options: 
 class Daemon:
     """An `outbox` daemon running as a separate process; its output goes to a temporary file."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "outbox.cli", *args],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -99,9 +136,48 @@ class Daemon:
         self.close()
 
 
-def spawn_producer(url: str, bootstrap: str, *extra: str) -> Daemon:
+def spawn_producer(
+    url: str, bootstrap: str, *extra: str, env: dict[str, str] | None = None
+) -> Daemon:
     """Start `outbox producer` as a separate process."""
-    return Daemon("producer", "--database-url", url, "--kafka-bootstrap", bootstrap, *extra)
+    return Daemon(
+        "producer", "--database-url", url, "--kafka-bootstrap", bootstrap, *extra, env=env
+    )
+
+
+def spawn_consumer(
+    url: str,
+    bootstrap: str,
+    topic: str,
+    group: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Daemon:
+    """Start `outbox consumer` as a separate process, with test-friendly group timings."""
+    settings = [f"--kafka-config={k}={v}" for k, v in TEST_CONSUMER_KAFKA.items()]
+    return Daemon(
+        "consumer",
+        "--database-url",
+        url,
+        "--kafka-bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--group",
+        group,
+        *settings,
+        *extra,
+        env=env,
+    )
+
+
+def spawn_handler(
+    url: str, handlers: str, *extra: str, env: dict[str, str] | None = None
+) -> Daemon:
+    """Start `outbox handler MODULE:ATTR` as a separate process."""
+    return Daemon(
+        "handler", handlers, "--database-url", url, "--poll-interval", "0.2", *extra, env=env
+    )
 
 
 def consume(bootstrap: str, topic: str, expected: int, timeout: float = 30) -> list[Any]:
@@ -112,7 +188,7 @@ def consume(bootstrap: str, topic: str, expected: int, timeout: float = 30) -> l
     """
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     partitions = metadata.topics[topic].partitions
-    consumer = Consumer(
+    consumer = KafkaConsumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{topic}",

@@ -180,3 +180,6 @@ WHERE id IN (
     WHERE processed_at < now() - make_interval(secs => %(window)s)
     LIMIT %(limit)s
 );
+
+-- name: handler_attempts
+SELECT attempts FROM {schema}.consumer_queue WHERE id = %(id)s;
