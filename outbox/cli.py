@@ -81,6 +81,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
 
+    consumer = commands.add_parser("consumer", help="store Kafka records in consumer_queue")
+    _add_database(consumer)
+    _add_kafka(consumer)
+    consumer.add_argument(
+        "--topic", action="append", default=[], required=True, help="topic to consume; repeatable"
+    )
+    consumer.add_argument("--group", required=True, help="Kafka consumer group id")
+    consumer.add_argument("--batch-size", type=int, default=1000)
+
+    handler = commands.add_parser("handler", help="run a service's handlers over consumer_queue")
+    handler.add_argument(
+        "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
+    )
+    _add_database(handler)
+    handler.add_argument("--concurrency", type=int, default=4, help="worker threads")
+    handler.add_argument("--batch-size", type=int, default=200)
+    handler.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
+    )
+    handler.add_argument(
+        "--dedup-window",
+        type=float,
+        default=24 * 3600.0,
+        help="seconds a processed message is remembered to drop redeliveries (default 1 day)",
+    )
+    handler.add_argument(
+        "--lease",
+        type=float,
+        default=300.0,
+        help="seconds a callback may run before its transaction is terminated and the "
+        "message retried (default 300)",
+    )
+
+    from outbox.cli_operations import add_operator_commands
+
+    add_operator_commands(commands)
+
     demo = commands.add_parser(
         "demo", help="start local servers and show messages travelling end to end"
     )
@@ -145,6 +185,42 @@ def _producer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consumer(args: argparse.Namespace) -> int:
+    from outbox.daemons.consumer import Consumer, ConsumerConfig
+
+    config = ConsumerConfig(
+        database_url=_require(args.database_url, "--database-url", ENV_DATABASE_URL),
+        kafka_bootstrap=_require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
+        topics=args.topic,
+        group=args.group,
+        schema=args.schema,
+        kafka_config=dict(args.kafka_config),
+        batch_size=args.batch_size,
+    )
+    relay = Consumer(config)
+    _install_stop_handlers(relay.stop)
+    relay.run()
+    return 0
+
+
+def _handler(args: argparse.Namespace) -> int:
+    from outbox.daemons.handler import HandlerConfig, HandlerRunner, load_handlers
+
+    config = HandlerConfig(
+        database_url=_require(args.database_url, "--database-url", ENV_DATABASE_URL),
+        schema=args.schema,
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        dedup_window=args.dedup_window,
+        lease=args.lease,
+    )
+    runner = HandlerRunner(config, load_handlers(args.handlers))
+    _install_stop_handlers(runner.stop)
+    runner.run()
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from outbox.demo import run_demo
 
@@ -162,8 +238,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("alembic").setLevel(logging.WARNING)
-    handlers = {"migrate": _migrate, "producer": _producer, "demo": _demo}
+    handlers = {
+        "migrate": _migrate,
+        "producer": _producer,
+        "consumer": _consumer,
+        "handler": _handler,
+        "demo": _demo,
+    }
     try:
+        if args.command not in handlers:
+            from outbox.cli_operations import run_operator_command
+
+            code = run_operator_command(args)
+            if code is not None:
+                return code
         return handlers[args.command](args)
     except OutboxError as exc:
         print(f"outbox: error: {exc}", file=sys.stderr)

@@ -1,0 +1,590 @@
+"""The operator commands of `outbox`: `status` and `dead-letters list|show|requeue|purge`.
+
+`outbox.cli` calls `add_operator_commands` while building its parser and `run_operator_command`
+before its own commands. Errors follow the CLI's rules: an `OutboxError` (one line, exit 1, as
+printed by `outbox.cli.main`), or a usage error (one line on stderr, exit 2).
+
+`outbox status --json` prints one document of this shape (format_version 1; keys are only ever
+added):
+
+    {"format_version": 1, "schema": "outbox", "taken_at": "<ISO 8601, database now()>",
+     "queues": {
+       "producer": {"table": "producer_queue", "age_column": "created_at",
+                    "states": ["pending", "retrying", "dead"],
+                    "topics": {"<topic>": {"<state>": COUNT, ..., "total": COUNT}},
+                    "totals": {"<state>": COUNT, ..., "total": COUNT}},
+       "consumer": {... "age_column": "received_at",
+                    "states": ["pending", "retrying", "dead", "processed"] ...}},
+     "processes": [{"relay_id": "...", "queue": "producer", "backend_pid": 123,
+                    "sleeping": false, "alive": true, "seconds_since_update": 1.5}]}
+
+where COUNT is {"count": <rows>, "oldest_age_seconds": <float, or null when count is 0>}. Every
+state of a queue appears under each listed topic and in totals; a topic appears when it has
+rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+import psycopg
+
+from outbox import operations as ops
+from outbox.core.errors import ConfigurationError, DatabaseUnavailable, InvalidTopic, OutboxError
+from outbox.core.topics import validate_topic
+from outbox.postgres.migrate import check_schema
+from outbox.postgres.queries import validate_schema
+
+# The same variables as outbox.cli (not imported from there: outbox.cli imports this module).
+ENV_DATABASE_URL = "OUTBOX_DATABASE_URL"
+ENV_SCHEMA = "OUTBOX_SCHEMA"
+
+#: `dead-letters show` prints at most this many bytes of a payload.
+PAYLOAD_PREVIEW_BYTES = 4096
+#: The error column of `dead-letters list` is cut to this many characters.
+ERROR_COLUMN_CHARS = 120
+#: Keys longer than this are cut in tables.
+KEY_COLUMN_CHARS = 40
+STATUS_FORMAT_VERSION = 1
+#: How long requeue and purge wait for a row lock before giving up (nothing changed).
+LOCK_TIMEOUT_SECONDS = 10
+
+
+class DatabaseCommandFailed(OutboxError):
+    """PostgreSQL refused or dropped the statement of an operator command."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `<prog>: error: <message>` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+def _add_database(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(ENV_DATABASE_URL),
+        help=f"PostgreSQL URL (env {ENV_DATABASE_URL})",
+    )
+    parser.add_argument(
+        "--schema",
+        default=os.environ.get(ENV_SCHEMA, "outbox"),
+        help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
+    )
+
+
+def _add_queue(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queue",
+        choices=("consumer", "producer"),
+        default="consumer",
+        help="consumer_queue (the inbox; default) or producer_queue (the outbox)",
+    )
+
+
+def _row_id(text: str) -> ops.RowId:
+    try:
+        return ops.parse_row_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _topic(text: str) -> str:
+    # Only a name Kafka accepts can be in a queue; the filter is a bound parameter anyway.
+    try:
+        return validate_topic(text)
+    except InvalidTopic as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `status` and `dead-letters` commands to the `outbox` command's subparsers."""
+    status = commands.add_parser(
+        "status", help="queue rows by topic and state; the running daemons"
+    )
+    _add_database(status)
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+
+    dead = commands.add_parser(
+        "dead-letters",
+        help="list, show, requeue or purge the rows that gave up",
+        description="Inspect and act on dead rows: consumer_queue (default) or producer_queue. "
+        "See docs/how-to/dead-letters.md.",
+    )
+    actions = dead.add_subparsers(
+        dest="dead_letters_command",
+        required=True,
+        metavar="ACTION",
+        parser_class=_OneLineParser,
+    )
+
+    listing = actions.add_parser("list", help="the dead rows of a queue, oldest first")
+    _add_database(listing)
+    _add_queue(listing)
+    listing.add_argument("--topic", type=_topic, help="only the rows of this topic")
+    listing.add_argument(
+        "--limit", type=_limit, default=100, help="show at most N rows (default 100)"
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+
+    show = actions.add_parser("show", help="everything about one row, with the whole error")
+    _add_database(show)
+    _add_queue(show)
+    show.add_argument("id", type=_row_id, metavar="ID", help="row id or message UUID")
+    show.add_argument("--json", action="store_true", help="print one JSON document")
+
+    for name, what in (
+        ("requeue", "make dead rows pending again and wake the daemon"),
+        ("purge", "delete dead rows for good"),
+    ):
+        change = actions.add_parser(
+            name,
+            help=what,
+            description=f"{what[0].upper()}{what[1:]}. Select them by ID (row ids or message "
+            "UUIDs; each must name a dead row, else nothing changes), by --topic, or --all.",
+        )
+        _add_database(change)
+        _add_queue(change)
+        change.add_argument(
+            "ids", nargs="*", type=_row_id, metavar="ID", help="row ids or message UUIDs"
+        )
+        change.add_argument("--topic", type=_topic, help="every dead row of this topic")
+        change.add_argument(
+            "--all", dest="all_rows", action="store_true", help="every dead row of the queue"
+        )
+
+
+# -- running --------------------------------------------------------------------------------
+
+
+def run_operator_command(args: argparse.Namespace) -> int | None:
+    """Run `args.command` if it is an operator command and return its exit code, else None."""
+    command = getattr(args, "command", None)
+    if command == "status":
+        return _status(args)
+    if command == "dead-letters":
+        return _dead_letters(args)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def _connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to a database migrated to this outbox's schema revision."""
+    if not args.database_url:
+        raise ConfigurationError(f"--database-url is required (or set {ENV_DATABASE_URL})")
+    schema = validate_schema(args.schema)
+    try:
+        conn = psycopg.connect(
+            args.database_url, autocommit=True, connect_timeout=10, application_name="outbox-cli"
+        )
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {_first_line(exc)}") from None
+    with conn:
+        try:
+            # A row named by id may be locked by a running handler: wait a while, not forever.
+            conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+            check_schema(conn, schema)
+            yield conn
+        except psycopg.errors.LockNotAvailable:
+            raise DatabaseCommandFailed(
+                f"{args.command}: a row is locked by a running daemon or another command "
+                f"(waited {LOCK_TIMEOUT_SECONDS} s); nothing was changed, try again"
+            ) from None
+        except psycopg.Error as exc:
+            raise DatabaseCommandFailed(
+                f"{args.command} failed in PostgreSQL: {_first_line(exc)}"
+            ) from None
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> int:
+    print(f"outbox {args.command} {args.dead_letters_command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    action = args.dead_letters_command
+    queue: ops.Queue = args.queue
+    if action in ("requeue", "purge"):
+        chosen = sum((bool(args.ids), args.topic is not None, bool(args.all_rows)))
+        if chosen != 1:
+            return _usage_error(
+                args,
+                "give row IDs, --topic T or --all (exactly one of them)"
+                if chosen == 0
+                else "IDs, --topic and --all cannot be combined; give exactly one of them",
+            )
+        selection = ops.Selection(ids=tuple(args.ids), topic=args.topic, everything=args.all_rows)
+        with _connection(args) as conn:
+            if action == "requeue":
+                count = ops.requeue(conn, args.schema, queue, selection)
+            else:
+                count = ops.purge(conn, args.schema, queue, selection)
+        _print(_changed(action, count, ops.TABLES[queue], args.topic))
+        return 0
+    if action == "list":
+        with _connection(args) as conn:
+            page = ops.list_dead_letters(
+                conn, args.schema, queue, topic=args.topic, limit=args.limit
+            )
+        _print(json.dumps(_page_json(page), indent=2) if args.json else _page_text(page))
+    else:
+        with _connection(args) as conn:
+            row = ops.show_row(conn, args.schema, queue, args.id)
+        _print(json.dumps(_row_json(row), indent=2) if args.json else _row_text(row))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _connection(args) as conn:
+        status = ops.status(conn, args.schema)
+    _print(json.dumps(_status_json(status), indent=2) if args.json else _status_text(status))
+    return 0
+
+
+def _print(output: str | list[str]) -> None:
+    """Print a document or lines; a reader that went away (`| head`) is not an error."""
+    text = output if isinstance(output, str) else "\n".join(output)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python would report the broken pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _changed(action: str, count: int, table: str, topic: str | None) -> str:
+    rows = "row" if count == 1 else "rows"
+    where = f" (topic {topic})" if topic is not None else ""
+    return f"{action}d {count} {rows} of {table}{where}"
+
+
+# -- rendering helpers ----------------------------------------------------------------------
+
+
+def _safe(text: str) -> str:
+    """Text that cannot break a terminal line or send escape sequences."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _timestamp(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _age(seconds: float | None) -> str:
+    """A short age: 12s, 4m05s, 3h02m, 2d04h."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _bytes_text(data: bytes, *, multiline: bool) -> tuple[str, str]:
+    """(text, "utf-8") when `data` is printable UTF-8, else (hex digits, "hex")."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.hex(), "hex"
+    check = text.replace("\n", "").replace("\r", "").replace("\t", "") if multiline else text
+    if check.isprintable():
+        return text, "utf-8"
+    return data.hex(), "hex"
+
+
+def _key(key: bytes | None) -> tuple[str | None, str | None]:
+    if key is None:
+        return None, None
+    return _bytes_text(key, multiline=False)
+
+
+def _key_cell(key: bytes | None) -> str:
+    text, encoding = _key(key)
+    if text is None:
+        return "(none)"
+    return _cut(text if encoding == "utf-8" else f"hex:{text}", KEY_COLUMN_CHARS)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """Left-aligned columns two spaces apart, the header first."""
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return [
+        (indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+def _count_json(count: ops.Count) -> dict[str, Any]:
+    age = None if count.oldest_age is None else round(count.oldest_age, 3)
+    return {"count": count.rows, "oldest_age_seconds": age}
+
+
+def _status_json(status: ops.Status) -> dict[str, Any]:
+    queues: dict[str, Any] = {}
+    for q in status.queues:
+        queues[q.queue] = {
+            "table": q.table,
+            "age_column": q.age_column,
+            "states": list(q.states),
+            "topics": {
+                topic: {
+                    **{s: _count_json(c) for s, c in per_state.items()},
+                    "total": _count_json(sum(per_state.values(), ops.Count())),
+                }
+                for topic, per_state in q.topics.items()
+            },
+            "totals": {
+                **{s: _count_json(c) for s, c in q.totals.items()},
+                "total": _count_json(q.total),
+            },
+        }
+    return {
+        "format_version": STATUS_FORMAT_VERSION,
+        "schema": status.schema,
+        "taken_at": _timestamp(status.taken_at),
+        "queues": queues,
+        "processes": [
+            {
+                "relay_id": p.relay_id,
+                "queue": p.queue,
+                "backend_pid": p.backend_pid,
+                "sleeping": p.sleeping,
+                "alive": p.alive,
+                "seconds_since_update": round(p.since_update, 3),
+            }
+            for p in status.processes
+        ],
+    }
+
+
+def _count_cell(count: ops.Count) -> str:
+    return "-" if count.rows == 0 else f"{count.rows} ({_age(count.oldest_age)})"
+
+
+def _status_text(status: ops.Status) -> list[str]:
+    lines = [f"outbox schema {status.schema!r} at {_when(status.taken_at)}"]
+    for q in status.queues:
+        lines.append("")
+        if q.total.rows == 0:
+            lines.append(f"{q.table}: empty")
+            continue
+        rows = "row" if q.total.rows == 1 else "rows"
+        lines.append(
+            f"{q.table}: {q.total.rows} {rows}, oldest {_age(q.total.oldest_age)}; "
+            f"each cell: rows (age of the oldest, by {q.age_column})"
+        )
+        body = [
+            [_safe(topic), *(_count_cell(per_state[s]) for s in q.states)]
+            for topic, per_state in q.topics.items()
+        ]
+        body.append(["TOTAL", *(_count_cell(q.totals[s]) for s in q.states)])
+        lines.extend(_table(["TOPIC", *(s.upper() for s in q.states)], body, indent="  "))
+    lines.append("")
+    if not status.processes:
+        lines.append("processes: none registered in relay_state")
+    else:
+        lines.append(f"processes: {len(status.processes)} registered in relay_state")
+        body = [
+            [
+                _safe(p.relay_id),
+                _safe(p.queue),
+                str(p.backend_pid),
+                ("sleeping" if p.sleeping else "busy") if p.alive else "gone",
+                _age(p.since_update),
+            ]
+            for p in status.processes
+        ]
+        lines.extend(_table(["ID", "QUEUE", "PID", "STATE", "SINCE"], body, indent="  "))
+    return lines
+
+
+# -- dead-letters list / show ---------------------------------------------------------------
+
+
+def _page_json(page: ops.DeadLetterPage) -> dict[str, Any]:
+    rows = []
+    for r in page.rows:
+        key, key_encoding = _key(r.key)
+        rows.append(
+            {
+                "id": r.id,
+                "message_id": str(r.message_id),
+                "topic": r.topic,
+                "key": key,
+                "key_encoding": key_encoding,
+                "attempts": r.attempts,
+                "dead_at": _timestamp(r.dead_at),
+                "error": r.error_summary,
+            }
+        )
+    return {
+        "queue": page.queue,
+        "table": page.table,
+        "topic": page.topic,
+        "total": page.total,
+        "rows": rows,
+    }
+
+
+def _page_text(page: ops.DeadLetterPage) -> list[str]:
+    where = f" of topic {page.topic}" if page.topic is not None else ""
+    if page.total == 0:
+        return [f"{page.table}: no dead rows{where}"]
+    shown = "" if len(page.rows) == page.total else f", showing the first {len(page.rows)}"
+    rows = "row" if page.total == 1 else "rows"
+    body = [
+        [
+            str(r.id),
+            str(r.message_id),
+            _safe(r.topic),
+            _key_cell(r.key),
+            str(r.attempts),
+            _when(r.dead_at),
+            _cut(_safe(r.error_summary), ERROR_COLUMN_CHARS),
+        ]
+        for r in page.rows
+    ]
+    header = ["ID", "MESSAGE_ID", "TOPIC", "KEY", "ATTEMPTS", "DEAD_AT", "ERROR"]
+    return [f"{page.table}: {page.total} dead {rows}{where}{shown}", *_table(header, body)]
+
+
+def _payload(row: ops.QueueRow) -> tuple[str, str, bool]:
+    """(text or hex of the first PAYLOAD_PREVIEW_BYTES, encoding, truncated)."""
+    text, encoding = _bytes_text(row.payload, multiline=True)
+    truncated = len(row.payload) > PAYLOAD_PREVIEW_BYTES
+    if truncated:
+        head = row.payload[:PAYLOAD_PREVIEW_BYTES]
+        # The whole payload is valid UTF-8, so "ignore" drops only a character cut in two.
+        text = head.decode("utf-8", "ignore") if encoding == "utf-8" else head.hex()
+    return text, encoding, truncated
+
+
+def _row_json(row: ops.QueueRow) -> dict[str, Any]:
+    key, key_encoding = _key(row.key)
+    payload, payload_encoding, truncated = _payload(row)
+    doc: dict[str, Any] = {
+        "queue": row.queue,
+        "table": row.table,
+        "id": row.id,
+        "message_id": str(row.message_id),
+        "state": row.state,
+        "topic": row.topic,
+        "key": key,
+        "key_encoding": key_encoding,
+        "lane": row.lane,
+        "content_type": row.content_type,
+        "headers": row.headers,
+        "attempts": row.attempts,
+        "created_at": _timestamp(row.created_at),
+        "next_attempt_at": _timestamp(row.next_attempt_at),
+        "dead_at": _timestamp(row.dead_at),
+        "last_error": row.last_error,
+        "payload": payload,
+        "payload_encoding": payload_encoding,
+        "payload_bytes": len(row.payload),
+        "payload_truncated": truncated,
+    }
+    if row.queue == "consumer":
+        doc["source_partition"] = row.source_partition
+        doc["source_offset"] = row.source_offset
+        doc["received_at"] = _timestamp(row.received_at)
+        doc["processed_at"] = _timestamp(row.processed_at)
+    return doc
+
+
+def _indented(text: str) -> list[str]:
+    return ["  " + line.rstrip() for line in text.splitlines()] or ["  "]
+
+
+def _row_text(row: ops.QueueRow) -> list[str]:
+    fields: list[tuple[str, str]] = [
+        ("message_id", str(row.message_id)),
+        ("state", row.state),
+        ("topic", _safe(row.topic)),
+        ("key", "(none)" if row.key is None else _key_text(row.key)),
+        ("lane", str(row.lane)),
+        ("content_type", _safe(row.content_type)),
+        ("headers", json.dumps(row.headers, ensure_ascii=True, sort_keys=True)),
+        ("attempts", str(row.attempts)),
+        ("created_at", _when(row.created_at)),
+    ]
+    if row.queue == "consumer":
+        fields += [
+            ("received_at", _when(row.received_at)),
+            ("source_partition", _number(row.source_partition)),
+            ("source_offset", _number(row.source_offset)),
+        ]
+    fields += [("next_attempt_at", _when(row.next_attempt_at)), ("dead_at", _when(row.dead_at))]
+    if row.queue == "consumer":
+        fields.append(("processed_at", _when(row.processed_at)))
+    lines = [f"{row.table} row {row.id}", *_table(["FIELD", "VALUE"], fields, indent="  ")[1:]]
+    lines.append("last_error:" if row.last_error else "last_error: (none)")
+    if row.last_error:
+        lines.extend(_indented(_escape_lines(row.last_error)))
+    payload, encoding, truncated = _payload(row)
+    size = f"{len(row.payload)} bytes"
+    note = f", showing the first {PAYLOAD_PREVIEW_BYTES}" if truncated else ""
+    if encoding == "hex":
+        lines.append(f"payload ({size}, not UTF-8 text: hex{note}):")
+        lines.extend("  " + payload[i : i + 64] for i in range(0, len(payload), 64))
+    else:
+        lines.append(f"payload ({size}, UTF-8{note}):")
+        lines.extend(_indented(payload))
+    if truncated:
+        lines.append(f"  ... ({len(row.payload) - PAYLOAD_PREVIEW_BYTES} more bytes not shown)")
+    return lines
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _key_text(key: bytes) -> str:
+    text, encoding = _bytes_text(key, multiline=False)
+    return text if encoding == "utf-8" else f"hex:{text}"
+
+
+def _escape_lines(text: str) -> str:
+    """Keep line breaks and tabs, escape every other control character."""
+    return "\n".join(_safe(line.replace("\t", "    ")) for line in text.splitlines())

@@ -1,0 +1,396 @@
+"""What the operator commands do: queue status, and inspecting, requeueing and purging dead rows.
+
+Every function takes a psycopg connection and a schema name and returns plain dataclasses; none
+prints. Functions that change rows run in `conn.transaction()`: on an autocommit connection that
+is their own transaction, inside a caller's transaction it is a savepoint and the change (and its
+wake-up NOTIFY) takes effect when the caller commits.
+
+Row states (see `sql/operations.sql`): a producer row is pending, retrying or dead; a consumer
+row is processed (kept for the dedup window) or else pending, retrying or dead. A processed row
+is never dead here, so requeue and purge cannot touch it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.postgres.queries import channel, queries
+
+Queue = Literal["producer", "consumer"]
+#: The queues, in the order `status` reports them.
+QUEUES: tuple[Queue, ...] = ("producer", "consumer")
+#: The states of each queue, in the order they are reported.
+STATES: dict[Queue, tuple[str, ...]] = {
+    "producer": ("pending", "retrying", "dead"),
+    "consumer": ("pending", "retrying", "dead", "processed"),
+}
+#: The table of each queue.
+TABLES: dict[Queue, str] = {"producer": "producer_queue", "consumer": "consumer_queue"}
+#: The column the age of a queue's rows is measured from.
+AGE_COLUMNS: dict[Queue, str] = {"producer": "created_at", "consumer": "received_at"}
+#: A row named on the command line: its bigserial `id` or its message UUID.
+RowId = int | uuid.UUID
+
+_MAX_BIGINT = 2**63 - 1
+_MAX_PROBLEMS = 5
+
+
+class NoSuchDeadLetter(OutboxError, LookupError):
+    """A row named by id is not in the queue, or (for requeue and purge) is not dead."""
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """How many rows, and the age in seconds of the oldest (None when there are none)."""
+
+    rows: int = 0
+    oldest_age: float | None = None
+
+    def __add__(self, other: Count) -> Count:
+        ages = [a for a in (self.oldest_age, other.oldest_age) if a is not None]
+        return Count(self.rows + other.rows, max(ages) if ages else None)
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """The rows of one queue by topic and state; every state of the queue has an entry."""
+
+    queue: Queue
+    table: str
+    age_column: str
+    states: tuple[str, ...]
+    #: topic -> state -> Count, topics in name order.
+    topics: dict[str, dict[str, Count]]
+    #: state -> Count over every topic.
+    totals: dict[str, Count]
+    #: every row of the queue.
+    total: Count
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """A relay or handler process registered in `relay_state`."""
+
+    relay_id: str
+    queue: str
+    backend_pid: int
+    sleeping: bool
+    #: False when the process's database session is gone (a stale row).
+    alive: bool
+    #: Seconds since it registered, went to sleep or woke up (not a heartbeat).
+    since_update: float
+
+
+@dataclass(frozen=True)
+class Status:
+    """Everything `outbox status` reports, read in one transaction."""
+
+    schema: str
+    #: The database's now() for this read; ages are relative to it.
+    taken_at: datetime
+    queues: tuple[QueueStatus, ...]
+    processes: tuple[Process, ...]
+
+
+def _queue_status(queue: Queue, rows: list[tuple[Any, ...]]) -> QueueStatus:
+    states = STATES[queue]
+    topics: dict[str, dict[str, Count]] = {}
+    for topic, state, count, oldest in rows:
+        per_state = topics.setdefault(topic, {s: Count() for s in states})
+        per_state[state] = Count(int(count), float(oldest))
+    totals = {s: Count() for s in states}
+    for per_state in topics.values():
+        for s in states:
+            totals[s] += per_state[s]
+    total = Count()
+    for count in totals.values():
+        total += count
+    return QueueStatus(
+        queue=queue,
+        table=TABLES[queue],
+        age_column=AGE_COLUMNS[queue],
+        states=states,
+        topics=dict(sorted(topics.items())),
+        totals=totals,
+        total=total,
+    )
+
+
+def status(conn: psycopg.Connection[Any], schema: str) -> Status:
+    """Counts and oldest ages per queue, topic and state, and the registered processes."""
+    sql = queries(schema)
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        now_row = cur.execute(sql["ops_now"]).fetchone()
+        assert now_row is not None
+        queues = tuple(
+            _queue_status(queue, cur.execute(sql[f"ops_status_{queue}"]).fetchall())
+            for queue in QUEUES
+        )
+        processes = tuple(
+            Process(
+                relay_id=relay_id,
+                queue=queue,
+                backend_pid=int(pid),
+                sleeping=bool(sleeping),
+                alive=bool(alive),
+                since_update=float(since),
+            )
+            for relay_id, queue, pid, sleeping, alive, since in cur.execute(
+                sql["ops_status_processes"]
+            ).fetchall()
+        )
+    return Status(schema=schema, taken_at=now_row[0], queues=queues, processes=processes)
+
+
+# -- dead letters ---------------------------------------------------------------------------
+
+
+def parse_row_id(text: str) -> RowId:
+    """A row id from the command line: a positive integer id or a message UUID; else ValueError."""
+    text = text.strip()
+    if text.isdigit():
+        number = int(text)
+        if 1 <= number <= _MAX_BIGINT:
+            return number
+        raise ValueError(f"row id {text} is out of range")
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a row id (a positive integer) nor a message UUID"
+        ) from None
+
+
+def error_summary(error: str | None) -> str:
+    """The telling line of `last_error`: the first, or a traceback's last (its exception)."""
+    # A Python traceback starts with "Traceback (most recent call last):", which says nothing;
+    # its last line is the exception. Any other text is summed up by its first line.
+    if not error:
+        return ""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if lines[0].startswith("Traceback (most recent call last)"):
+        return lines[-1]
+    return lines[0]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead row as `dead-letters list` shows it; `last_error` is the whole text."""
+
+    id: int
+    message_id: uuid.UUID
+    topic: str
+    key: bytes | None
+    attempts: int
+    dead_at: datetime
+    last_error: str | None
+
+    @property
+    def error_summary(self) -> str:
+        """The telling line of `last_error` (see `error_summary`)."""
+        return error_summary(self.last_error)
+
+
+@dataclass(frozen=True)
+class DeadLetterPage:
+    """The first `limit` dead rows of a queue (by id), and how many there are in all."""
+
+    queue: Queue
+    table: str
+    topic: str | None
+    rows: tuple[DeadLetter, ...]
+    total: int
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """Everything stored about one row of a queue; consumer-only fields are None for producer."""
+
+    queue: Queue
+    table: str
+    id: int
+    message_id: uuid.UUID
+    topic: str
+    key: bytes | None
+    payload: bytes
+    headers: dict[str, Any]
+    content_type: str
+    lane: int
+    state: str
+    created_at: datetime
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    dead_at: datetime | None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    received_at: datetime | None = None
+    processed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which dead rows requeue or purge acts on: exactly one of `ids`, `topic`, `everything`.
+
+    With `ids` every named row must exist and be dead, else nothing changes. With `topic` or
+    `everything`, the dead rows that match (possibly none) change.
+    """
+
+    ids: tuple[RowId, ...] = field(default=())
+    topic: str | None = None
+    everything: bool = False
+
+    def __post_init__(self) -> None:
+        chosen = sum((bool(self.ids), self.topic is not None, self.everything))
+        if chosen != 1:
+            raise ConfigurationError("select dead rows by ids, by topic or all of them (one)")
+
+
+def _check_queue(queue: str) -> Queue:
+    if queue not in TABLES:
+        raise ConfigurationError(f"queue must be 'consumer' or 'producer', got {queue!r}")
+    return queue
+
+
+def list_dead_letters(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    queue: Queue = "consumer",
+    *,
+    topic: str | None = None,
+    limit: int = 100,
+) -> DeadLetterPage:
+    """The dead rows of a queue, oldest id first, optionally of one topic only."""
+    _check_queue(queue)
+    if limit < 1:
+        raise ConfigurationError(f"limit must be >= 1, got {limit}")
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(
+            queries(schema)[f"ops_{queue}_dead_list"], {"topic": topic, "limit": limit}
+        ).fetchall()
+    letters = tuple(
+        DeadLetter(
+            id=id_,
+            message_id=message_id,
+            topic=topic_,
+            key=None if key is None else bytes(key),
+            attempts=attempts,
+            dead_at=dead_at,
+            last_error=last_error,
+        )
+        for id_, message_id, topic_, key, attempts, dead_at, last_error, _total in rows
+    )
+    total = int(rows[0][-1]) if rows else 0
+    return DeadLetterPage(queue=queue, table=TABLES[queue], topic=topic, rows=letters, total=total)
+
+
+def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: RowId) -> QueueRow:
+    """One row of a queue, in any state, by id or message UUID; NoSuchDeadLetter if absent."""
+    _check_queue(queue)
+    params = (
+        {"id": row_id, "message_id": None}
+        if isinstance(row_id, int)
+        else {"id": None, "message_id": row_id}
+    )
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(queries(schema)[f"ops_{queue}_show"], params).fetchone()
+    if row is None:
+        raise NoSuchDeadLetter(f"{TABLES[queue]} has no row {row_id}")
+    consumer = dict(
+        zip(
+            ("source_partition", "source_offset", "received_at", "processed_at"),
+            row[14:],
+            strict=False,
+        )
+    )
+    return QueueRow(
+        queue=queue,
+        table=TABLES[queue],
+        id=row[0],
+        message_id=row[1],
+        topic=row[2],
+        key=None if row[3] is None else bytes(row[3]),
+        payload=bytes(row[4]),
+        headers=dict(row[5] or {}),
+        content_type=row[6],
+        lane=row[7],
+        created_at=row[8],
+        attempts=row[9],
+        next_attempt_at=row[10],
+        last_error=row[11],
+        dead_at=row[12],
+        state=row[13],
+        **consumer,
+    )
+
+
+def _dead_ids(
+    cur: psycopg.Cursor[tuple[Any, ...]],
+    schema: str,
+    queue: Queue,
+    named: tuple[RowId, ...],
+    verb: str,
+) -> list[int]:
+    """Lock the named rows; return their ids if every one exists and is dead, else raise."""
+    numbers = sorted({i for i in named if isinstance(i, int)})
+    uuids = sorted({i for i in named if isinstance(i, uuid.UUID)}, key=str)
+    rows = cur.execute(
+        queries(schema)[f"ops_{queue}_lock"], {"ids": numbers, "message_ids": uuids}
+    ).fetchall()
+    by_id = {r[0]: r for r in rows}
+    by_message = {r[1]: r for r in rows}
+    problems: list[str] = []
+    ids: set[int] = set()
+    for ref in dict.fromkeys(named):  # in the order given, once each
+        row = by_id.get(ref) if isinstance(ref, int) else by_message.get(ref)
+        if row is None:
+            problems.append(f"no row {ref}")
+        elif row[2] != "dead":
+            problems.append(f"row {ref} is {row[2]}, not dead")
+        else:
+            ids.add(row[0])
+    if problems:
+        more = len(problems) - _MAX_PROBLEMS
+        listed = "; ".join(problems[:_MAX_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
+        raise NoSuchDeadLetter(f"cannot {verb} in {TABLES[queue]}: {listed}; nothing was {verb}d")
+    return sorted(ids)
+
+
+def _change(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    queue: Queue,
+    selection: Selection,
+    action: Literal["requeue", "purge"],
+) -> int:
+    _check_queue(queue)
+    sql = queries(schema)
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        ids = _dead_ids(cur, schema, queue, selection.ids, action) if selection.ids else None
+        cur.execute(sql[f"ops_{queue}_{action}"], {"ids": ids, "topic": selection.topic})
+        changed = max(cur.rowcount, 0)
+        if action == "requeue" and changed:
+            cur.execute(sql["ops_notify"], {"channel": channel(schema, TABLES[queue])})
+    return changed
+
+
+def requeue(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
+    """Make the selected dead rows pending again and wake the daemon; return how many."""
+    # One transaction: dead_at and last_error cleared, attempts 0, due now, then a NOTIFY on
+    # the queue's channel, which PostgreSQL delivers at commit together with the change.
+    return _change(conn, schema, queue, selection, "requeue")
+
+
+def purge(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
+    """Delete the selected dead rows (never a live or processed row); return how many."""
+    return _change(conn, schema, queue, selection, "purge")

@@ -1,0 +1,150 @@
+-- The statements of the operator commands (`outbox status`, `outbox dead-letters`), by name.
+-- `{schema}` is replaced by the quoted schema name; parameters use psycopg's %(name)s style
+-- and are always bound, never interpolated. Every name starts with `ops_`.
+--
+-- Row states, as the operator commands define them:
+--   producer_queue: pending (dead_at NULL, attempts = 0), retrying (dead_at NULL,
+--                   attempts > 0), dead (dead_at NOT NULL).
+--   consumer_queue: processed (processed_at NOT NULL; kept for the dedup window), and among
+--                   the rows not processed: pending, retrying, dead as above.
+-- A processed consumer row is never dead here, even if dead_at were set: it is the dedup
+-- record of a message that was handled, and requeue/purge must never touch it.
+
+-- name: ops_status_producer
+-- Per topic and state: rows and the age (seconds) of the oldest by created_at.
+SELECT topic,
+       CASE WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN attempts > 0 THEN 'retrying'
+            ELSE 'pending' END AS state,
+       count(*) AS rows,
+       GREATEST(0, EXTRACT(EPOCH FROM now() - min(created_at)))::float8 AS oldest_age
+FROM {schema}.producer_queue
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: ops_status_consumer
+-- Per topic and state: rows and the age (seconds) of the oldest by received_at.
+SELECT topic,
+       CASE WHEN processed_at IS NOT NULL THEN 'processed'
+            WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN attempts > 0 THEN 'retrying'
+            ELSE 'pending' END AS state,
+       count(*) AS rows,
+       GREATEST(0, EXTRACT(EPOCH FROM now() - min(received_at)))::float8 AS oldest_age
+FROM {schema}.consumer_queue
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: ops_status_processes
+-- The relay and handler processes that registered themselves. `alive` is false for a row left
+-- behind by a process whose database session is gone (the daemons clean those up themselves).
+-- updated_at changes when a process registers, goes to sleep or wakes up: it is not a
+-- heartbeat, so a busy process can show a large age.
+SELECT r.relay_id,
+       r.queue,
+       r.backend_pid,
+       r.sleeping,
+       EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.backend_pid) AS alive,
+       GREATEST(0, EXTRACT(EPOCH FROM now() - r.updated_at))::float8 AS since_update
+FROM {schema}.relay_state r
+ORDER BY r.queue, r.relay_id;
+
+-- name: ops_now
+SELECT now();
+
+-- name: ops_producer_dead_list
+-- Dead rows, oldest id first; `total` counts every match before the LIMIT.
+SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
+FROM {schema}.producer_queue
+WHERE dead_at IS NOT NULL
+  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: ops_consumer_dead_list
+SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
+FROM {schema}.consumer_queue
+WHERE dead_at IS NOT NULL AND processed_at IS NULL
+  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: ops_producer_show
+-- One row by id or message id (whichever parameter is not NULL), in any state.
+SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
+       next_attempt_at, last_error, dead_at,
+       CASE WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN attempts > 0 THEN 'retrying'
+            ELSE 'pending' END AS state
+FROM {schema}.producer_queue
+WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid);
+
+-- name: ops_consumer_show
+SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
+       next_attempt_at, last_error, dead_at,
+       CASE WHEN processed_at IS NOT NULL THEN 'processed'
+            WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN attempts > 0 THEN 'retrying'
+            ELSE 'pending' END AS state,
+       source_partition, source_offset, received_at, processed_at
+FROM {schema}.consumer_queue
+WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid);
+
+-- name: ops_producer_lock
+-- The rows named by id or message id, locked until the end of the transaction, with whether
+-- each is dead; requeue and purge check every named row before changing any.
+SELECT id, message_id,
+       CASE WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN attempts > 0 THEN 'retrying'
+            ELSE 'pending' END AS state
+FROM {schema}.producer_queue
+WHERE id = ANY(CAST(%(ids)s AS bigint[]))
+   OR message_id = ANY(CAST(%(message_ids)s AS uuid[]))
+ORDER BY id
+FOR UPDATE;
+
+-- name: ops_consumer_lock
+SELECT id, message_id,
+       CASE WHEN processed_at IS NOT NULL THEN 'processed'
+            WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN attempts > 0 THEN 'retrying'
+            ELSE 'pending' END AS state
+FROM {schema}.consumer_queue
+WHERE id = ANY(CAST(%(ids)s AS bigint[]))
+   OR message_id = ANY(CAST(%(message_ids)s AS uuid[]))
+ORDER BY id
+FOR UPDATE;
+
+-- name: ops_producer_requeue
+-- Give dead rows a fresh start. The dead rows are narrowed to %(ids)s and to %(topic)s, each
+-- when not NULL; with both NULL every dead row matches. Only dead rows ever match.
+UPDATE {schema}.producer_queue
+SET dead_at = NULL, attempts = 0, next_attempt_at = now(), last_error = NULL
+WHERE dead_at IS NOT NULL
+  AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
+
+-- name: ops_consumer_requeue
+UPDATE {schema}.consumer_queue
+SET dead_at = NULL, attempts = 0, next_attempt_at = now(), last_error = NULL
+WHERE dead_at IS NOT NULL AND processed_at IS NULL
+  AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
+
+-- name: ops_producer_purge
+-- Delete dead rows, selected as for requeue. Only dead rows ever match.
+DELETE FROM {schema}.producer_queue
+WHERE dead_at IS NOT NULL
+  AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
+
+-- name: ops_consumer_purge
+-- A processed row is the dedup record of a handled message: never deleted here.
+DELETE FROM {schema}.consumer_queue
+WHERE dead_at IS NOT NULL AND processed_at IS NULL
+  AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
+
+-- name: ops_notify
+-- Wake the daemon of a queue at once (delivered at commit, with the change it announces).
+SELECT pg_notify(%(channel)s, '');
