@@ -36,6 +36,8 @@ def record(message: InboxMessage, conn: Any) -> None:
 
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS effects (message_id uuid NOT NULL, attempt int NOT NULL, body text);
+CREATE TABLE IF NOT EXISTS effects (
+    message_id uuid NOT NULL, attempt int NOT NULL, body text, seq bigserial
+);
 CREATE TABLE IF NOT EXISTS cured (x int);
 """

@@ -1,0 +1,108 @@
+"""Several producer and handler processes on one database: each row once, per-key order kept."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import Broker, Message
+
+from ..integration import inbox_app
+from ..integration.relay_helpers import (
+    consume,
+    count,
+    header,
+    spawn_consumer,
+    spawn_handler,
+    spawn_producer,
+    wait_for,
+)
+
+pytestmark = pytest.mark.faults
+APP = "tests.integration.inbox_app:handlers"
+
+
+def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
+    outbox_database_factory: Any, outbox_kafka_bootstrap: str, outbox_topic: str
+) -> None:
+    sender, receiver = outbox_database_factory(), outbox_database_factory()
+    with psycopg.connect(receiver) as conn:
+        conn.execute(inbox_app.SCHEMA)
+    keys, total = 30, 3000
+    env = {"INBOX_APP_TOPIC": outbox_topic}
+    producers = [
+        spawn_producer(sender, outbox_kafka_bootstrap, "--batch-size", "100", env=env)
+        for _ in range(3)
+    ]
+    handlers = [
+        spawn_handler(receiver, APP, "--concurrency", "2", "--batch-size", "50", env=env)
+        for _ in range(3)
+    ]
+    consumer = spawn_consumer(receiver, outbox_kafka_bootstrap, outbox_topic, "g-several", env=env)
+    daemons = [*producers, *handlers, consumer]
+    try:
+        # Give every relay time to register, so the lanes are shared from the start.
+        wait_for(
+            lambda: count(sender, "relay_state") == 3 and count(receiver, "relay_state") == 3,
+            30,
+            "three producers and three handlers to register",
+        )
+        seq: dict[str, int] = defaultdict(int)
+        broker = Broker()
+        with psycopg.connect(sender) as conn:
+            for start in range(0, total, 100):
+                batch = []
+                for i in range(start, start + 100):
+                    key = f"key-{i % keys}"
+                    batch.append(Message(outbox_topic, {"key": key, "seq": seq[key]}, key=key))
+                    seq[key] += 1
+                with conn.transaction():
+                    broker.send_many(conn, batch)
+                time.sleep(0.01)  # a stream of commits, not one backlog
+        wait_for(
+            lambda: count(receiver, "consumer_queue", "processed_at IS NOT NULL") == total,
+            180,
+            "every message handled",
+        )
+        with psycopg.connect(sender) as conn:
+            lanes = conn.execute(
+                "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_database d "
+                "ON d.oid = l.database WHERE d.datname = current_database() "
+                "AND l.locktype = 'advisory' AND l.granted"
+            ).fetchone()
+        assert lanes == (3,), "the lanes should be spread over the three producers"
+    finally:
+        for daemon in daemons:
+            daemon.signal(signal.SIGTERM)
+        for daemon in daemons:
+            assert daemon.wait(60) == 0, daemon.output()
+            daemon.close()
+
+    # Kafka: each key in one partition, in send order (duplicates would be allowed, and
+    # none are expected without a crash).
+    messages = consume(outbox_kafka_bootstrap, outbox_topic, expected=total, timeout=60)
+    on_kafka: dict[str, list[int]] = defaultdict(list)
+    partitions: dict[str, set[int]] = defaultdict(set)
+    for m in messages:
+        body = json.loads(m.value())
+        on_kafka[body["key"]].append(body["seq"])
+        partitions[body["key"]].add(m.partition())
+    assert len({header(m, "outbox-message-id") for m in messages}) == total
+    assert all(seqs == list(range(total // keys)) for seqs in on_kafka.values())
+    assert all(len(p) == 1 for p in partitions.values())
+
+    # Handlers: each message once, and per key in order of handling.
+    with psycopg.connect(receiver) as conn:
+        rows = conn.execute("SELECT message_id, body FROM effects ORDER BY seq").fetchall()
+    assert max(Counter(r[0] for r in rows).values()) == 1
+    handled: dict[str, list[int]] = defaultdict(list)
+    for _mid, body in rows:
+        data = json.loads(body)
+        handled[data["key"]].append(data["seq"])
+    assert handled == {f"key-{k}": list(range(total // keys)) for k in range(keys)}

@@ -1,0 +1,131 @@
+"""The example services (examples/) with the real daemons as processes, and `outbox demo`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from examples import orders_service, shipping_service
+from examples.orders_service.models import engine_url
+from outbox.testing.plugin import DatabaseFactory
+
+from .relay_helpers import count, spawn_consumer, spawn_handler, spawn_producer, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HANDLERS = "examples.shipping_service.handlers:handlers"
+
+
+def _shipments(url: str) -> list[tuple[int, UUID]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT order_id, message_id FROM shipments").fetchall()
+
+
+def _place_orders(url: str, total: int, decline_every: int) -> tuple[dict[int, UUID], list[int]]:
+    """Place `total` orders, rolling back every `decline_every`-th; (committed, rolled back)."""
+    committed: dict[int, UUID] = {}
+    rolled_back: list[int] = []
+    engine = create_engine(engine_url(url))
+    try:
+        with Session(engine) as session:
+            for n in range(1, total + 1):
+                order_id, message_id = orders_service.place_order(
+                    session, f"customer-{n}", Decimal(n) + Decimal("0.99")
+                )
+                if n % decline_every == 0:
+                    session.rollback()
+                    rolled_back.append(order_id)
+                else:
+                    session.commit()
+                    committed[order_id] = message_id
+    finally:
+        engine.dispose()
+    return committed, rolled_back
+
+
+def test_orders_and_shipping_services_with_the_daemons_as_processes(
+    outbox_database_factory: DatabaseFactory,
+    outbox_kafka_bootstrap: str,
+    outbox_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """30 orders, every 5th rolled back: each of the 24 committed is shipped exactly once."""
+    orders_url = outbox_database_factory()
+    shipping_url = outbox_database_factory()
+    orders_service.create_schema(orders_url)
+    shipping_service.create_schema(shipping_url)
+    # The daemons inherit the environment: the handler registry subscribes to this test's topic.
+    monkeypatch.setenv(orders_service.TOPIC_ENV, outbox_topic)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    )
+
+    with (
+        spawn_producer(orders_url, outbox_kafka_bootstrap) as producer,
+        spawn_consumer(
+            shipping_url, outbox_kafka_bootstrap, outbox_topic, f"shipping-{outbox_topic}"
+        ) as consumer,
+        spawn_handler(shipping_url, HANDLERS) as handler,
+    ):
+        committed, rolled_back = _place_orders(orders_url, total=30, decline_every=5)
+        assert len(committed) == 24
+        assert len(rolled_back) == 6
+        wait_for(
+            lambda: count(shipping_url, "consumer_queue", "processed_at IS NOT NULL") == 24,
+            60,
+            "the 24 committed orders to be handled",
+        )
+        time.sleep(0.5)  # room for a duplicate delivery or handling to show up
+        for daemon in (producer, consumer, handler):
+            daemon.signal(signal.SIGTERM)
+        for daemon in (producer, consumer, handler):
+            assert daemon.wait(30) == 0, daemon.output()
+
+    assert count(orders_url) == 0, "producer_queue should be empty"
+    with psycopg.connect(orders_url) as conn:
+        orders = {row[0] for row in conn.execute("SELECT id FROM orders")}
+    assert orders == set(committed)
+    shipments = _shipments(shipping_url)
+    per_order = Counter(order_id for order_id, _ in shipments)
+    assert set(per_order) == set(committed)
+    assert all(n == 1 for n in per_order.values()), f"shipped twice: {per_order}"
+    assert not set(per_order) & set(rolled_back)
+    assert dict(shipments) == committed  # each shipment names its order's message
+    assert count(shipping_url, "consumer_queue") == 24
+    assert count(shipping_url, "consumer_queue", "dead_at IS NOT NULL") == 0
+
+
+def test_outbox_demo_runs_end_to_end() -> None:
+    """`outbox demo` starts its own servers, three daemons, and checks its own result."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "demo", "--messages", "8"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    output = result.stdout
+    assert result.returncode == 0, output + result.stderr
+    assert output.count("ROLLED BACK") == 2  # orders 4 and 8
+    assert "#4" in output
+    assert "#8" in output
+    assert "producer exited 0, consumer exited 0, handler exited 0" in output
+    assert "consumer_queue: 6 rows" in output  # the shipping database's status table
+    assert "PROCESSED" in output
+    assert "producer_queue: empty" in output
+    assert "OK: exactly one shipment for each committed order" in output
+    assert elapsed < 60, f"the demo took {elapsed:.0f} s"

@@ -1,0 +1,62 @@
+"""Wake-ups: a send notifies only while a relay sleeps; without any NOTIFY rows still go out."""
+
+from __future__ import annotations
+
+import psycopg
+
+from outbox import Broker
+from outbox.postgres.queries import channel
+
+from .relay_helpers import count, producer_thread, wait_for
+
+broker = Broker()
+
+
+def _notified_by_send(url: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{channel("outbox", "producer_queue")}"')
+        with psycopg.connect(url) as conn, conn.transaction():
+            broker.send(conn, "t.wake", b"x")
+        return any(True for _ in listener.notifies(timeout=0.5, stop_after=1))
+
+
+def _set_relay(url: str, *, sleeping: bool | None) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM outbox.relay_state")
+        if sleeping is not None:
+            # A live backend pid, so that the row counts as a running relay.
+            conn.execute(
+                "INSERT INTO outbox.relay_state (relay_id, queue, backend_pid, sleeping) "
+                "VALUES ('r1', 'producer', pg_backend_pid(), %s)",
+                (sleeping,),
+            )
+
+
+def test_send_notifies_only_while_a_relay_sleeps(outbox_database_url: str) -> None:
+    url = outbox_database_url
+    _set_relay(url, sleeping=None)
+    assert not _notified_by_send(url), "no relay: nobody to wake"
+    with psycopg.connect(url, autocommit=True) as keeper:
+        keeper.execute(
+            "INSERT INTO outbox.relay_state (relay_id, queue, backend_pid, sleeping) "
+            "VALUES ('r1', 'producer', pg_backend_pid(), false)"
+        )
+        assert not _notified_by_send(url), "a busy relay needs no NOTIFY"
+        keeper.execute("UPDATE outbox.relay_state SET sleeping = true")
+        assert _notified_by_send(url), "a sleeping relay is woken"
+
+
+def test_a_row_without_any_notify_is_still_relayed_by_the_poll_fallback(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    url = outbox_database_url
+    with producer_thread(url, outbox_kafka_bootstrap, poll_interval=0.3) as relay:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the relay to sleep")
+        # Insert behind the Broker's back: no NOTIFY at all, as if it had been lost.
+        with psycopg.connect(url) as conn:
+            conn.execute(
+                "INSERT INTO outbox.producer_queue (message_id, topic, payload, content_type, "
+                "lane) VALUES (gen_random_uuid(), 't.poll', 'x', 'application/octet-stream', 0)"
+            )
+        wait_for(lambda: count(url) == 0, 10, "the poll fallback to relay the row")
+        assert relay.relayed == 1
