@@ -16,7 +16,9 @@ added):
        "consumer": {... "age_column": "received_at",
                     "states": ["pending", "retrying", "dead", "processed"] ...}},
      "processes": [{"relay_id": "...", "queue": "producer", "backend_pid": 123,
-                    "sleeping": false, "alive": true, "seconds_since_update": 1.5}]}
+                    "sleeping": false, "alive": true, "seconds_since_update": 1.5,
+                    "lanes": 64}],
+     "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}]}
 
 where COUNT is {"count": <rows>, "oldest_age_seconds": <float, or null when count is 0>}. Every
 state of a queue appears under each listed topic and in totals; a topic appears when it has
@@ -392,8 +394,13 @@ def _status_json(status: ops.Status) -> dict[str, Any]:
                 "sleeping": p.sleeping,
                 "alive": p.alive,
                 "seconds_since_update": round(p.since_update, 3),
+                "lanes": p.lanes,
             }
             for p in status.processes
+        ],
+        "claims": [
+            {"backend_pid": c.backend_pid, "state": c.state, "age_seconds": round(c.age, 3)}
+            for c in status.claims
         ],
     }
 
@@ -431,11 +438,17 @@ def _status_text(status: ops.Status) -> list[str]:
                 _safe(p.queue),
                 str(p.backend_pid),
                 ("sleeping" if p.sleeping else "busy") if p.alive else "gone",
+                str(p.lanes),
                 _age(p.since_update),
             ]
             for p in status.processes
         ]
-        lines.extend(_table(["ID", "QUEUE", "PID", "STATE", "SINCE"], body, indent="  "))
+        lines.extend(_table(["ID", "QUEUE", "PID", "STATE", "LANES", "SINCE"], body, indent="  "))
+    if status.claims:
+        lines.append("")
+        lines.append(f"claims: {len(status.claims)} handler transactions in flight")
+        body = [[str(c.backend_pid), _safe(c.state), _age(c.age)] for c in status.claims]
+        lines.extend(_table(["PID", "STATE", "AGE"], body, indent="  "))
     return lines
 
 

@@ -89,6 +89,18 @@ class Process:
     alive: bool
     #: Seconds since it registered, went to sleep or woke up (not a heartbeat).
     since_update: float
+    #: Lanes it owns right now (advisory locks held by its session).
+    lanes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A handler transaction in flight, holding the row of the message it is handling."""
+
+    backend_pid: int
+    state: str
+    #: Seconds since its transaction began; compare with the Handler's --lease.
+    age: float
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,7 @@ class Status:
     taken_at: datetime
     queues: tuple[QueueStatus, ...]
     processes: tuple[Process, ...]
+    claims: tuple[Claim, ...] = ()
 
 
 def _queue_status(queue: Queue, rows: list[tuple[Any, ...]]) -> QueueStatus:
@@ -144,12 +157,19 @@ def status(conn: psycopg.Connection[Any], schema: str) -> Status:
                 sleeping=bool(sleeping),
                 alive=bool(alive),
                 since_update=float(since),
+                lanes=int(lanes),
             )
-            for relay_id, queue, pid, sleeping, alive, since in cur.execute(
+            for relay_id, queue, pid, sleeping, alive, since, lanes in cur.execute(
                 sql["ops_status_processes"]
             ).fetchall()
         )
-    return Status(schema=schema, taken_at=now_row[0], queues=queues, processes=processes)
+        claims = tuple(
+            Claim(backend_pid=int(pid), state=str(state), age=float(age))
+            for pid, state, age in cur.execute(sql["ops_status_claims"]).fetchall()
+        )
+    return Status(
+        schema=schema, taken_at=now_row[0], queues=queues, processes=processes, claims=claims
+    )
 
 
 # -- dead letters ---------------------------------------------------------------------------

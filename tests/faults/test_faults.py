@@ -375,3 +375,45 @@ def test_topic_that_does_not_exist_and_cannot_be_created(
     # Retriable: kept waiting (with backoff) for the topic to appear, never dropped.
     assert row[0] == missing and row[1] >= 1 and row[2] is None and "TIMED_OUT" in row[3]
     _account("topic cannot be created", sender, receiver, ids, fault_results, started)
+
+
+def test_status_shows_lanes_and_a_claim_held_by_a_hanging_handler(
+    two_services: tuple[str, str],
+    outbox_kafka_bootstrap: str,
+    outbox_topic: str,
+) -> None:
+    import json as _json
+    import subprocess
+    import sys
+
+    sender, receiver = two_services
+    _send(sender, outbox_topic, [{"n": 0, "hang": 8}])
+    pipeline = Pipeline(
+        sender, receiver, outbox_kafka_bootstrap, outbox_topic, handler_args=("--lease", "30")
+    )
+    pipeline.start()
+    try:
+
+        def claimed() -> bool:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "outbox.cli",
+                    "status",
+                    "--json",
+                    "--database-url",
+                    receiver,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            doc = _json.loads(out)
+            handler = [p for p in doc["processes"] if p["queue"] == "handler"]
+            return bool(doc["claims"]) and handler and handler[0]["lanes"] == 64
+
+        pipeline.wait(claimed, 60, "status to show the handler's lanes and its claim")
+    finally:
+        for daemon in pipeline.daemons.values():
+            daemon.close()  # SIGKILL: the hanging callback would hold SIGTERM for seconds

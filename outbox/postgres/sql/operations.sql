@@ -45,7 +45,9 @@ SELECT r.relay_id,
        r.backend_pid,
        r.sleeping,
        EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.backend_pid) AS alive,
-       GREATEST(0, EXTRACT(EPOCH FROM now() - r.updated_at))::float8 AS since_update
+       GREATEST(0, EXTRACT(EPOCH FROM now() - r.updated_at))::float8 AS since_update,
+       (SELECT count(*) FROM pg_locks l
+        WHERE l.pid = r.backend_pid AND l.locktype = 'advisory' AND l.granted) AS lanes
 FROM {schema}.relay_state r
 ORDER BY r.queue, r.relay_id;
 
@@ -148,3 +150,16 @@ WHERE dead_at IS NOT NULL AND processed_at IS NULL
 -- name: ops_notify
 -- Wake the daemon of a queue at once (delivered at commit, with the change it announces).
 SELECT pg_notify(%(channel)s, '');
+
+-- name: ops_status_claims
+-- Handler transactions in flight: each holds the row lock of the message it is handling, and
+-- its age shows a callback approaching its lease (after which the Handler terminates it).
+SELECT pid,
+       state,
+       GREATEST(0, EXTRACT(EPOCH FROM now() - xact_start))::float8 AS age
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND application_name = 'outbox-handler'
+  AND xact_start IS NOT NULL
+  AND pid <> pg_backend_pid()
+ORDER BY xact_start;
