@@ -13,9 +13,6 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
 
 from outbox.core.envelope import OutgoingMessage
 from outbox.core.errors import NotInTransaction, UnsupportedTransaction
@@ -65,12 +62,35 @@ def _check_driver(driver_connection: object, kind: str) -> None:
         )
 
 
+def _is_sqlalchemy(tx: object) -> bool:
+    """True for SQLAlchemy objects (and subclasses), without importing SQLAlchemy otherwise."""
+    return any(cls.__module__.startswith("sqlalchemy.") for cls in type(tx).__mro__)
+
+
 def execute(tx: object, sql: str, params: dict[str, Any]) -> None:
     """Run one statement with a synchronous transaction handle."""
     if isinstance(tx, psycopg.Connection):
         _check_psycopg(tx)
         tx.execute(sql, params)
         return
+    if _is_sqlalchemy(tx):
+        _execute_sqlalchemy(tx, sql, params)
+        return
+    if isinstance(tx, psycopg.AsyncConnection):
+        raise UnsupportedTransaction(
+            "psycopg.AsyncConnection is asynchronous: use `await broker.send_async(...)`"
+        )
+    raise UnsupportedTransaction(
+        f"cannot send with a {type(tx).__module__}.{type(tx).__name__}; "
+        f"pass a {SUPPORTED_SYNC} (or use send_async with a {SUPPORTED_ASYNC})"
+    )
+
+
+def _execute_sqlalchemy(tx: object, sql: str, params: dict[str, Any]) -> None:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
     if isinstance(tx, Session):
         tx = tx.connection()
     if isinstance(tx, Connection):
@@ -80,10 +100,6 @@ def execute(tx: object, sql: str, params: dict[str, Any]) -> None:
     if isinstance(tx, AsyncConnection | AsyncSession):
         raise UnsupportedTransaction(
             f"{type(tx).__name__} is asynchronous: use `await broker.send_async(...)`"
-        )
-    if isinstance(tx, psycopg.AsyncConnection):
-        raise UnsupportedTransaction(
-            "psycopg.AsyncConnection is asynchronous: use `await broker.send_async(...)`"
         )
     raise UnsupportedTransaction(
         f"cannot send with a {type(tx).__module__}.{type(tx).__name__}; "
@@ -97,6 +113,22 @@ async def execute_async(tx: object, sql: str, params: dict[str, Any]) -> None:
         _check_psycopg(tx)
         await tx.execute(sql, params)
         return
+    if _is_sqlalchemy(tx):
+        await _execute_sqlalchemy_async(tx, sql, params)
+        return
+    if isinstance(tx, psycopg.Connection):
+        raise UnsupportedTransaction("psycopg.Connection is synchronous: use `broker.send(...)`")
+    raise UnsupportedTransaction(
+        f"cannot send_async with a {type(tx).__module__}.{type(tx).__name__}; "
+        f"pass a {SUPPORTED_ASYNC} (or use send with a {SUPPORTED_SYNC})"
+    )
+
+
+async def _execute_sqlalchemy_async(tx: object, sql: str, params: dict[str, Any]) -> None:
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
     if isinstance(tx, AsyncSession):
         tx = await tx.connection()
     if isinstance(tx, AsyncConnection):
@@ -106,8 +138,6 @@ async def execute_async(tx: object, sql: str, params: dict[str, Any]) -> None:
         return
     if isinstance(tx, Connection | Session):
         raise UnsupportedTransaction(f"{type(tx).__name__} is synchronous: use `broker.send(...)`")
-    if isinstance(tx, psycopg.Connection):
-        raise UnsupportedTransaction("psycopg.Connection is synchronous: use `broker.send(...)`")
     raise UnsupportedTransaction(
         f"cannot send_async with a {type(tx).__module__}.{type(tx).__name__}; "
         f"pass a {SUPPORTED_ASYNC} (or use send with a {SUPPORTED_SYNC})"
