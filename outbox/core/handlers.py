@@ -35,6 +35,8 @@ class HandlerSpec:
     max_attempts: int
     backoff: Backoff
     is_async: bool
+    #: Messages of one key are handled in order, a key waiting behind its failing message.
+    ordered: bool = True
 
     @property
     def name(self) -> str:
@@ -70,8 +72,13 @@ class Handlers:
         *,
         max_attempts: int = 5,
         backoff: Backoff | None = None,
+        ordered: bool = True,
     ) -> Callable[[Func], Func]:
-        """Register the decorated function (sync or async) as the handler of `topic`."""
+        """Register the decorated function (sync or async) as the handler of `topic`.
+
+        With `ordered=False` a message waiting for a retry does not hold back the later
+        messages of its key.
+        """
         validate_topic(topic)
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
@@ -86,6 +93,7 @@ class Handlers:
                     max_attempts=max_attempts,
                     backoff=backoff or DEFAULT_BACKOFF,
                     is_async=inspect.iscoroutinefunction(func),
+                    ordered=ordered,
                 )
             )
             return func
@@ -115,6 +123,11 @@ class Handlers:
     def get(self, topic: str) -> HandlerSpec | None:
         """The handler of `topic`, or None."""
         return self._specs.get(topic)
+
+    @property
+    def unordered_topics(self) -> list[str]:
+        """Topics whose handler was declared `ordered=False`."""
+        return sorted(t for t, spec in self._specs.items() if not spec.ordered)
 
     @property
     def topics(self) -> list[str]:

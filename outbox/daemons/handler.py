@@ -293,7 +293,8 @@ class _Worker:
                 return
             finally:
                 self.current = None
-            if not ok and row.key is not None:
+            spec = self.runner.handlers.get(row.topic)
+            if not ok and row.key is not None and (spec is None or spec.ordered):
                 failed_keys.add(row.key)
 
     def _reset(self) -> None:
@@ -421,6 +422,7 @@ class HandlerRunner(LaneRelay[Pending]):
         )
         self.config = config
         self.handlers = handlers
+        self._unordered = handlers.unordered_topics
         self._workers: list[_Worker] = []
         self._counts_lock = threading.Lock()
         self._next_retention = 0.0
@@ -454,7 +456,8 @@ class HandlerRunner(LaneRelay[Pending]):
 
     def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
         rows = conn.execute(
-            self.sql["handler_fetch"], {"lanes": lanes, "limit": self.config.batch_size}
+            self.sql["handler_fetch"],
+            {"lanes": lanes, "limit": self.config.batch_size, "unordered": self._unordered},
         ).fetchall()
         return [Pending(*r) for r in rows]
 

@@ -364,3 +364,22 @@ def test_end_to_end_through_kafka_with_daemons_killed_and_restarted(
     effects = Counter(r[0] for r in _effects(url))
     assert set(effects) == set(ids)
     assert max(effects.values()) == 1, "a handler effect was applied twice"
+
+
+def test_unordered_handler_lets_later_messages_of_a_key_pass_a_failing_one(
+    outbox_database_url: str,
+) -> None:
+    handlers = Handlers()
+    order: list[int] = []
+
+    @handlers.handler("loose", ordered=False, backoff=Backoff(initial=2.0, maximum=2.0, jitter=0))
+    def loose(message: InboxMessage, conn: Any) -> None:
+        if message.payload["seq"] == 0 and message.attempt == 1:
+            raise RuntimeError("retry me later")
+        order.append(message.payload["seq"])
+
+    put(outbox_database_url, "loose", [{"seq": i} for i in range(5)], ["same"] * 5)
+    with handler_thread(outbox_database_url, handlers):
+        wait_for(lambda: processed(outbox_database_url) == 5, 30, "all five")
+    # 1..4 did not wait for 0's retry (ordered handlers would give [0, 1, 2, 3, 4]).
+    assert order == [1, 2, 3, 4, 0]

@@ -124,7 +124,8 @@ SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken);
 
 -- name: handler_fetch
 -- The next pending rows of the owned lanes, in id order; a key whose earlier row waits for a
--- retry is held back, so a handler sees each key's messages in order.
+-- retry is held back, so a handler sees each key's messages in order (except on the topics
+-- whose handler was declared ordered=False).
 WITH blocked AS (
     SELECT DISTINCT lane, key
     FROM {schema}.consumer_queue
@@ -137,7 +138,8 @@ WHERE q.lane = ANY(%(lanes)s)
   AND q.processed_at IS NULL
   AND q.dead_at IS NULL
   AND q.next_attempt_at <= now()
-  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key)
+  AND (q.topic = ANY(%(unordered)s)
+       OR NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key))
 ORDER BY q.id
 LIMIT %(limit)s;
 
