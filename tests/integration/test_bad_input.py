@@ -253,3 +253,75 @@ def test_message_id_given_twice_across_transactions_is_rejected_by_the_database(
             broker.send(conn, "t", b"1", message_id=mid)
         with pytest.raises(psycopg.errors.UniqueViolation), conn.transaction():
             broker.send(conn, "t", b"2", message_id=mid)
+
+
+@pytest.mark.parametrize(
+    ("target", "fragment"),
+    [
+        ("not_a_path", "module:attribute"),
+        ("no_such_module_xyz:handlers", "cannot import 'no_such_module_xyz'"),
+        ("tests.integration.inbox_app:nothing", "has no attribute 'nothing'"),
+        ("tests.integration.inbox_app:TOPIC", "not an outbox.Handlers registry"),
+    ],
+)
+def test_cli_handler_path_errors_are_one_line(
+    outbox_database_url: str, target: str, fragment: str
+) -> None:
+    result = _cli("handler", target, "--database-url", outbox_database_url)
+    _one_line_error(result, fragment)
+
+
+def test_cli_schema_from_a_newer_outbox_is_refused(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    with psycopg.connect(outbox_database_url) as conn:
+        conn.execute("UPDATE outbox.alembic_version SET version_num = '0999_future'")
+    for command in (
+        ["producer", "--kafka-bootstrap", outbox_kafka_bootstrap],
+        ["handler", "tests.integration.inbox_app:handlers"],
+        ["status"],
+    ):
+        result = _cli(*command, "--database-url", outbox_database_url)
+        _one_line_error(result, "migrated by a newer outbox")
+
+
+def test_cli_consumer_requires_topic_and_group_and_refuses_auto_commit(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    result = _cli("consumer", "--database-url", outbox_database_url, "--group", "g")
+    assert result.returncode == 2
+    assert "--topic" in result.stderr
+    result = _cli(
+        "consumer",
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+        "--topic",
+        "t",
+        "--group",
+        "g",
+        "--kafka-config",
+        "enable.auto.commit=true",
+    )
+    _one_line_error(result, "enable.auto.commit=true would commit offsets")
+    result = _cli(
+        "consumer",
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+        "--topic",
+        "bad topic",
+        "--group",
+        "g",
+    )
+    _one_line_error(result, "contains ' '")
+
+
+def test_cli_conflicting_dead_letter_selections_exit_2(outbox_database_url: str) -> None:
+    result = _cli(
+        "dead-letters", "requeue", "--all", "--topic", "t", "--database-url", outbox_database_url
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
