@@ -1,0 +1,1 @@
+"""outbox benchmarks: `./run bench` (or `python -m benchmarks`); see benchmarks/README.md."""
