@@ -49,6 +49,7 @@ class Broker:
             )
         self.max_payload_bytes = max_payload_bytes
         self._sql = queries(self.schema)["send"]
+        self._sql_one = queries(self.schema)["send_one"]
         self._channel = channel(self.schema, "producer_queue")
 
     def _compose(
@@ -97,7 +98,7 @@ class Broker:
     ) -> UUID:
         """Write one message in `tx`'s transaction and return its id."""
         message = self._compose(topic, payload, key, headers, message_id)
-        writer.execute(tx, self._sql, writer.send_params([message], self._channel))
+        writer.execute(tx, self._sql_one, writer.send_one_params(message, self._channel))
         return message.message_id
 
     def send_many(self, tx: object, messages: Iterable[Message]) -> list[UUID]:
@@ -119,7 +120,9 @@ class Broker:
     ) -> UUID:
         """`send` for psycopg `AsyncConnection` and SQLAlchemy `AsyncConnection`/`AsyncSession`."""
         message = self._compose(topic, payload, key, headers, message_id)
-        await writer.execute_async(tx, self._sql, writer.send_params([message], self._channel))
+        await writer.execute_async(
+            tx, self._sql_one, writer.send_one_params(message, self._channel)
+        )
         return message.message_id
 
     async def send_many_async(self, tx: object, messages: Iterable[Message]) -> list[UUID]:

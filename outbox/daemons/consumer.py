@@ -125,8 +125,7 @@ class Consumer:
         conn: Connection | None = None
         try:
             while not self.stopping:
-                batch = kafka.consume(self.config.batch_size, self.config.poll_timeout)
-                records = self._records(batch)
+                records = self._records(self._next_batch(kafka))
                 if not records:
                     continue
                 conn = self._store(conn, records)
@@ -139,6 +138,19 @@ class Consumer:
             if conn is not None:
                 conn.close()
             log.info("consumer stopped: received=%d stored=%d", self.received, self.stored)
+
+    def _next_batch(self, kafka: KafkaConsumer) -> list[Message]:
+        """Wait for one record, then take what else is already there, up to the batch size.
+
+        `consume(n, timeout)` alone would hold the first record until n arrived or the timeout
+        passed, adding the whole timeout to every message's latency at low rates.
+        """
+        first = kafka.poll(self.config.poll_timeout)
+        if first is None:
+            return []
+        if self.config.batch_size == 1:
+            return [first]
+        return [first, *kafka.consume(self.config.batch_size - 1, 0)]
 
     def _records(self, batch: list[Message]) -> list[Message]:
         records = []

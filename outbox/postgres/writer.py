@@ -36,6 +36,20 @@ def send_params(messages: Sequence[OutgoingMessage], channel: str) -> dict[str, 
     }
 
 
+def send_one_params(message: OutgoingMessage, channel: str) -> dict[str, Any]:
+    """Bind parameters of the `send_one` statement."""
+    return {
+        "message_id": message.message_id,
+        "topic": message.topic,
+        "key": message.key,
+        "payload": message.payload,
+        "headers": json.dumps(to_json(message.headers)) if message.headers else "{}",
+        "content_type": message.content_type,
+        "lane": message.lane,
+        "channel": channel,
+    }
+
+
 def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     status = conn.info.transaction_status
     if status == TransactionStatus.INERROR:
