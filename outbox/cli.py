@@ -7,53 +7,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from outbox.core.errors import ConfigurationError, OutboxError
-
-ENV_DATABASE_URL = "OUTBOX_DATABASE_URL"
-ENV_KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
-ENV_SCHEMA = "OUTBOX_SCHEMA"
-
-
-def _kafka_setting(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    return key.strip(), value.strip()
-
-
-def _add_database(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get(ENV_DATABASE_URL),
-        help=f"PostgreSQL URL (env {ENV_DATABASE_URL})",
-    )
-    parser.add_argument(
-        "--schema",
-        default=os.environ.get(ENV_SCHEMA, "outbox"),
-        help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
-    )
-
-
-def _add_kafka(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--kafka-bootstrap",
-        default=os.environ.get(ENV_KAFKA_BOOTSTRAP),
-        help=f"Kafka bootstrap servers, host:port[,...] (env {ENV_KAFKA_BOOTSTRAP})",
-    )
-    parser.add_argument(
-        "--kafka-config",
-        action="append",
-        type=_kafka_setting,
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra librdkafka setting; repeatable",
-    )
+from outbox.cli_arguments import (
+    ENV_DATABASE_URL,
+    ENV_KAFKA_BOOTSTRAP,
+    add_database,
+    add_kafka,
+    require,
+)
+from outbox.core.errors import OutboxError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,14 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     migrate = commands.add_parser("migrate", help="create or upgrade the outbox tables")
-    _add_database(migrate)
+    add_database(migrate)
     migrate.add_argument(
         "--sql", action="store_true", help="print the SQL instead of running it (for a DBA)"
     )
 
     producer = commands.add_parser("producer", help="relay producer_queue to Kafka")
-    _add_database(producer)
-    _add_kafka(producer)
+    add_database(producer)
+    add_kafka(producer)
     producer.add_argument("--batch-size", type=int, default=1000)
     producer.add_argument(
         "--poll-interval",
@@ -82,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     consumer = commands.add_parser("consumer", help="store Kafka records in consumer_queue")
-    _add_database(consumer)
-    _add_kafka(consumer)
+    add_database(consumer)
+    add_kafka(consumer)
     consumer.add_argument(
         "--topic", action="append", default=[], required=True, help="topic to consume; repeatable"
     )
@@ -94,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     handler.add_argument(
         "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
     )
-    _add_database(handler)
+    add_database(handler)
     handler.add_argument("--concurrency", type=int, default=4, help="worker threads")
     handler.add_argument("--batch-size", type=int, default=200)
     handler.add_argument(
@@ -128,12 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _require(value: str | None, flag: str, env: str) -> str:
-    if not value:
-        raise ConfigurationError(f"{flag} is required (or set {env})")
-    return value
-
-
 def _install_stop_handlers(stop: object) -> None:
     def handler(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("outbox").info("received %s, finishing", signal.Signals(signum).name)
@@ -149,7 +109,7 @@ def _migrate(args: argparse.Namespace) -> int:
     if args.sql:
         sys.stdout.write(migrate.upgrade_sql(args.schema))
         return 0
-    url = _require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
     _check_database(url)
     migrate.upgrade(url, args.schema)
     print(f"outbox schema {args.schema!r} is at revision {migrate.head_revision()}")
@@ -172,8 +132,8 @@ def _producer(args: argparse.Namespace) -> int:
     from outbox.daemons.producer import Producer, ProducerConfig
 
     config = ProducerConfig(
-        database_url=_require(args.database_url, "--database-url", ENV_DATABASE_URL),
-        kafka_bootstrap=_require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
+        database_url=require(args.database_url, "--database-url", ENV_DATABASE_URL),
+        kafka_bootstrap=require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
         schema=args.schema,
         kafka_config=dict(args.kafka_config),
         batch_size=args.batch_size,
@@ -189,8 +149,8 @@ def _consumer(args: argparse.Namespace) -> int:
     from outbox.daemons.consumer import Consumer, ConsumerConfig
 
     config = ConsumerConfig(
-        database_url=_require(args.database_url, "--database-url", ENV_DATABASE_URL),
-        kafka_bootstrap=_require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
+        database_url=require(args.database_url, "--database-url", ENV_DATABASE_URL),
+        kafka_bootstrap=require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
         topics=args.topic,
         group=args.group,
         schema=args.schema,
@@ -207,7 +167,7 @@ def _handler(args: argparse.Namespace) -> int:
     from outbox.daemons.handler import HandlerConfig, HandlerRunner, load_handlers
 
     config = HandlerConfig(
-        database_url=_require(args.database_url, "--database-url", ENV_DATABASE_URL),
+        database_url=require(args.database_url, "--database-url", ENV_DATABASE_URL),
         schema=args.schema,
         concurrency=args.concurrency,
         batch_size=args.batch_size,

@@ -39,14 +39,14 @@ from typing import Any, NoReturn
 import psycopg
 
 from outbox import operations as ops
+from outbox.cli_arguments import ENV_DATABASE_URL
+from outbox.cli_arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, InvalidTopic, OutboxError
 from outbox.core.topics import validate_topic
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 
 # The same variables as outbox.cli (not imported from there: outbox.cli imports this module).
-ENV_DATABASE_URL = "OUTBOX_DATABASE_URL"
-ENV_SCHEMA = "OUTBOX_SCHEMA"
 
 #: `dead-letters show` prints at most this many bytes of a payload.
 PAYLOAD_PREVIEW_BYTES = 4096
@@ -72,19 +72,6 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 # -- arguments ------------------------------------------------------------------------------
-
-
-def _add_database(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get(ENV_DATABASE_URL),
-        help=f"PostgreSQL URL (env {ENV_DATABASE_URL})",
-    )
-    parser.add_argument(
-        "--schema",
-        default=os.environ.get(ENV_SCHEMA, "outbox"),
-        help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
-    )
 
 
 def _add_queue(parser: argparse.ArgumentParser) -> None:

@@ -23,10 +23,9 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.headers import to_json
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import Connection, connect, first_line
+from outbox.daemons.lanes import Connection, check_database, connect
 from outbox.kafka.publisher import check_reachable
 from outbox.kafka.subscriber import InboxRow, consumer_config, next_offsets, to_inbox_row
-from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import channel, queries, validate_schema
 
 log = logging.getLogger("outbox.consumer")
@@ -107,14 +106,7 @@ class Consumer:
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
-        from outbox.core.errors import DatabaseUnavailable
-
-        try:
-            conn = self._connect()
-        except psycopg.Error as exc:
-            raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
-        with conn:
-            check_schema(conn, self.config.schema)
+        check_database(self._connect, self.config.schema)
         check_reachable(self._kafka_config, timeout=self.config.connect_timeout)
 
     def run(self) -> None:

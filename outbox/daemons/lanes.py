@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -60,6 +60,16 @@ def connect(url: str, *, timeout: float, application_name: str) -> Connection:
         connect_timeout=max(1, int(timeout)),
         application_name=application_name,
     )
+
+
+def check_database(open_connection: Callable[[], Connection], schema: str) -> None:
+    """Connect once and check the schema version; one clear error for either failure."""
+    try:
+        conn = open_connection()
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
+    with conn:
+        check_schema(conn, schema)
 
 
 class LaneRelay(Generic[Row]):
@@ -129,12 +139,7 @@ class LaneRelay(Generic[Row]):
 
     def check_database(self) -> None:
         """Fail fast with one clear error on an unreachable database or a wrong schema."""
-        try:
-            conn = self.connect()
-        except psycopg.Error as exc:
-            raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
-        with conn:
-            check_schema(conn, self.schema)
+        check_database(self.connect, self.schema)
 
     def serve_forever(self) -> None:
         """Run until `stop()`; reconnect with backoff whenever the database connection drops."""

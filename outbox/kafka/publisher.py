@@ -50,20 +50,37 @@ PERMANENT = {
 }
 
 
-def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """librdkafka settings for the relay: defaults, then the user's, then the required ones."""
+def merge_settings(
+    base: Mapping[str, Any],
+    extra: Mapping[str, str] | None,
+    required: Mapping[str, str],
+    consequence: str,
+) -> dict[str, Any]:
+    """librdkafka settings: `base`, then the user's `extra`, then `required` (never weakened).
+
+    A user setting that contradicts a required one is refused with an error that says what
+    it would break (`consequence`).
+    """
+    bootstrap = base.get("bootstrap.servers")
     if not bootstrap:
         raise ConfigurationError("kafka bootstrap servers are not set (--kafka-bootstrap)")
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, **DEFAULTS, "logger": rdkafka_log}
+    config: dict[str, Any] = {**base, "logger": rdkafka_log}
     for key, value in (extra or {}).items():
-        if key in REQUIRED and str(value).lower() != REQUIRED[key]:
+        if key in required and str(value).lower() != required[key]:
             raise ConfigurationError(
-                f"kafka setting {key}={value} would weaken delivery; outbox requires "
-                f"{key}={REQUIRED[key]}"
+                f"kafka setting {key}={value} would {consequence}; outbox requires "
+                f"{key}={required[key]}"
             )
         config[key] = value
-    config.update(REQUIRED)
+    config.update(required)
     return config
+
+
+def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """librdkafka settings for the relay: defaults, then the user's, then the required ones."""
+    return merge_settings(
+        {"bootstrap.servers": bootstrap, **DEFAULTS}, extra, REQUIRED, "weaken delivery"
+    )
 
 
 def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> None:

@@ -14,7 +14,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID
 from outbox.core.lanes import lane_for
 from outbox.core.serializers import BYTES
-from outbox.kafka.publisher import rdkafka_log
+from outbox.kafka.publisher import merge_settings
 
 #: Namespace of the deterministic ids given to messages without an outbox message id.
 FOREIGN_NAMESPACE = uuid.UUID("6f1c0d2a-6a53-4c57-9a51-0d7b5b0b7e11")
@@ -31,25 +31,14 @@ def consumer_config(
     bootstrap: str, group: str, extra: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """librdkafka settings of an inbox consumer; offsets are committed by outbox only."""
-    if not bootstrap:
-        raise ConfigurationError("kafka bootstrap servers are not set (--kafka-bootstrap)")
     if not group:
         raise ConfigurationError("a consumer group is required (--group)")
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        **DEFAULTS,
-        "logger": rdkafka_log,
-    }
-    for key, value in (extra or {}).items():
-        if key in REQUIRED and str(value).lower() != REQUIRED[key]:
-            raise ConfigurationError(
-                f"kafka setting {key}={value} would commit offsets before the inbox has the "
-                f"messages; outbox requires {key}={REQUIRED[key]}"
-            )
-        config[key] = value
-    config.update(REQUIRED)
-    return config
+    return merge_settings(
+        {"bootstrap.servers": bootstrap, "group.id": group, **DEFAULTS},
+        extra,
+        REQUIRED,
+        "commit offsets before the inbox has the messages",
+    )
 
 
 @dataclass(frozen=True, slots=True)
