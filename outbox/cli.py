@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a processed message is remembered to drop redeliveries (default 1 day)",
     )
     handler.add_argument(
+        "--transaction-size",
+        type=int,
+        default=100,
+        help="messages handled in one database transaction, each in its own savepoint",
+    )
+    handler.add_argument(
         "--lease",
         type=float,
         default=300.0,
@@ -174,6 +180,7 @@ def _handler(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         dedup_window=args.dedup_window,
         lease=args.lease,
+        transaction_size=args.transaction_size,
     )
     runner = HandlerRunner(config, load_handlers(args.handlers))
     _install_stop_handlers(runner.stop)

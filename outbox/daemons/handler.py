@@ -57,6 +57,8 @@ class HandlerConfig:
     dedup_window: float = 24 * 3600.0
     retention_interval: float = 30.0
     retention_batch: int = 5000
+    #: Messages handled in one database transaction (each callback in its own savepoint).
+    transaction_size: int = 100
     #: Longest a callback may run (seconds). Past it the callback's transaction is terminated
     #: (so nothing it wrote can commit), the attempt counts as failed, and the row is retried.
     lease: float = 300.0
@@ -75,6 +77,8 @@ class HandlerConfig:
             raise ConfigurationError(f"dedup_window must be >= 0, got {self.dedup_window}")
         if self.lease <= 0:
             raise ConfigurationError(f"lease must be > 0, got {self.lease}")
+        if self.transaction_size < 1:
+            raise ConfigurationError(f"transaction_size must be >= 1, got {self.transaction_size}")
 
 
 def load_handlers(path: str) -> Handlers:
@@ -122,9 +126,14 @@ class _PsycopgSync:
         self.backend_pid = self.conn.info.backend_pid
 
     @contextmanager
-    def transaction(self) -> Iterator[tuple[Execute, Any]]:
+    def transaction(self) -> Iterator[Execute]:
         with self.conn.transaction():
-            yield self.conn.execute, self.conn
+            yield self.conn.execute
+
+    @contextmanager
+    def savepoint(self) -> Iterator[Any]:
+        with self.conn.transaction():
+            yield self.conn
 
     def close(self) -> None:
         self.conn.close()
@@ -144,14 +153,23 @@ class _SqlAlchemySync:
         self.backend_pid: int = self.conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
 
     @contextmanager
-    def transaction(self) -> Iterator[tuple[Execute, Any]]:
+    def transaction(self) -> Iterator[Execute]:
+        with self.conn.begin():
+            yield self.conn.exec_driver_sql
+
+    @contextmanager
+    def savepoint(self) -> Iterator[Any]:
         from sqlalchemy.orm import Session
 
-        with self.conn.begin():
-            session = Session(bind=self.conn)
+        # A new Session per message: after a rollback to the savepoint, nothing the failed
+        # callback added lingers in an identity map.
+        with self.conn.begin_nested():
+            # rollback_only: the Session works inside our savepoint and never commits it;
+            # committing or rolling back stays with the batch.
+            session = Session(bind=self.conn, join_transaction_mode="rollback_only")
             try:
-                yield self.conn.exec_driver_sql, session
-                session.flush()  # the callback's ORM changes belong to this transaction
+                yield session
+                session.flush()  # the callback's ORM changes belong to this savepoint
             finally:
                 session.close()
 
@@ -276,26 +294,52 @@ class _Worker:
             self._loop.close()
 
     def _run(self, rows: list[Pending]) -> None:
+        """Handle a group in order: runs of sync handlers in batched transactions."""
         failed_keys: set[bytes] = set()
-        for row in rows:
-            if self.retired:
-                return
-            if row.key is not None and row.key in failed_keys:
-                continue  # stays behind its failed predecessor, in order
-            try:
-                self.started = time.monotonic()
-                self.current = row
-                ok = self._handle(row)
-            except _ConnectionLost as exc:
-                if not self.retired:
-                    log.warning("worker %d lost its database connection: %s", self.index, exc)
-                self._reset()
-                return
-            finally:
-                self.current = None
-            spec = self.runner.handlers.get(row.topic)
-            if not ok and row.key is not None and (spec is None or spec.ordered):
-                failed_keys.add(row.key)
+        chunk: list[Pending] = []
+        limit = self.runner.config.transaction_size
+        try:
+            for row in rows:
+                spec = self.runner.handlers.get(row.topic)
+                if spec is not None and spec.is_async:
+                    self._sync_batch(chunk, failed_keys)
+                    chunk = []
+                    self._async_row(row, spec, failed_keys)
+                else:
+                    chunk.append(row)
+                    if len(chunk) >= limit:
+                        self._sync_batch(chunk, failed_keys)
+                        chunk = []
+                if self.retired:
+                    return
+            self._sync_batch(chunk, failed_keys)
+        except _ConnectionLost as exc:
+            if not self.retired:
+                log.warning("worker %d lost its database connection: %s", self.index, exc)
+            self._reset()
+        finally:
+            self.current = None
+
+    def _blocked(self, row: Pending, failed_keys: set[bytes]) -> bool:
+        """A row whose key already failed in this group stays behind it, in order."""
+        return row.key is not None and row.key in failed_keys
+
+    def _note_failure(
+        self, row: Pending, spec: HandlerSpec | None, failed_keys: set[bytes]
+    ) -> None:
+        if row.key is not None and (spec is None or spec.ordered):
+            failed_keys.add(row.key)
+
+    def _async_row(self, row: Pending, spec: HandlerSpec, failed_keys: set[bytes]) -> None:
+        if self._blocked(row, failed_keys):
+            return
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        self.started = time.monotonic()
+        self.current = row
+        if not self._loop.run_until_complete(self._handle_async(row, spec)):
+            self._note_failure(row, spec, failed_keys)
+        self.current = None
 
     def _reset(self) -> None:
         sync, self._sync = self._sync, None
@@ -306,14 +350,6 @@ class _Worker:
             with suppress(psycopg.Error):
                 self._loop.run_until_complete(self._async.close())
         self._async = None
-
-    def _handle(self, row: Pending) -> bool:
-        spec = self.runner.handlers.get(row.topic)
-        if spec is not None and spec.is_async:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            return self._loop.run_until_complete(self._handle_async(row, spec))
-        return self._handle_sync(row, spec)
 
     def _tx_sync(self) -> _PsycopgSync | _SqlAlchemySync:
         if self._sync is None:
@@ -327,35 +363,64 @@ class _Worker:
                 raise _ConnectionLost(str(exc)) from exc
         return self._sync
 
-    def _handle_sync(self, row: Pending, spec: HandlerSpec | None) -> bool:
+    def _sync_batch(self, rows: list[Pending], failed_keys: set[bytes]) -> None:
+        """Handle rows in ONE transaction, each callback inside its own savepoint.
+
+        The callbacks' writes and the rows' processed marks commit together; a callback that
+        raises rolls back to its savepoint only, and its failure is recorded in the same
+        transaction. A crash before the commit leaves every row of the batch to be handled
+        again, with none of the batch's writes kept.
+        """
+        if not rows:
+            return
         sql = self.runner.sql
         tx = self._tx_sync()
         self.backend_pid = tx.backend_pid
-        claimed: Any = None
+        handled: list[HandlerSpec] = []
         try:
-            with tx.transaction() as (execute, handle):
-                claimed = execute(sql["handler_claim"], {"id": row.id}).fetchone()
-                if claimed is None:
-                    return True  # handled meanwhile, or another process holds it
-                if spec is None:
-                    execute(sql["handler_fail"], self.runner.no_handler(row))
-                    return False
-                message = self.runner.message(claimed)
-                spec.func(message, handle)
-                execute(sql["handler_done"], {"id": row.id})
+            with tx.transaction() as execute:
+                claimed = {
+                    r[0]: r
+                    for r in execute(
+                        sql["handler_claim_many"], {"ids": [row.id for row in rows]}
+                    ).fetchall()
+                }
+                done: list[int] = []
+                failures: list[dict[str, Any]] = []
+                for row in rows:
+                    if self.retired:
+                        break
+                    if row.id not in claimed or self._blocked(row, failed_keys):
+                        continue  # handled meanwhile, held by another process, or waiting
+                    spec = self.runner.handlers.get(row.topic)
+                    if spec is None:
+                        failures.append(self.runner.no_handler(row))
+                        self._note_failure(row, spec, failed_keys)
+                        continue
+                    self.started = time.monotonic()
+                    self.current = row
+                    try:
+                        with tx.savepoint() as handle:
+                            spec.func(self.runner.message(claimed[row.id]), handle)
+                    except (psycopg.OperationalError, _sqlalchemy_disconnect()):
+                        raise
+                    except Exception as exc:
+                        failures.append(self.runner.failure(row, spec, claimed[row.id], exc))
+                        self._note_failure(row, spec, failed_keys)
+                        continue
+                    finally:
+                        self.current = None
+                    done.append(row.id)
+                    handled.append(spec)
+                if done:
+                    execute(sql["handler_done_many"], {"ids": done})
+                for failure in failures:
+                    execute(sql["handler_fail"], failure)
                 failpoint("handler.before_commit")
         except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
             raise _ConnectionLost(str(exc)) from exc
-        except Exception as exc:
-            failure = self.runner.failure(row, spec, claimed, exc)
-            try:
-                with tx.transaction() as (execute, _handle):
-                    execute(sql["handler_fail"], failure)
-            except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
-                raise _ConnectionLost(str(lost)) from lost
-            return False
-        self.runner.count_handled(spec)
-        return True
+        for spec in handled:
+            self.runner.count_handled(spec)
 
     async def _tx_async(self) -> _PsycopgAsync | _SqlAlchemyAsync:
         if self._async is None:

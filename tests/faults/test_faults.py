@@ -185,7 +185,7 @@ KILL_POINTS = [
     ("producer", "producer.before_produce@3"),
     ("producer", "producer.after_produce@3"),
     ("consumer", "consumer.after_insert@2"),
-    ("handler", "handler.before_commit@40"),
+    ("handler", "handler.before_commit@3"),
 ]
 
 

@@ -383,3 +383,28 @@ def test_unordered_handler_lets_later_messages_of_a_key_pass_a_failing_one(
         wait_for(lambda: processed(outbox_database_url) == 5, 30, "all five")
     # 1..4 did not wait for 0's retry (ordered handlers would give [0, 1, 2, 3, 4]).
     assert order == [1, 2, 3, 4, 0]
+
+
+@pytest.mark.parametrize("transaction", ["psycopg", "sqlalchemy"])
+def test_a_failure_inside_a_batch_rolls_back_only_its_own_writes(
+    outbox_database_url: str, transaction: str
+) -> None:
+    url = outbox_database_url
+    _prepare(url)
+    handlers = Handlers(transaction=transaction)  # type: ignore[arg-type]
+
+    @handlers.handler("batch", max_attempts=1, ordered=False)
+    def write_then_maybe_fail(message: InboxMessage, tx: Any) -> None:
+        params = {"id": message.id, "n": message.payload["n"]}
+        if transaction == "psycopg":
+            tx.execute("INSERT INTO effects VALUES (%(id)s, 1, %(n)s::text)", params)
+        else:
+            tx.execute(text("INSERT INTO effects VALUES (:id, 1, CAST(:n AS text))"), params)
+        if message.payload["n"] == 3:
+            raise RuntimeError("the fourth message fails after writing")
+
+    ids = put(url, "batch", [{"n": i} for i in range(10)], ["one key"] * 10)
+    with handler_thread(url, handlers, concurrency=1, transaction_size=100):
+        wait_for(lambda: processed(url) == 9 and dead(url) == 1, 30, "nine handled, one dead")
+    assert sorted(int(r[2]) for r in _effects(url)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert {r[0] for r in _effects(url)} == set(ids) - {ids[3]}

@@ -172,6 +172,20 @@ FROM {schema}.consumer_queue
 WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL
 FOR UPDATE SKIP LOCKED;
 
+-- name: handler_claim_many
+-- Lock a batch of pending rows for one handler transaction (see handler_claim).
+SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+       attempts, source_partition, source_offset
+FROM {schema}.consumer_queue
+WHERE id = ANY(%(ids)s) AND processed_at IS NULL AND dead_at IS NULL
+ORDER BY id
+FOR UPDATE SKIP LOCKED;
+
+-- name: handler_done_many
+UPDATE {schema}.consumer_queue
+SET processed_at = now(), attempts = attempts + 1, payload = ''::bytea, last_error = NULL
+WHERE id = ANY(%(ids)s);
+
 -- name: handler_done
 -- Mark a row processed in the handler's transaction. The row stays (payload cleared) for the
 -- dedup window, so that a redelivery of the same message id is not stored again.
