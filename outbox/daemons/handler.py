@@ -57,7 +57,7 @@ class HandlerConfig:
     dedup_window: float = 24 * 3600.0
     retention_interval: float = 30.0
     retention_batch: int = 5000
-    #: Messages handled in one database transaction (each callback in its own savepoint).
+    #: Messages handled in one database transaction (a failure rolls it back and splits it).
     transaction_size: int = 100
     #: Longest a callback may run (seconds). Past it the callback's transaction is terminated
     #: (so nothing it wrote can commit), the attempt counts as failed, and the row is retried.
@@ -126,14 +126,12 @@ class _PsycopgSync:
         self.backend_pid = self.conn.info.backend_pid
 
     @contextmanager
-    def transaction(self) -> Iterator[Execute]:
+    def transaction(self) -> Iterator[tuple[Execute, Any]]:
         with self.conn.transaction():
-            yield self.conn.execute
+            yield self.conn.execute, self.conn
 
-    @contextmanager
-    def savepoint(self) -> Iterator[Any]:
-        with self.conn.transaction():
-            yield self.conn
+    def flush(self, handle: Any) -> None:
+        """Nothing to flush: psycopg writes go to the server as they are executed."""
 
     def close(self) -> None:
         self.conn.close()
@@ -153,25 +151,20 @@ class _SqlAlchemySync:
         self.backend_pid: int = self.conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
 
     @contextmanager
-    def transaction(self) -> Iterator[Execute]:
-        with self.conn.begin():
-            yield self.conn.exec_driver_sql
-
-    @contextmanager
-    def savepoint(self) -> Iterator[Any]:
+    def transaction(self) -> Iterator[tuple[Execute, Any]]:
         from sqlalchemy.orm import Session
 
-        # A new Session per message: after a rollback to the savepoint, nothing the failed
-        # callback added lingers in an identity map.
-        with self.conn.begin_nested():
-            # rollback_only: the Session works inside our savepoint and never commits it;
-            # committing or rolling back stays with the batch.
+        with self.conn.begin():
+            # rollback_only: the Session works inside our transaction and never commits it.
             session = Session(bind=self.conn, join_transaction_mode="rollback_only")
             try:
-                yield session
-                session.flush()  # the callback's ORM changes belong to this savepoint
+                yield self.conn.exec_driver_sql, session
             finally:
                 session.close()
+
+    def flush(self, handle: Any) -> None:
+        """Send the callback's ORM changes now, so that a failure is its own."""
+        handle.flush()
 
     def close(self) -> None:
         self.conn.close()
@@ -238,6 +231,10 @@ class _SqlAlchemyAsync:
 
 
 # -- a worker: one thread, its own connections, the rows of its lanes in order -----------------
+
+
+class _RollBack(Exception):
+    """Raised inside a batch transaction to roll it back after a callback failed."""
 
 
 class _ConnectionLost(Exception):
@@ -364,21 +361,38 @@ class _Worker:
         return self._sync
 
     def _sync_batch(self, rows: list[Pending], failed_keys: set[bytes]) -> None:
-        """Handle rows in ONE transaction, each callback inside its own savepoint.
+        """Handle rows in ONE transaction: their writes and processed marks commit together.
 
-        The callbacks' writes and the rows' processed marks commit together; a callback that
-        raises rolls back to its savepoint only, and its failure is recorded in the same
-        transaction. A crash before the commit leaves every row of the batch to be handled
-        again, with none of the batch's writes kept.
+        Callbacks run without savepoints (each would cost two more round trips). When one
+        raises, the whole transaction rolls back; the rows before it are handled again in a
+        new batch, the failure is recorded on its own, and the rows after it follow. A crash
+        before the commit leaves every row of the batch to be handled again, with none of the
+        batch's writes kept.
         """
-        if not rows:
-            return
+        pending = [row for row in rows if not self._blocked(row, failed_keys)]
+        while pending and not self.retired:
+            failed_at = self._try_batch(pending)
+            if failed_at is None:
+                return
+            index, row, spec, claimed, exc = failed_at
+            # pending[:index] succeeded but were rolled back with the failure: run them again.
+            if index:
+                self._sync_batch(pending[:index], failed_keys)
+            self._record_failure(row, spec, claimed, exc)
+            self._note_failure(row, spec, failed_keys)
+            pending = [r for r in pending[index + 1 :] if not self._blocked(r, failed_keys)]
+
+    def _try_batch(
+        self, rows: list[Pending]
+    ) -> tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None:
+        """Run one batch transaction; on a callback failure return where and why, rolled back."""
         sql = self.runner.sql
         tx = self._tx_sync()
         self.backend_pid = tx.backend_pid
         handled: list[HandlerSpec] = []
+        failure: tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None = None
         try:
-            with tx.transaction() as execute:
+            with tx.transaction() as (execute, handle):
                 claimed = {
                     r[0]: r
                     for r in execute(
@@ -386,41 +400,53 @@ class _Worker:
                     ).fetchall()
                 }
                 done: list[int] = []
-                failures: list[dict[str, Any]] = []
-                for row in rows:
+                dead: list[dict[str, Any]] = []
+                for index, row in enumerate(rows):
                     if self.retired:
                         break
-                    if row.id not in claimed or self._blocked(row, failed_keys):
-                        continue  # handled meanwhile, held by another process, or waiting
+                    if row.id not in claimed:
+                        continue  # handled meanwhile, or held by another process
                     spec = self.runner.handlers.get(row.topic)
                     if spec is None:
-                        failures.append(self.runner.no_handler(row))
-                        self._note_failure(row, spec, failed_keys)
+                        dead.append(self.runner.no_handler(row))
                         continue
                     self.started = time.monotonic()
                     self.current = row
                     try:
-                        with tx.savepoint() as handle:
-                            spec.func(self.runner.message(claimed[row.id]), handle)
+                        spec.func(self.runner.message(claimed[row.id]), handle)
+                        tx.flush(handle)
                     except (psycopg.OperationalError, _sqlalchemy_disconnect()):
                         raise
                     except Exception as exc:
-                        failures.append(self.runner.failure(row, spec, claimed[row.id], exc))
-                        self._note_failure(row, spec, failed_keys)
-                        continue
+                        failure = (index, row, spec, claimed[row.id], exc)
+                        raise _RollBack from exc
                     finally:
                         self.current = None
                     done.append(row.id)
                     handled.append(spec)
                 if done:
                     execute(sql["handler_done_many"], {"ids": done})
-                for failure in failures:
-                    execute(sql["handler_fail"], failure)
+                for params in dead:
+                    execute(sql["handler_fail"], params)
                 failpoint("handler.before_commit")
+        except _RollBack:
+            return failure
         except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
             raise _ConnectionLost(str(exc)) from exc
         for spec in handled:
             self.runner.count_handled(spec)
+        return None
+
+    def _record_failure(
+        self, row: Pending, spec: HandlerSpec | None, claimed: Any, exc: BaseException
+    ) -> None:
+        tx = self._tx_sync()
+        params = self.runner.failure(row, spec, claimed, exc)
+        try:
+            with tx.transaction() as (execute, _handle):
+                execute(self.runner.sql["handler_fail"], params)
+        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
+            raise _ConnectionLost(str(lost)) from lost
 
     async def _tx_async(self) -> _PsycopgAsync | _SqlAlchemyAsync:
         if self._async is None:

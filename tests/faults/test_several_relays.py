@@ -28,6 +28,17 @@ pytestmark = pytest.mark.faults
 APP = "tests.integration.inbox_app:handlers"
 
 
+def _lane_owners(url: str) -> int:
+    """How many sessions hold lanes (advisory locks) in this database."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_database d "
+            "ON d.oid = l.database WHERE d.datname = current_database() "
+            "AND l.locktype = 'advisory' AND l.granted"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
     outbox_database_factory: Any, outbox_kafka_bootstrap: str, outbox_topic: str
 ) -> None:
@@ -53,6 +64,12 @@ def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
             30,
             "three producers and three handlers to register",
         )
+        # ... and until they have shared the lanes out (each rebalances every 2 s).
+        wait_for(
+            lambda: _lane_owners(sender) == 3 and _lane_owners(receiver) == 3,
+            30,
+            "the lanes to be spread over three producers and three handlers",
+        )
         seq: dict[str, int] = defaultdict(int)
         broker = Broker()
         with psycopg.connect(sender) as conn:
@@ -70,13 +87,6 @@ def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
             180,
             "every message handled",
         )
-        with psycopg.connect(sender) as conn:
-            lanes = conn.execute(
-                "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_database d "
-                "ON d.oid = l.database WHERE d.datname = current_database() "
-                "AND l.locktype = 'advisory' AND l.granted"
-            ).fetchone()
-        assert lanes == (3,), "the lanes should be spread over the three producers"
     finally:
         for daemon in daemons:
             daemon.signal(signal.SIGTERM)
