@@ -37,6 +37,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.harness import Context, Result, percentiles
+from outbox.kafka.subscriber import DEFAULTS as CONSUMER_DEFAULTS
 
 SCENARIO = "e. end-to-end latency"
 REPO = Path(__file__).resolve().parent.parent
@@ -232,7 +233,7 @@ def latency_result(
 
 class Reader:
     """A plain confluent-kafka consumer in a thread: partitions assigned (no group join), from
-    the start, librdkafka's defaults otherwise (as outbox's consumer has them).
+    the start, with the fetch wait outbox's consumer uses (`fetch.wait.max.ms`).
 
     Records, by the "id" field of each JSON value, when it was received and the record's
     CreateTime (set by the producing client when it called produce(); millisecond resolution).
@@ -247,6 +248,7 @@ class Reader:
                 "group.id": f"reader-{topic}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": CONSUMER_DEFAULTS["fetch.wait.max.ms"],
             }
         )
         metadata = self._consumer.list_topics(topic, timeout=10)
