@@ -608,7 +608,13 @@ class HandlerRunner(LaneRelay[Pending]):
         conn.execute(self.sql["handler_fail"], failure)
         self._workers[worker.index] = _Worker(self, worker.index)
 
-    def housekeeping(self, conn: Connection) -> None:
+    def housekeeping(self, conn: Connection, *, busy: bool) -> None:
+        """Forget processed rows older than the dedup window, in bounded batches.
+
+        Runs every `retention_interval`, also while a backlog keeps the handler busy (then one
+        batch at a time, so that handling is not held up), so the table cannot grow without
+        bound under sustained load.
+        """
         now = time.monotonic()
         if now < self._next_retention:
             return
@@ -620,7 +626,7 @@ class HandlerRunner(LaneRelay[Pending]):
                 {"window": self.config.dedup_window, "limit": self.config.retention_batch},
             )
             total += cursor.rowcount
-            if cursor.rowcount < self.config.retention_batch or self.stopping:
+            if busy or cursor.rowcount < self.config.retention_batch or self.stopping:
                 break
         if total:
             log.info("forgot %d processed messages older than the dedup window", total)

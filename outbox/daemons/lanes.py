@@ -117,8 +117,8 @@ class LaneRelay(Generic[Row]):
         """Seconds until the earliest scheduled retry in `lanes`, or None."""
         return None
 
-    def housekeeping(self, conn: Connection) -> None:
-        """Periodic work done between batches (retention, for example)."""
+    def housekeeping(self, conn: Connection, *, busy: bool) -> None:
+        """Periodic work between batches (retention, for example); keep it short when `busy`."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -192,13 +192,14 @@ class LaneRelay(Generic[Row]):
                         sleeping = False
                     idle_step = 0
                     self.process(conn, rows)
+                    self.housekeeping(conn, busy=True)
                     continue
                 if not sleeping:
                     # Announce the nap, then look once more: a row committed before the flag
                     # was visible to its writer would otherwise wait for the next poll.
                     conn.execute(self.sql["relay_set_sleeping"], {**relay, "sleeping": True})
                     sleeping = True
-                    self.housekeeping(conn)
+                    self.housekeeping(conn, busy=False)
                     continue
                 self._wait(conn, self._idle_timeout(conn, idle_step))
                 idle_step += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 from collections import Counter
 from typing import Any
@@ -420,3 +421,41 @@ def test_a_failure_inside_a_batch_rolls_back_only_its_own_writes(
         wait_for(lambda: processed(url) == 9 and dead(url) == 1, 30, "nine handled, one dead")
     assert sorted(int(r[2]) for r in _effects(url)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
     assert {r[0] for r in _effects(url)} == set(ids) - {ids[3]}
+
+
+def test_retention_keeps_up_while_a_backlog_keeps_the_handler_busy(
+    outbox_database_url: str,
+) -> None:
+    url = outbox_database_url
+    _prepare(url)
+    handlers = Handlers()
+
+    @handlers.handler("busy", ordered=False)
+    def slow(message: InboxMessage, conn: Any) -> None:
+        conn.execute("INSERT INTO effects VALUES (%s, 1, '')", (message.id,))
+        time.sleep(0.002)
+
+    put(url, "busy", [{"n": i} for i in range(400)], [None] * 400)
+    forgotten_while_busy = False
+    with handler_thread(
+        url,
+        handlers,
+        concurrency=1,
+        batch_size=20,
+        transaction_size=20,
+        dedup_window=0,
+        retention_interval=0,
+        retention_batch=50,
+    ):
+
+        def progressed() -> bool:
+            nonlocal forgotten_while_busy
+            handled = len(_effects(url))
+            left = count(url, "consumer_queue", "processed_at IS NULL")
+            kept = count(url, "consumer_queue", "processed_at IS NOT NULL")
+            if left > 0 and handled >= 100 and kept < handled:
+                forgotten_while_busy = True
+            return left == 0
+
+        wait_for(progressed, 60, "the backlog to be handled")
+    assert forgotten_while_busy, "processed rows were only forgotten once the handler was idle"
