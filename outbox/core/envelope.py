@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge
 from outbox.core.headers import validate_headers
+from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
 from outbox.core.serializers import Serializer, encode_payload
 from outbox.core.topics import validate_topic
@@ -63,7 +64,7 @@ def compose(
         raise InvalidKey(f"key must be str, bytes or None, got {type(key).__name__}")
     valid_headers = validate_headers(headers)
     if message_id is None:
-        mid = uuid4()
+        mid = uuid7()
     elif isinstance(message_id, UUID):
         mid = message_id
     else:

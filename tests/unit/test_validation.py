@@ -146,3 +146,17 @@ def test_send_many_rejects_duplicate_ids_and_names_the_bad_item() -> None:
         )
     with pytest.raises(InvalidTopic, match="item 1"):
         broker.send_many(object(), [Message("t", 1), Message("bad topic", 2)])
+
+
+def test_message_ids_are_uuid7_and_ordered_by_time() -> None:
+    import time
+
+    from outbox.core.ids import uuid7
+
+    first = uuid7()
+    time.sleep(0.002)
+    ids = [uuid7() for _ in range(1000)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert len(set(ids)) == 1000
+    assert all(first < i for i in ids)  # a later millisecond sorts later
+    assert abs(int(ids[0].int >> 80) - time.time() * 1000) < 5000
