@@ -626,7 +626,13 @@ class HandlerRunner(LaneRelay[Pending]):
                 {"window": self.config.dedup_window, "limit": self.config.retention_batch},
             )
             total += cursor.rowcount
-            if busy or cursor.rowcount < self.config.retention_batch or self.stopping:
+            more = cursor.rowcount >= self.config.retention_batch
+            if busy and more:
+                # One batch now and another after the next handled batch, until caught up:
+                # forgetting keeps pace with handling without holding it up.
+                self._next_retention = now
+                break
+            if not more or self.stopping:
                 break
         if total:
             log.info("forgot %d processed messages older than the dedup window", total)
