@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
             print(f"   {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
     print(markdown(results, info, args.smoke))
-    json_path, md_path = write_results(results, info, args.out, args.smoke)
+    complete = set(keys) == set(SCENARIOS) and not failed
+    json_path, md_path = write_results(results, info, args.out, args.smoke, complete=complete)
     try:
         from benchmarks.plots import plot
 

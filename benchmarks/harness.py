@@ -149,9 +149,10 @@ def machine(servers: Servers) -> dict[str, Any]:
 
 
 def write_results(
-    results: list[Result], info: dict[str, Any], out_dir: Path, smoke: bool
+    results: list[Result], info: dict[str, Any], out_dir: Path, smoke: bool, *, complete: bool
 ) -> tuple[Path, Path]:
-    """Write `<stamp>.json` and `<stamp>.md` (and latest.*) to `out_dir`; returns their paths."""
+    """Write `<stamp>.json` and `<stamp>.md` to `out_dir`; a complete, full-size run also
+    becomes latest.*. Returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ("-smoke" if smoke else "")
     data = {
@@ -163,7 +164,7 @@ def write_results(
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path = out_dir / f"{stamp}.md"
     md_path.write_text(markdown(results, info, smoke))
-    if not smoke:
+    if complete and not smoke:
         (out_dir / "latest.json").write_text(json_path.read_text())
         (out_dir / "latest.md").write_text(md_path.read_text())
     return json_path, md_path
