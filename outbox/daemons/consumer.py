@@ -17,13 +17,12 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, KafkaException, Message
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import to_json
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import Connection, check_database, connect
+from outbox.daemons.lanes import Connection, check_database, connect, retrying_database
 from outbox.kafka.publisher import check_reachable
 from outbox.kafka.subscriber import InboxRow, consumer_config, next_offsets, to_inbox_row
 from outbox.postgres.queries import channel, queries, validate_schema
@@ -160,17 +159,7 @@ class Consumer:
         """Insert the batch, retrying through database outages; None if stopped meanwhile."""
         rows = [to_inbox_row(m) for m in records]
         params = insert_params(rows, self._channel)
-        retrying = Retrying(
-            retry=retry_if_exception_type(psycopg.OperationalError),
-            wait=wait_exponential(multiplier=0.1, max=5),
-            stop=lambda _state: self.stopping,
-            reraise=True,
-            before_sleep=lambda state: log.warning(
-                "cannot store a batch in PostgreSQL (attempt %d): %s",
-                state.attempt_number,
-                state.outcome.exception() if state.outcome else "",
-            ),
-        )
+        retrying = retrying_database(lambda: self.stopping, "cannot store a batch in PostgreSQL")
         try:
             for attempt in retrying:
                 with attempt:

@@ -62,6 +62,23 @@ def connect(url: str, *, timeout: float, application_name: str) -> Connection:
     )
 
 
+def retrying_database(stopping: Callable[[], bool], what: str) -> Retrying:
+    """Retry on a lost or refused database connection, backing off up to 5 s, until it works
+    or `stopping()`; then the last error is raised."""
+    return Retrying(
+        retry=retry_if_exception_type(psycopg.OperationalError),
+        wait=wait_exponential(multiplier=0.1, max=5),
+        stop=lambda _state: stopping(),
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "%s (attempt %d): %s",
+            what,
+            state.attempt_number,
+            state.outcome.exception() if state.outcome else "",
+        ),
+    )
+
+
 def check_database(open_connection: Callable[[], Connection], schema: str) -> None:
     """Connect once and check the schema version; one clear error for either failure."""
     try:
@@ -156,17 +173,7 @@ class LaneRelay(Generic[Row]):
                 self.lanes.clear()
 
     def _connect_retrying(self) -> Connection:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(psycopg.OperationalError),
-            wait=wait_exponential(multiplier=0.1, max=5),
-            stop=lambda _state: self.stopping,
-            reraise=True,
-            before_sleep=lambda state: log.warning(
-                "cannot reach PostgreSQL (attempt %d): %s",
-                state.attempt_number,
-                state.outcome.exception() if state.outcome else "",
-            ),
-        ):
+        for attempt in retrying_database(lambda: self.stopping, "cannot reach PostgreSQL"):
             with attempt:
                 return self.connect()
         raise AssertionError("unreachable")  # pragma: no cover
