@@ -7,6 +7,7 @@ and reconnects are those of `LaneRelay`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ def _stored(row: tuple[Any, ...]) -> StoredMessage:
         key=key,
         payload=payload,
         content_type=content_type,
-        headers=from_json(headers),
+        headers=from_json(json.loads(headers)) if headers != "{}" else {},
         created_at=created_at,
         attempts=attempts,
     )

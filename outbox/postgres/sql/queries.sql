@@ -73,7 +73,8 @@ WITH blocked AS (
     WHERE attempts > 0 AND dead_at IS NULL AND next_attempt_at > now()
       AND lane = ANY(%(lanes)s)
 )
-SELECT id, message_id, topic, key, payload, headers, content_type, created_at, attempts
+-- headers as text: most are '{}', and decoding jsonb for every row was a sixth of the relay's time.
+SELECT id, message_id, topic, key, payload, headers::text, content_type, created_at, attempts
 FROM {schema}.producer_queue q
 WHERE q.lane = ANY(%(lanes)s)
   AND q.dead_at IS NULL
