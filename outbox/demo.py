@@ -37,6 +37,7 @@ import psycopg
 
 import outbox
 from outbox.postgres import migrate
+from outbox.postgres.migrate import sqlalchemy_url
 
 if TYPE_CHECKING:
     from outbox.testing.servers import Servers
@@ -414,7 +415,6 @@ class _Demo:
         from sqlalchemy.orm import Session
 
         from examples.orders_service import place_order
-        from examples.orders_service.models import engine_url
 
         _say(
             f"4. placing {self.messages} orders: each inserts the order and sends "
@@ -423,7 +423,7 @@ class _Demo:
         _say("   every 4th payment is declined and that transaction rolls back")
         tracer = _Tracer(self.orders_url, self.shipping_url)
         tracer.start()
-        engine = create_engine(engine_url(self.orders_url))
+        engine = create_engine(sqlalchemy_url(self.orders_url))
         started = time.monotonic()
         try:
             with Session(engine) as session:

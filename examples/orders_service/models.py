@@ -8,6 +8,8 @@ from decimal import Decimal
 from sqlalchemy import DateTime, Identity, Numeric, String, create_engine, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.postgres.migrate import sqlalchemy_url
+
 
 class Base(DeclarativeBase):
     """Declarative base of the orders service (its own metadata, its own database)."""
@@ -24,17 +26,9 @@ class Order(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
-def engine_url(url: str) -> str:
-    """A libpq URL (postgresql://...) as SQLAlchemy wants it, on the psycopg 3 driver."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
-
-
 def create_schema(url: str) -> None:
     """Create the business tables (plain DDL; `outbox migrate` creates the outbox's own)."""
-    engine = create_engine(engine_url(url))
+    engine = create_engine(sqlalchemy_url(url))
     try:
         Base.metadata.create_all(engine)
     finally:

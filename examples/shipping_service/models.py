@@ -8,6 +8,8 @@ from uuid import UUID
 from sqlalchemy import DateTime, Identity, Integer, Uuid, create_engine, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox.postgres.migrate import sqlalchemy_url
+
 
 class Base(DeclarativeBase):
     """Declarative base of the shipping service (its own metadata, its own database)."""
@@ -29,17 +31,9 @@ class Shipment(Base):
     message_id: Mapped[UUID] = mapped_column(Uuid)
 
 
-def engine_url(url: str) -> str:
-    """A libpq URL (postgresql://...) as SQLAlchemy wants it, on the psycopg 3 driver."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
-
-
 def create_schema(url: str) -> None:
     """Create the business tables (plain DDL; `outbox migrate` creates the outbox's own)."""
-    engine = create_engine(engine_url(url))
+    engine = create_engine(sqlalchemy_url(url))
     try:
         Base.metadata.create_all(engine)
     finally:

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from examples import orders_service, shipping_service
-from examples.orders_service.models import engine_url
+from outbox.postgres.migrate import sqlalchemy_url
 from outbox.testing.plugin import DatabaseFactory
 
 from .relay_helpers import count, spawn_consumer, spawn_handler, spawn_producer, wait_for
@@ -37,7 +37,7 @@ def _place_orders(url: str, total: int, decline_every: int) -> tuple[dict[int, U
     """Place `total` orders, rolling back every `decline_every`-th; (committed, rolled back)."""
     committed: dict[int, UUID] = {}
     rolled_back: list[int] = []
-    engine = create_engine(engine_url(url))
+    engine = create_engine(sqlalchemy_url(url))
     try:
         with Session(engine) as session:
             for n in range(1, total + 1):
