@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from outbox import tracing
 from outbox.core.envelope import OutgoingMessage, compose
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.serializers import JsonSerializer, Serializer
@@ -25,6 +26,7 @@ class Message:
     key: str | bytes | None = None
     headers: Mapping[str, str | bytes] | None = None
     message_id: UUID | str | None = None
+    correlation_id: UUID | str | None = None
 
 
 class Broker:
@@ -59,7 +61,10 @@ class Broker:
         key: object,
         headers: object,
         message_id: object,
+        correlation_id: UUID | str | None = None,
     ) -> OutgoingMessage:
+        """Validate and encode; add the trace context and, inside a handler, the causation."""
+        correlation, causation = tracing.inherited_ids(correlation_id)
         return compose(
             topic,
             payload,
@@ -68,6 +73,9 @@ class Broker:
             message_id=message_id,
             serializer=self.serializer,
             max_payload_bytes=self.max_payload_bytes,
+            correlation_id=correlation,
+            causation_id=causation,
+            context_headers=tracing.context_headers(headers),
         )
 
     def _compose_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
@@ -78,7 +86,11 @@ class Broker:
                     f"send_many item {index} is a {type(m).__name__}, expected outbox.Message"
                 )
             try:
-                result.append(self._compose(m.topic, m.payload, m.key, m.headers, m.message_id))
+                result.append(
+                    self._compose(
+                        m.topic, m.payload, m.key, m.headers, m.message_id, m.correlation_id
+                    )
+                )
             except OutboxError as exc:
                 raise type(exc)(f"send_many item {index}: {exc}") from exc
         ids = [m.message_id for m in result]
@@ -95,9 +107,14 @@ class Broker:
         key: str | bytes | None = None,
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
     ) -> UUID:
-        """Write one message in `tx`'s transaction and return its id."""
-        message = self._compose(topic, payload, key, headers, message_id)
+        """Write one message in `tx`'s transaction and return its id.
+
+        Called from a handler callback, the message inherits the handled message's correlation
+        id and gets its id as causation id; `correlation_id` overrides the inherited one.
+        """
+        message = self._compose(topic, payload, key, headers, message_id, correlation_id)
         writer.execute(tx, self._sql_one, writer.send_one_params(message, self._channel))
         return message.message_id
 
@@ -117,9 +134,10 @@ class Broker:
         key: str | bytes | None = None,
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
     ) -> UUID:
         """`send` for psycopg `AsyncConnection` and SQLAlchemy `AsyncConnection`/`AsyncSession`."""
-        message = self._compose(topic, payload, key, headers, message_id)
+        message = self._compose(topic, payload, key, headers, message_id, correlation_id)
         await writer.execute_async(
             tx, self._sql_one, writer.send_one_params(message, self._channel)
         )

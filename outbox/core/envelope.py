@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge
-from outbox.core.headers import validate_headers
+from outbox.core.headers import CAUSATION_ID, CORRELATION_ID, validate_headers
 from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
 from outbox.core.serializers import Serializer, encode_payload
@@ -44,6 +45,16 @@ class StoredMessage:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _uuid(value: object, what: str) -> UUID | None:
+    """`value` as a UUID (None stays None), or an `OutboxError` naming `what`."""
+    if value is None or isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError as exc:
+        raise OutboxError(f"{what} {value!r} is not a UUID") from exc
+
+
 def compose(
     topic: object,
     payload: object,
@@ -53,8 +64,15 @@ def compose(
     message_id: object,
     serializer: Serializer,
     max_payload_bytes: int,
+    correlation_id: object = None,
+    causation_id: object = None,
+    context_headers: Mapping[str, str] | None = None,
 ) -> OutgoingMessage:
-    """Validate and encode one message, raising an `OutboxError` that names the first problem."""
+    """Validate and encode one message, raising an `OutboxError` that names the first problem.
+
+    `context_headers` (trace context) are added unless the user's headers have the same name.
+    A correlation id equal to the message's own id is not stored: absent means "own id".
+    """
     valid_topic = validate_topic(topic)
     if key is None or isinstance(key, bytes):
         raw_key = key
@@ -63,15 +81,17 @@ def compose(
     else:
         raise InvalidKey(f"key must be str, bytes or None, got {type(key).__name__}")
     valid_headers = validate_headers(headers)
-    if message_id is None:
-        mid = uuid7()
-    elif isinstance(message_id, UUID):
-        mid = message_id
-    else:
-        try:
-            mid = UUID(str(message_id))
-        except ValueError as exc:
-            raise OutboxError(f"message_id {message_id!r} is not a UUID") from exc
+    given_id = _uuid(message_id, "message_id")
+    mid = uuid7() if given_id is None else given_id
+    if context_headers:
+        for name, value in context_headers.items():
+            valid_headers.setdefault(name, value)
+    correlation = _uuid(correlation_id, "correlation_id")
+    if correlation is not None and correlation != mid:
+        valid_headers[CORRELATION_ID] = str(correlation)
+    causation = _uuid(causation_id, "causation_id")
+    if causation is not None:
+        valid_headers[CAUSATION_ID] = str(causation)
     data, content_type = encode_payload(payload, serializer)
     if len(data) > max_payload_bytes:
         raise PayloadTooLarge(
@@ -105,3 +125,44 @@ class InboxMessage:
     received_at: datetime
     partition: int | None = None
     offset: int | None = None
+
+    @property
+    def correlation_id(self) -> UUID:
+        """The conversation this message belongs to: the id of the first message of the chain.
+
+        A message sent outside a handler starts a conversation (its own id, unless the sender
+        gave one); a message sent from a handler inherits the handled message's.
+        """
+        return _header_uuid(self.headers, CORRELATION_ID) or self.id
+
+    @property
+    def causation_id(self) -> UUID | None:
+        """The id of the message whose handler sent this one; None if not sent by a handler."""
+        return _header_uuid(self.headers, CAUSATION_ID)
+
+
+def _header_uuid(headers: Mapping[str, str | bytes], name: str) -> UUID | None:
+    """A reserved id header as a UUID; None when absent or not a UUID (a foreign producer's)."""
+    value = headers.get(name)
+    if not isinstance(value, str):
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """One received record as it is stored in `consumer_queue` (what a `Subscriber` returns)."""
+
+    message_id: UUID
+    topic: str
+    key: bytes | None
+    payload: bytes
+    headers: dict[str, str | bytes]
+    content_type: str
+    lane: int
+    created_at: datetime
+    partition: int
+    offset: int

@@ -13,6 +13,14 @@ RESERVED_PREFIX = "outbox-"
 MESSAGE_ID = "outbox-message-id"
 CREATED_AT = "outbox-created-at"
 CONTENT_TYPE = "content-type"
+#: The id of the conversation a message belongs to; absent means "the message's own id".
+CORRELATION_ID = "outbox-correlation-id"
+#: The id of the message whose handler sent this one; absent for messages sent outside handlers.
+CAUSATION_ID = "outbox-causation-id"
+#: W3C trace context (https://www.w3.org/TR/trace-context/), written by `broker.send` when
+#: OpenTelemetry is installed; ordinary (not reserved) headers, so a user-supplied one wins.
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
 
 Headers = Mapping[str, str | bytes]
 

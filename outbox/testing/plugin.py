@@ -3,6 +3,8 @@
 Servers start once per session (per xdist worker) on first use, as chosen by
 `outbox.testing.servers.start_servers`; every test gets its own database cloned from a migrated
 template and its own topics. Tests marked `kafka_only` are skipped when the broker is Tansu.
+`outbox_memory_transport` and `outbox_drain` let a service test its own handlers in three lines
+(see docs/testing.md).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import secrets
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 import pytest
@@ -30,7 +32,16 @@ from outbox.testing.servers import (
     start_servers,
 )
 
-__all__ = ["DatabaseFactory", "TopicFactory"]
+if TYPE_CHECKING:  # the package under test is imported late, in the fixtures
+    from outbox.core.handlers import Handlers
+    from outbox.memory import InMemoryTransport
+    from outbox.testing.draining import DrainResult
+
+__all__ = ["DatabaseFactory", "Drain", "TopicFactory"]
+
+#: Consumer settings for Tansu, which joins a group in half of session.timeout.ms (real Kafka
+#: refuses session timeouts under 6 s, and keeps its defaults).
+TANSU_CONSUMER_SETTINGS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
 _TOPIC_MAX_LEN = 100
@@ -49,6 +60,28 @@ class TopicFactory(Protocol):
 
     def __call__(self, partitions: int = 3) -> str:
         """Create a topic with `partitions` partitions and return its name."""
+        ...
+
+
+class Drain(Protocol):
+    """`outbox_drain`: `outbox.testing.drain` bound to this test's database (and transport)."""
+
+    def __call__(
+        self,
+        handlers: Handlers,
+        *,
+        transport: str | InMemoryTransport | None = None,
+        database_url: str | None = None,
+        producer_database_urls: str | Sequence[str] | None = None,
+        timeout: float = 30.0,
+        wait_for_retries: bool = False,
+    ) -> DrainResult:
+        """Relay, consume and handle until the queues are empty; see `outbox.testing.drain`.
+
+        Defaults: this test's `outbox_memory_transport` and `outbox_database_url` (as both
+        the sending and the receiving database). Pass `transport=outbox_kafka_bootstrap` for
+        the session's real broker.
+        """
         ...
 
 
@@ -182,3 +215,48 @@ def _outbox_skip_kafka_only(request: pytest.FixtureRequest) -> None:
     servers: Servers = request.getfixturevalue("outbox_servers")
     if isinstance(servers.kafka, TansuBroker):
         pytest.skip("kafka_only: needs real Apache Kafka, but this session runs Tansu")
+
+
+@pytest.fixture
+def outbox_memory_transport() -> InMemoryTransport:
+    """A new `InMemoryTransport` for this test (topics auto-created with 3 partitions)."""
+    from outbox.memory import InMemoryTransport
+
+    return InMemoryTransport()
+
+
+@pytest.fixture
+def outbox_drain(
+    request: pytest.FixtureRequest,
+    outbox_database_url: str,
+    outbox_memory_transport: InMemoryTransport,
+) -> Drain:
+    """Run relay, Consumer and handlers in-process until the queues are empty (`Drain`)."""
+    from outbox.testing.draining import drain
+
+    def run(
+        handlers: Handlers,
+        *,
+        transport: str | InMemoryTransport | None = None,
+        database_url: str | None = None,
+        producer_database_urls: str | Sequence[str] | None = None,
+        timeout: float = 30.0,
+        wait_for_retries: bool = False,
+    ) -> DrainResult:
+        chosen = outbox_memory_transport if transport is None else transport
+        consumer_settings = None
+        if isinstance(chosen, str):
+            servers: Servers = request.getfixturevalue("outbox_servers")
+            if isinstance(servers.kafka, TansuBroker):
+                consumer_settings = TANSU_CONSUMER_SETTINGS
+        return drain(
+            handlers,
+            database_url or outbox_database_url,
+            chosen,
+            producer_database_urls=producer_database_urls,
+            timeout=timeout,
+            wait_for_retries=wait_for_retries,
+            consumer_kafka_config=consumer_settings,
+        )
+
+    return run

@@ -47,6 +47,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # confluent_kafka.admin does not re-export it for mypy
 from psycopg import sql
 
+from outbox import settings
+
 __all__ = [
     "ENV_DATABASE_URL",
     "ENV_KAFKA_BOOTSTRAP",
@@ -74,13 +76,13 @@ __all__ = [
 ]
 
 #: libpq URL of an existing PostgreSQL server whose role may CREATE DATABASE.
-ENV_DATABASE_URL = "OUTBOX_TEST_DATABASE_URL"
+ENV_DATABASE_URL = settings.TEST_DATABASE_URL
 #: bootstrap servers ("host:port[,...]") of an existing Kafka cluster.
-ENV_KAFKA_BOOTSTRAP = "OUTBOX_TEST_KAFKA_BOOTSTRAP"
+ENV_KAFKA_BOOTSTRAP = settings.TEST_KAFKA_BOOTSTRAP
 #: set to 1/true/yes to use local servers even when a Docker engine answers.
-ENV_NO_DOCKER = "OUTBOX_TEST_NO_DOCKER"
+ENV_NO_DOCKER = settings.TEST_NO_DOCKER
 #: optional explicit path of a `tansu` executable.
-ENV_TANSU_BIN = "OUTBOX_TANSU_BIN"
+ENV_TANSU_BIN = settings.TANSU_BIN
 
 #: Where a server came from: "local" process, "docker" container, or "external" (env var).
 Source = Literal["local", "docker", "external"]
@@ -164,7 +166,7 @@ def docker_available(timeout: float = 0.3) -> bool:
     Probes `$DOCKER_HOST` when set (unix:// or plain tcp:// only; other schemes count as
     unavailable), else `/var/run/docker.sock`. Never raises.
     """
-    host = os.environ.get("DOCKER_HOST", "").strip()
+    host = os.environ.get(settings.DOCKER_HOST, "").strip()
     if not host:
         return _docker_ping(socket.AF_UNIX, "/var/run/docker.sock", timeout)
     parts = urlsplit(host)

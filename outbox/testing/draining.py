@@ -1,0 +1,498 @@
+"""`drain()`: run the relay and the handler in this process until the queues are empty.
+
+For tests of a service's handlers: send in a transaction, `drain(...)`, assert the effect. It
+runs the real daemons (the `Producer`, the `Consumer` and the `HandlerRunner`, each in a thread
+of this process) over a real broker or an `InMemoryTransport`, and stops them once
+
+- `producer_queue` (of every sending database) has no row to send now,
+- the transport holds nothing the Consumer has not stored (every message the Producer relayed
+  to a handled topic is stored; with the in-memory transport: nothing uncommitted at all),
+- `consumer_queue` has no pending row that is due,
+
+twice in a row with nothing happening in between. Rows waiting for a later retry are left
+alone unless `wait_for_retries`; dead rows are reported, not raised.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+from uuid import UUID
+
+import psycopg
+
+from outbox.core.envelope import InboxRow, StoredMessage
+from outbox.core.errors import ConfigurationError
+from outbox.core.handlers import Handlers
+from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.handler import HandlerConfig, HandlerRunner
+from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.kafka.publisher import KafkaPublisher, check_reachable, producer_config
+from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+from outbox.memory import InMemoryTransport
+from outbox.ports import DeliveryFailure, Publisher, Subscriber
+from outbox.postgres.queries import quote_ident, validate_schema
+
+__all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "drain"]
+
+#: Pause between two looks at the queues.
+CHECK_INTERVAL = 0.02
+
+
+class DrainTimeout(AssertionError):
+    """`drain` did not empty the queues in time; the message lists what remains."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A row kept as dead in one of the queues, with the first line of its last error."""
+
+    queue: Literal["producer_queue", "consumer_queue"]
+    message_id: UUID
+    topic: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.queue}: message {self.message_id} topic {self.topic!r}: {self.error}"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """What one `drain` did, and the dead rows it found at the end."""
+
+    #: Messages the Producer delivered to the transport.
+    relayed: int
+    #: New rows the Consumer stored in `consumer_queue` (redeliveries not counted).
+    stored: int
+    #: Callbacks that ran and committed.
+    handled: int
+    #: Failed callback attempts (retried later, or dead).
+    failed: int
+    #: Dead rows in the queues at the end (also those from before this drain).
+    dead: tuple[DeadLetter, ...] = ()
+    #: Rows left waiting for a retry that was not yet due (see `wait_for_retries`).
+    retrying: int = 0
+
+
+# -- the transport, wrapped to know what was relayed and what was stored -----------------------
+
+
+@dataclass
+class _Ledger:
+    """Ids (as text) of the messages relayed to the handled topics, and of those stored."""
+
+    topics: frozenset[str]
+    relayed: set[str] = field(default_factory=set)
+    stored: set[str] = field(default_factory=set)
+    polled: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def outstanding(self) -> int:
+        """Relayed messages not stored yet, and polled batches not committed yet."""
+        with self.lock:
+            return len(self.relayed - self.stored) + self.polled
+
+
+class _LedgerPublisher:
+    """A `Publisher` that notes the acknowledged messages of the handled topics."""
+
+    def __init__(self, inner: Publisher, ledger: _Ledger) -> None:
+        self._inner = inner
+        self._ledger = ledger
+
+    def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
+        results = self._inner.publish(messages)
+        with self._ledger.lock:
+            self._ledger.relayed.update(
+                str(m.message_id)
+                for m, r in zip(messages, results, strict=True)
+                if r is None and m.topic in self._ledger.topics
+            )
+        return results
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _LedgerSubscriber:
+    """A `Subscriber` that notes the messages whose storage was committed."""
+
+    def __init__(self, inner: Subscriber, ledger: _Ledger) -> None:
+        self._inner = inner
+        self._ledger = ledger
+
+    def poll(self, max_records: int, timeout: float) -> list[InboxRow]:
+        rows = self._inner.poll(max_records, timeout)
+        if rows:
+            with self._ledger.lock:
+                self._ledger.polled += 1
+        return rows
+
+    def commit(self, rows: Sequence[InboxRow]) -> None:
+        self._inner.commit(rows)
+        with self._ledger.lock:
+            self._ledger.stored.update(str(r.message_id) for r in rows)
+            self._ledger.polled -= 1
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# -- looking at the queues ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Look:
+    """What one look at the queues and the transport found still to do."""
+
+    to_send: dict[str, int]
+    unstored: int
+    unconsumed: int
+    due: int
+    retrying: int
+    samples: tuple[str, ...]
+    dead: tuple[DeadLetter, ...]
+
+    def idle(self, wait_for_retries: bool) -> bool:
+        """Nothing left to do now (or, with `wait_for_retries`, ever)."""
+        work = sum(self.to_send.values()) + self.unstored + self.unconsumed + self.due
+        return work == 0 and (not wait_for_retries or self.retrying == 0)
+
+    def describe(self) -> str:
+        """What remains, one line each."""
+        lines = [f"producer_queue of {db}: {n} rows to send" for db, n in self.to_send.items() if n]
+        if self.unstored:
+            lines.append(f"transport: {self.unstored} relayed messages not stored by the Consumer")
+        if self.unconsumed:
+            lines.append(f"transport: {self.unconsumed} records not committed by the group")
+        if self.due:
+            lines.append(f"consumer_queue: {self.due} pending rows due")
+        if self.retrying:
+            lines.append(f"{self.retrying} rows waiting for a retry")
+        lines.extend(f"  {sample}" for sample in self.samples)
+        lines.extend(f"dead: {d}" for d in self.dead)
+        return "\n".join(lines) or "nothing (the daemons kept busy)"
+
+
+# Read-only statements of the drain (test support, so not in postgres/sql/). A row counts as
+# "now" when its relay would take it now: due, and not behind a retrying row of its key (as in
+# producer_fetch and handler_fetch); otherwise as "later".
+PRODUCER_STATE = """
+WITH blocked AS (
+    SELECT DISTINCT lane, key FROM {schema}.producer_queue
+    WHERE attempts > 0 AND dead_at IS NULL AND next_attempt_at > now()
+)
+SELECT count(*) FILTER (WHERE now_), count(*) FILTER (WHERE NOT now_)
+FROM (
+    SELECT q.next_attempt_at <= now() AND b.lane IS NULL AS now_
+    FROM {schema}.producer_queue q
+    LEFT JOIN blocked b ON b.lane = q.lane AND b.key = q.key
+    WHERE q.dead_at IS NULL
+) AS rows_
+"""
+CONSUMER_STATE = """
+WITH blocked AS (
+    SELECT DISTINCT lane, key FROM {schema}.consumer_queue
+    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL AND next_attempt_at > now()
+)
+SELECT count(*) FILTER (WHERE now_), count(*) FILTER (WHERE NOT now_)
+FROM (
+    SELECT q.next_attempt_at <= now() AND (b.lane IS NULL OR q.topic = ANY(%(unordered)s)) AS now_
+    FROM {schema}.consumer_queue q
+    LEFT JOIN blocked b ON b.lane = q.lane AND b.key = q.key
+    WHERE q.processed_at IS NULL AND q.dead_at IS NULL
+) AS rows_
+"""
+PENDING_SAMPLES = """
+SELECT message_id, topic, attempts, next_attempt_at <= now(), last_error
+FROM {schema}.consumer_queue WHERE processed_at IS NULL AND dead_at IS NULL
+ORDER BY id LIMIT %(limit)s
+"""
+DEAD_ROWS = """
+SELECT message_id, topic, last_error FROM {schema}.{queue} WHERE dead_at IS NOT NULL ORDER BY id
+"""
+
+
+def _last_line(text: str | None) -> str:
+    """The last line of an error: "ValueError: ..." for a traceback, the text otherwise."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+class _Queues:
+    """Autocommit connections that read the queues' state (never lock or change a row)."""
+
+    def __init__(
+        self,
+        schema: str,
+        producer_urls: Sequence[str],
+        consumer_url: str,
+        unordered_topics: list[str],
+    ) -> None:
+        self._schema = quote_ident(schema)
+        self._unordered = unordered_topics
+        self._stack = ExitStack()
+        self._producers = [
+            self._stack.enter_context(psycopg.connect(url, autocommit=True))
+            for url in producer_urls
+        ]
+        self._consumer = self._stack.enter_context(psycopg.connect(consumer_url, autocommit=True))
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def look(self, ledger: _Ledger, transport: InMemoryTransport | None, group: str) -> _Look:
+        """Read producer_queues first, then the transport, then consumer_queue (causal order)."""
+        to_send: dict[str, int] = {}
+        retrying = 0
+        samples: list[str] = []
+        dead: list[DeadLetter] = []
+        for conn in self._producers:
+            row = conn.execute(PRODUCER_STATE.format(schema=self._schema)).fetchone()
+            assert row is not None
+            to_send[conn.info.dbname] = int(row[0])
+            retrying += int(row[1])
+            dead.extend(self._dead(conn, "producer_queue"))
+        unstored = ledger.outstanding()
+        unconsumed = transport.lag(group, ledger.topics) if transport is not None else 0
+        row = self._consumer.execute(
+            CONSUMER_STATE.format(schema=self._schema), {"unordered": self._unordered}
+        ).fetchone()
+        assert row is not None
+        due, retrying = int(row[0]), retrying + int(row[1])
+        if due or row[1]:
+            samples.extend(self._pending_samples())
+        dead.extend(self._dead(self._consumer, "consumer_queue"))
+        return _Look(to_send, unstored, unconsumed, due, retrying, tuple(samples), tuple(dead))
+
+    def _pending_samples(self, limit: int = 5) -> list[str]:
+        rows = self._consumer.execute(
+            PENDING_SAMPLES.format(schema=self._schema), {"limit": limit}
+        ).fetchall()
+        return [
+            f"consumer_queue: message {mid} topic {topic!r} attempts {attempts}"
+            f" {'due' if due else 'waiting for a retry'}"
+            + (f"; last error: {_last_line(error)}" if error else "")
+            for mid, topic, attempts, due, error in rows
+        ]
+
+    def _dead(
+        self, conn: psycopg.Connection[Any], queue: Literal["producer_queue", "consumer_queue"]
+    ) -> list[DeadLetter]:
+        rows = conn.execute(DEAD_ROWS.format(schema=self._schema, queue=queue)).fetchall()
+        return [DeadLetter(queue, mid, topic, _last_line(error)) for mid, topic, error in rows]
+
+
+# -- running the daemons -----------------------------------------------------------------------
+
+
+class _Daemon(Protocol):
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class _Threads:
+    """Daemons running in threads of this process; the first error of any is kept."""
+
+    def __init__(self) -> None:
+        self._running: list[tuple[_Daemon, threading.Thread]] = []
+        self.errors: list[BaseException] = []
+
+    def start(self, daemon: _Daemon, name: str) -> None:
+        def target() -> None:
+            try:
+                daemon.run()
+            except BaseException as exc:  # re-raised by drain in the caller's thread
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=target, name=f"outbox-drain-{name}", daemon=True)
+        thread.start()
+        self._running.append((daemon, thread))
+
+    def check(self) -> None:
+        """Raise the first error of a daemon that died."""
+        if self.errors:
+            raise self.errors[0]
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop all (each finishes the batch in hand) and wait for them."""
+        for daemon, _ in self._running:
+            daemon.stop()
+        for daemon, thread in self._running:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise DrainTimeout(f"{type(daemon).__name__} did not stop within {timeout:g}s")
+
+
+@contextmanager
+def _running(daemons: _Daemons) -> Iterator[_Threads]:
+    """Run the daemons in threads; stop them on the way out, then raise a daemon's error."""
+    threads = _Threads()
+    try:
+        for index, producer in enumerate(daemons.producers):
+            threads.start(producer, f"producer-{index}")
+        threads.start(daemons.consumer, "consumer")
+        threads.start(daemons.runner, "handler")
+        yield threads
+    finally:
+        threads.stop()
+    threads.check()
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+def _as_list(urls: str | Sequence[str] | None, default: str) -> list[str]:
+    if urls is None:
+        return [default]
+    return [urls] if isinstance(urls, str) else list(urls)
+
+
+def _factories(
+    transport: str | InMemoryTransport,
+    ledger: _Ledger,
+    group: str,
+    producer_kafka_config: Mapping[str, str] | None,
+    consumer_kafka_config: Mapping[str, str] | None,
+) -> tuple[Callable[[], Publisher], Callable[[], Subscriber]]:
+    """Publisher and subscriber factories for the transport, both keeping `ledger`."""
+    topics = sorted(ledger.topics)
+    if isinstance(transport, InMemoryTransport):
+        return (
+            lambda: _LedgerPublisher(transport.publisher(), ledger),
+            lambda: _LedgerSubscriber(transport.subscriber(topics, group), ledger),
+        )
+    if not isinstance(transport, str) or not transport:
+        raise ConfigurationError(
+            "transport must be a Kafka bootstrap address (host:port) or an InMemoryTransport, "
+            f"got {transport!r}"
+        )
+    publish_config = producer_config(transport, producer_kafka_config)
+    check_reachable(publish_config)
+    subscribe_config = consumer_config(transport, group, consumer_kafka_config)
+    return (
+        lambda: _LedgerPublisher(KafkaPublisher(publish_config), ledger),
+        lambda: _LedgerSubscriber(KafkaSubscriber(subscribe_config, topics), ledger),
+    )
+
+
+def drain(
+    handlers: Handlers,
+    database_url: str,
+    transport: str | InMemoryTransport,
+    *,
+    producer_database_urls: str | Sequence[str] | None = None,
+    schema: str = "outbox",
+    group: str = "outbox-drain",
+    timeout: float = 30.0,
+    wait_for_retries: bool = False,
+    producer_kafka_config: Mapping[str, str] | None = None,
+    consumer_kafka_config: Mapping[str, str] | None = None,
+) -> DrainResult:
+    """Relay, consume and handle until the queues are empty; raise `DrainTimeout` if they do
+    not get there within `timeout` seconds.
+
+    `database_url` is the receiving service's database (its `consumer_queue`, where the
+    `handlers` run); `producer_database_urls` the sending services' (default: the same one).
+    `transport` is a Kafka bootstrap address or an `InMemoryTransport`. The Consumer reads the
+    handlers' topics as consumer group `group`, from its committed offsets (the earliest record
+    the first time). With `wait_for_retries`, rows waiting for a retry are waited for until
+    they are handled or dead.
+    """
+    validate_schema(schema)
+    if not len(handlers):
+        raise ConfigurationError("drain needs a Handlers registry with at least one handler")
+    ledger = _Ledger(topics=frozenset(handlers.topics))
+    publisher_factory, subscriber_factory = _factories(
+        transport, ledger, group, producer_kafka_config, consumer_kafka_config
+    )
+    producer_urls = _as_list(producer_database_urls, database_url)
+    daemons = _Daemons(
+        producers=[
+            Producer(
+                ProducerConfig(database_url=url, schema=schema, poll_interval=0.1),
+                publisher_factory=publisher_factory,
+            )
+            for url in producer_urls
+        ],
+        consumer=Consumer(
+            ConsumerConfig(
+                database_url=database_url,
+                kafka_bootstrap="",
+                topics=handlers.topics,
+                group=group,
+                schema=schema,
+                poll_timeout=0.05,
+            ),
+            subscriber_factory=subscriber_factory,
+        ),
+        runner=HandlerRunner(
+            HandlerConfig(
+                database_url=database_url, schema=schema, concurrency=1, poll_interval=0.1
+            ),
+            handlers,
+        ),
+    )
+    queues = _Queues(schema, producer_urls, database_url, handlers.unordered_topics)
+    memory = transport if isinstance(transport, InMemoryTransport) else None
+    try:
+        with _running(daemons) as threads:
+            look = _wait_idle(threads, queues, ledger, memory, group, timeout, wait_for_retries)
+    finally:
+        queues.close()
+    return daemons.result(look)
+
+
+@dataclass
+class _Daemons:
+    """The real daemons a drain runs, and their counters."""
+
+    producers: list[Producer]
+    consumer: Consumer
+    runner: HandlerRunner
+
+    def result(self, look: _Look) -> DrainResult:
+        """The summary, from the daemons' counters and the last look at the queues."""
+        return DrainResult(
+            relayed=sum(p.relayed for p in self.producers),
+            stored=self.consumer.stored,
+            handled=self.runner.handled,
+            failed=self.runner.failed,
+            dead=look.dead,
+            retrying=look.retrying,
+        )
+
+
+def _wait_idle(
+    threads: _Threads,
+    queues: _Queues,
+    ledger: _Ledger,
+    memory: InMemoryTransport | None,
+    group: str,
+    timeout: float,
+    wait_for_retries: bool,
+) -> _Look:
+    """Look until two looks in a row find nothing to do; `DrainTimeout` past `timeout`.
+
+    One idle look is not enough: a handler that commits between the look at producer_queue
+    and the one at consumer_queue adds a message the first look missed; the second sees it.
+    """
+    deadline = time.monotonic() + timeout
+    idle_before = False
+    while True:
+        threads.check()
+        look = queues.look(ledger, memory, group)
+        idle = look.idle(wait_for_retries)
+        if idle and idle_before:
+            return look
+        idle_before = idle
+        if time.monotonic() > deadline:
+            raise DrainTimeout(
+                f"drain did not empty the queues within {timeout:g}s; remaining:\n"
+                + look.describe()
+            )
+        time.sleep(CHECK_INTERVAL)

@@ -1,0 +1,170 @@
+"""The transport contract: what the Producer and the Consumer rely on, for every transport."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+
+from outbox.core.envelope import InboxRow, StoredMessage
+from outbox.core.ids import uuid7
+from outbox.memory import partition_for
+from outbox.ports import Subscriber
+
+from .conftest import TransportUnderTest
+
+
+def message(
+    topic: str,
+    payload: bytes = b"{}",
+    *,
+    key: bytes | None = None,
+    headers: dict[str, str | bytes] | None = None,
+    content_type: str = "application/json",
+) -> StoredMessage:
+    """A row of producer_queue as the relay hands it to a publisher."""
+    return StoredMessage(
+        id=0,
+        message_id=uuid7(),
+        topic=topic,
+        key=key,
+        payload=payload,
+        content_type=content_type,
+        headers=headers or {},
+        created_at=datetime.now(UTC),
+        attempts=0,
+    )
+
+
+def receive(
+    transport: TransportUnderTest, subscriber: Subscriber, expected: int, timeout: float = 30.0
+) -> list[InboxRow]:
+    """Poll until `expected` rows arrived, then a little longer to catch unexpected extras."""
+    rows: list[InboxRow] = []
+    deadline = time.monotonic() + timeout
+    while len(rows) < expected and time.monotonic() < deadline:
+        rows.extend(subscriber.poll(100, 0.2))
+    rows.extend(subscriber.poll(100, transport.settle))
+    return rows
+
+
+def ids(rows: list[InboxRow]) -> list[uuid.UUID]:
+    return [r.message_id for r in rows]
+
+
+def test_publish_returns_one_outcome_per_message_in_order(transport: TransportUnderTest) -> None:
+    topic = transport.topic()
+    batch = [
+        message(topic, b'{"n": 1}', key=b"a"),
+        message(topic, b"x" * 2_000_000, key=b"a"),  # larger than any broker accepts by default
+        message(topic, b'{"n": 3}', key=b"b"),
+    ]
+    results = transport.publisher().publish(batch)
+    assert len(results) == 3
+    assert results[0] is None and results[2] is None
+    failure = results[1]
+    assert failure is not None and failure.permanent, failure
+    assert "MSG_SIZE_TOO_LARGE" in failure.error
+    rows = receive(transport, transport.subscriber([topic], f"g-{uuid.uuid4().hex[:8]}"), 2)
+    assert sorted(ids(rows)) == sorted([batch[0].message_id, batch[2].message_id])
+
+
+def test_order_per_key_is_kept_in_the_partition_kafka_would_choose(
+    transport: TransportUnderTest,
+) -> None:
+    topic = transport.topic(partitions=3)
+    keys = [f"order-{i}".encode() for i in range(5)]
+    publisher = transport.publisher()
+    sent: dict[uuid.UUID, tuple[bytes, int]] = {}
+    for start in range(0, 20, 5):  # four batches, keys interleaved within each
+        batch = [
+            message(topic, str(n).encode(), key=k) for n in range(start, start + 5) for k in keys
+        ]
+        assert publisher.publish(batch) == [None] * len(batch)
+        sent.update({m.message_id: (m.key or b"", int(m.payload)) for m in batch})
+    rows = receive(transport, transport.subscriber([topic], f"g-{uuid.uuid4().hex[:8]}"), len(sent))
+    assert sorted(ids(rows)) == sorted(sent)
+    sequence: dict[bytes, list[int]] = defaultdict(list)
+    partitions: dict[bytes, set[int]] = defaultdict(set)
+    for row in rows:
+        key, n = sent[row.message_id]
+        assert row.key == key
+        sequence[key].append(n)
+        partitions[key].add(row.partition)
+    for key in keys:
+        assert sequence[key] == sorted(sequence[key]) == list(range(20)), key
+        assert partitions[key] == {partition_for(key, 3)}, key
+
+
+def test_keys_values_and_headers_round_trip(transport: TransportUnderTest) -> None:
+    topic = transport.topic()
+    sent = [
+        message(topic, b"\x00\xff binary", key=None, content_type="application/octet-stream"),
+        message(
+            topic,
+            b'{"a": 1}',
+            key=b"k\xff",
+            headers={
+                "text": "h\u00e9llo",
+                "binary": b"\xff\x00\xfe",
+                "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            },
+        ),
+        message(topic, b"", key=b"empty"),
+    ]
+    assert transport.publisher().publish(sent) == [None, None, None]
+    rows = {
+        r.message_id: r for r in receive(transport, transport.subscriber([topic], "g-round"), 3)
+    }
+    assert set(rows) == {m.message_id for m in sent}
+    for m in sent:
+        row = rows[m.message_id]
+        assert (row.topic, row.key, row.payload) == (m.topic, m.key, m.payload)
+        assert row.headers == m.headers
+        assert row.content_type == m.content_type
+        assert row.created_at == m.created_at
+        assert row.offset >= 0 and row.partition in range(3)
+
+
+def test_a_group_resumes_after_its_last_committed_offset(transport: TransportUnderTest) -> None:
+    topic = transport.topic(partitions=1)
+    publisher = transport.publisher()
+    first = [message(topic, str(n).encode()) for n in range(6)]
+    assert publisher.publish(first) == [None] * 6
+    subscriber = transport.subscriber([topic], "g-resume")
+    rows = receive(transport, subscriber, 6)
+    assert ids(rows) == [m.message_id for m in first]
+    subscriber.commit(rows[:4])
+    subscriber.close()
+
+    later = [message(topic, str(n).encode()) for n in range(6, 8)]
+    assert publisher.publish(later) == [None, None]
+    rows = receive(transport, transport.subscriber([topic], "g-resume"), 4)
+    assert ids(rows) == [m.message_id for m in first[4:] + later]
+
+
+def test_uncommitted_messages_are_delivered_again_after_a_restart(
+    transport: TransportUnderTest,
+) -> None:
+    topic = transport.topic()
+    sent = [message(topic, str(n).encode(), key=f"k{n}".encode()) for n in range(5)]
+    assert transport.publisher().publish(sent) == [None] * 5
+    subscriber = transport.subscriber([topic], "g-restart")
+    assert sorted(ids(receive(transport, subscriber, 5))) == sorted(m.message_id for m in sent)
+    subscriber.close()  # no commit
+
+    again = receive(transport, transport.subscriber([topic], "g-restart"), 5)
+    assert sorted(ids(again)) == sorted(m.message_id for m in sent)
+
+
+def test_two_groups_each_receive_every_message(transport: TransportUnderTest) -> None:
+    topic = transport.topic()
+    sent = [message(topic, str(n).encode(), key=f"k{n % 4}".encode()) for n in range(12)]
+    assert transport.publisher().publish(sent) == [None] * 12
+    expected = sorted(m.message_id for m in sent)
+    for group in ("g-billing", "g-shipping"):
+        subscriber = transport.subscriber([topic], group)
+        rows = receive(transport, subscriber, 12)
+        assert sorted(ids(rows)) == expected, group
+        subscriber.commit(rows)
