@@ -1,6 +1,8 @@
 """The `outbox` command: migrate, run the relays, run the demo.
 
-Errors are one line on stderr and a non-zero exit: 2 for a usage error, 1 for anything else.
+Errors are one line on stderr and a non-zero exit: 2 for a usage error, 1 for anything else
+(with `--log-format json`, that line is a JSON log line too). Secrets given on the command line
+(database password, secret `--kafka-config` settings) are masked in every line printed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from outbox.cli_arguments import (
     ENV_KAFKA_BOOTSTRAP,
     add_database,
     add_kafka,
+    add_logging,
+    add_runtime,
     require,
+    runtime_config,
 )
 from outbox.core.errors import OutboxError
 
@@ -27,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outbox", description="Transactional outbox and inbox over PostgreSQL and Kafka."
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    add_logging(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     migrate = commands.add_parser("migrate", help="create or upgrade the outbox tables")
@@ -39,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     producer = commands.add_parser("producer", help="relay producer_queue to Kafka")
     add_database(producer)
     add_kafka(producer)
-    producer.add_argument("--batch-size", type=int, default=1000)
+    add_runtime(producer)
+    producer.add_argument(
+        "--batch-size", type=int, default=1000, help="rows fetched and produced per batch"
+    )
     producer.add_argument(
         "--poll-interval",
         type=float,
@@ -50,19 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
     consumer = commands.add_parser("consumer", help="store Kafka records in consumer_queue")
     add_database(consumer)
     add_kafka(consumer)
+    add_runtime(consumer)
     consumer.add_argument(
         "--topic", action="append", default=[], required=True, help="topic to consume; repeatable"
     )
     consumer.add_argument("--group", required=True, help="Kafka consumer group id")
-    consumer.add_argument("--batch-size", type=int, default=1000)
+    consumer.add_argument(
+        "--batch-size",
+        type=int,
+        default=1000,
+        help="Kafka records stored per inbox transaction, at most",
+    )
 
     handler = commands.add_parser("handler", help="run a service's handlers over consumer_queue")
     handler.add_argument(
         "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
     )
     add_database(handler)
+    add_runtime(handler)
     handler.add_argument("--concurrency", type=int, default=4, help="worker threads")
-    handler.add_argument("--batch-size", type=int, default=200)
+    handler.add_argument(
+        "--batch-size", type=int, default=200, help="rows fetched per look at the queue"
+    )
     handler.add_argument(
         "--poll-interval",
         type=float,
@@ -79,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--transaction-size",
         type=int,
         default=100,
-        help="messages handled in one database transaction, each in its own savepoint",
+        help="messages handled in one database transaction (no savepoints: a failure rolls "
+        "the transaction back and the messages before it run again)",
     )
     handler.add_argument(
         "--lease",
@@ -93,10 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(commands)
 
+    from outbox.spark.cli import add_spark_commands
+
+    add_spark_commands(commands)
+
     demo = commands.add_parser(
         "demo", help="start local servers and show messages travelling end to end"
     )
-    demo.add_argument("--messages", type=int, default=10)
+    demo.add_argument(
+        "--messages", type=int, default=10, help="orders to place, one message each"
+    )
     return parser
 
 
@@ -105,8 +129,15 @@ def _install_stop_handlers(stop: object) -> None:
         logging.getLogger("outbox").info("received %s, finishing", signal.Signals(signum).name)
         stop()  # type: ignore[operator]
 
+    def ignore_hangup(_signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("outbox").warning(
+            "received SIGHUP: outbox reads its configuration only at start and reloads nothing; "
+            "restart the process to change it"
+        )
+
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGHUP, ignore_hangup)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -126,12 +157,13 @@ def _check_database(url: str) -> None:
     import psycopg
 
     from outbox.core.errors import DatabaseUnavailable
+    from outbox.observability.redact import redact_text
 
     try:
         psycopg.connect(url, connect_timeout=10).close()
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first}") from None
+        raise DatabaseUnavailable(redact_text(f"cannot connect to PostgreSQL: {first}")) from None
 
 
 def _producer(args: argparse.Namespace) -> int:
@@ -144,6 +176,7 @@ def _producer(args: argparse.Namespace) -> int:
         kafka_config=dict(args.kafka_config),
         batch_size=args.batch_size,
         poll_interval=args.poll_interval,
+        observability=runtime_config(args),
     )
     relay = Producer(config)
     _install_stop_handlers(relay.stop)
@@ -162,6 +195,7 @@ def _consumer(args: argparse.Namespace) -> int:
         schema=args.schema,
         kafka_config=dict(args.kafka_config),
         batch_size=args.batch_size,
+        observability=runtime_config(args),
     )
     relay = Consumer(config)
     _install_stop_handlers(relay.stop)
@@ -181,6 +215,7 @@ def _handler(args: argparse.Namespace) -> int:
         dedup_window=args.dedup_window,
         lease=args.lease,
         transaction_size=args.transaction_size,
+        observability=runtime_config(args),
     )
     runner = HandlerRunner(config, load_handlers(args.handlers))
     _install_stop_handlers(runner.stop)
@@ -198,11 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `outbox` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from outbox.observability.logs import configure_logging
+
+    configure_logging(str(args.log_level), args.log_format)
+    _remember_secrets(args)
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     handlers = {
@@ -213,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
     }
     try:
+        if args.command == "spark":
+            from outbox.spark.cli import run_spark_command
+
+            return run_spark_command(args)
         if args.command not in handlers:
             from outbox.cli_operations import run_operator_command
 
@@ -221,10 +259,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return code
         return handlers[args.command](args)
     except OutboxError as exc:
-        print(f"outbox: error: {exc}", file=sys.stderr)
+        _fatal(args, str(exc))
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # Not an error outbox foresaw (a bug, or a library failing in a new way): still one
+        # line; the traceback goes to the DEBUG log.
+        logging.getLogger("outbox").debug("unexpected error", exc_info=True)
+        _fatal(
+            args,
+            f"unexpected {type(exc).__name__}: {_first_line(exc)} "
+            "(run with --log-level DEBUG for the traceback)",
+        )
+        return 1
+
+
+def _remember_secrets(args: argparse.Namespace) -> None:
+    """Mask the secrets of the command line wherever they might be printed."""
+    from outbox.observability.redact import (
+        remember_secrets,
+        secrets_of_settings,
+        secrets_of_url,
+    )
+
+    url = getattr(args, "database_url", None)
+    if isinstance(url, str):
+        remember_secrets(secrets_of_url(url))
+    remember_secrets(secrets_of_settings(dict(getattr(args, "kafka_config", None) or [])))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _fatal(args: argparse.Namespace, reason: str) -> None:
+    """The one line that says why the command failed: on stderr, or as a JSON log line."""
+    from outbox.observability.redact import redact_text
+
+    if getattr(args, "log_format", "text") == "json":
+        logging.getLogger("outbox").error(
+            reason, extra={"event": "fatal", "command": getattr(args, "command", None)}
+        )
+    else:
+        print(f"outbox: error: {redact_text(reason)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

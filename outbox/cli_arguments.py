@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
+from outbox import settings
 from outbox.core.errors import ConfigurationError
 
-ENV_DATABASE_URL = "OUTBOX_DATABASE_URL"
-ENV_KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
-ENV_SCHEMA = "OUTBOX_SCHEMA"
+if TYPE_CHECKING:
+    from outbox.observability.runtime import ObservabilityConfig
+
+ENV_DATABASE_URL = settings.DATABASE_URL
+ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
+ENV_SCHEMA = settings.SCHEMA
 
 
 def kafka_setting(text: str) -> tuple[str, str]:
@@ -56,3 +61,68 @@ def require(value: str | None, flag: str, env: str) -> str:
     if not value:
         raise ConfigurationError(f"{flag} is required (or set {env})")
     return value
+
+
+def add_logging(parser: argparse.ArgumentParser) -> None:
+    """The global --log-level and --log-format."""
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get(settings.LOG_LEVEL, "INFO"),
+        help=f"DEBUG, INFO, WARNING or ERROR (env {settings.LOG_LEVEL}; default INFO)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=os.environ.get(settings.LOG_FORMAT, "text"),
+        help=f"text, or json for one JSON object per line (env {settings.LOG_FORMAT}; "
+        "default text)",
+    )
+
+
+def add_runtime(parser: argparse.ArgumentParser) -> None:
+    """Metrics and health servers of a daemon: --metrics-port/-host, --health-port/-host."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=os.environ.get(settings.METRICS_PORT),
+        help=f"serve Prometheus metrics on this port at /metrics (env {settings.METRICS_PORT}; "
+        "default off; needs the `metrics` extra)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=os.environ.get(settings.METRICS_HOST, "0.0.0.0"),
+        help=f"address the metrics server binds (env {settings.METRICS_HOST}; default 0.0.0.0, "
+        "every interface)",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=os.environ.get(settings.HEALTH_PORT),
+        help=f"serve /livez and /readyz on this port (env {settings.HEALTH_PORT}; default off)",
+    )
+    parser.add_argument(
+        "--health-host",
+        default=os.environ.get(settings.HEALTH_HOST, "0.0.0.0"),
+        help=f"address the health server binds (env {settings.HEALTH_HOST}; default 0.0.0.0, "
+        "every interface)",
+    )
+    parser.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=os.environ.get(settings.LIVENESS_TIMEOUT, "120"),
+        help="seconds without progress of the main loop before /livez answers 503 "
+        f"(env {settings.LIVENESS_TIMEOUT}; default 120)",
+    )
+
+
+def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
+    """The metrics and health settings of a daemon from its parsed flags."""
+    from outbox.observability.runtime import ObservabilityConfig
+
+    return ObservabilityConfig(
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        health_port=args.health_port,
+        health_host=args.health_host,
+        liveness_timeout=args.liveness_timeout,
+    )

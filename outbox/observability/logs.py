@@ -1,0 +1,95 @@
+"""Log output of the `outbox` command: text or JSON lines, secrets always masked.
+
+JSON lines carry `timestamp` (UTC, ISO 8601), `level`, `logger`, `message`, every `extra=`
+field of the call (the daemons put per-topic counts, `message_id`, `topic` there) and, for an
+exception, `exception` (the traceback in one string). Both formats pass everything through
+`redact_text`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, Literal, TextIO
+
+from outbox.observability.redact import redact_text
+
+LogFormat = Literal["text", "json"]
+FORMATS: tuple[LogFormat, ...] = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: Attributes every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+def _redacted(value: Any) -> Any:
+    """A JSON-ready copy of `value` with every string redacted."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {str(k): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redacted(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact_text(str(value))
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a log call added with `extra=`."""
+    return {
+        key: value
+        for key, value in vars(record).items()
+        if key not in _STANDARD and not key.startswith("_")
+    }
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: timestamp, level, logger, message, extra fields, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in extra_fields(record).items():
+            entry.setdefault(key, value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(_redacted(entry), ensure_ascii=False)
+
+
+class RedactingFormatter(logging.Formatter):
+    """The classic text format, with secrets masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
+def configure_logging(level: str, log_format: LogFormat, stream: TextIO | None = None) -> None:
+    """Send every log line to `stream` (stderr) at `level`, as text or JSON lines."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    formatter = JsonFormatter() if log_format == "json" else RedactingFormatter(TEXT_FORMAT)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+
+
+def topic_summary(counts: dict[str, int], limit: int = 8) -> str:
+    """`a=3, b=1` for a log line, the largest first, at most `limit` topics named."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    text = ", ".join(f"{topic}={n}" for topic, n in ranked[:limit])
+    if len(ranked) > limit:
+        text += f", and {len(ranked) - limit} more topics"
+    return text

@@ -1,0 +1,452 @@
+"""What a daemon does besides its work: startup line, per-batch log lines, metrics, health.
+
+Each daemon owns one `Observability`, built from its config. `@observed` on the daemon's `run()`
+serves metrics and health while it runs and logs the effective configuration (secrets masked)
+at start. The daemon calls one `*_batch` method per batch; that updates the metrics and writes
+the batch's INFO line with per-topic counts. A probe thread, started only when metrics or
+health are on, checks PostgreSQL (and Kafka for the producer and consumer) for `/readyz` and
+refreshes the queue gauges with one cheap query, never per message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+
+from outbox.core.errors import ConfigurationError, KafkaUnavailable
+from outbox.observability.health import HealthServer, HealthState, Heartbeat
+from outbox.observability.logs import topic_summary
+from outbox.observability.metrics import (
+    HandlerTally,
+    Kind,
+    Metrics,
+    PrometheusMetrics,
+)
+from outbox.observability.redact import (
+    redact_settings,
+    redact_text,
+    redact_url,
+    remember_secrets,
+    secrets_of_settings,
+    secrets_of_url,
+)
+from outbox.ports import DeliveryFailure
+from outbox.postgres.queries import queries
+
+#: Default bind address of the metrics and health servers: every interface, so that a
+#: Prometheus server or a kubelet on another host reaches them. Use 127.0.0.1 on shared hosts.
+DEFAULT_HOST = "0.0.0.0"
+
+log = logging.getLogger("outbox.observability")
+
+#: The queue table each daemon's gauges describe.
+QUEUE_OF: dict[Kind, str] = {
+    "producer": "producer_queue",
+    "consumer": "consumer_queue",
+    "handler": "consumer_queue",
+}
+
+
+@dataclass(frozen=True)
+class ObservabilityConfig:
+    """Metrics and health settings of one daemon; both servers are off unless given a port."""
+
+    #: Serve Prometheus metrics on this port (0: any free port); None: no metrics.
+    metrics_port: int | None = None
+    metrics_host: str = DEFAULT_HOST
+    #: Serve /livez and /readyz on this port (0: any free port); None: no health server.
+    health_port: int | None = None
+    health_host: str = DEFAULT_HOST
+    #: /livez fails when the main loop made no progress for this long (seconds). Keep it above
+    #: librdkafka's message.timeout.ms (a producer batch may wait that long for its reports).
+    liveness_timeout: float = 120.0
+    #: Seconds between dependency checks for /readyz, and the timeout of each check.
+    probe_interval: float = 5.0
+    probe_timeout: float = 3.0
+    #: Seconds between refreshes of the queue depth and oldest-age gauges.
+    stats_interval: float = 15.0
+
+    def __post_init__(self) -> None:
+        for name in ("metrics_port", "health_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigurationError(f"{name} must be a port number 0-65535, got {port}")
+        if self.metrics_port is not None and self.metrics_port == self.health_port != 0:
+            raise ConfigurationError(
+                f"metrics and health need different ports, both are {self.metrics_port}"
+            )
+        for name in ("liveness_timeout", "probe_interval", "probe_timeout", "stats_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def probing(self) -> bool:
+        """Whether anything needs the probe thread."""
+        return self.metrics_port is not None or self.health_port is not None
+
+
+class DaemonConfig(Protocol):
+    """What `Observability` reads from a daemon's config dataclass."""
+
+    @property
+    def database_url(self) -> str: ...
+    @property
+    def schema(self) -> str: ...
+    @property
+    def observability(self) -> ObservabilityConfig: ...
+
+
+class Topical(Protocol):
+    """A message or row with a topic."""
+
+    @property
+    def topic(self) -> str: ...
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pg-kafka-outbox")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+def describe(config: Any) -> dict[str, Any]:
+    """A daemon config dataclass as plain, loggable values, secrets masked."""
+    described: dict[str, Any] = {}
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if item.name == "database_url":
+            described[item.name] = redact_url(value)
+        elif isinstance(value, Mapping):
+            described[item.name] = redact_settings(value)
+        elif dataclasses.is_dataclass(value) and item.name == "observability":
+            described.update(describe(value))
+        elif value is None or isinstance(value, str | int | float | bool):
+            described[item.name] = redact_text(value) if isinstance(value, str) else value
+        elif isinstance(value, list | tuple):
+            described[item.name] = [str(v) for v in value]
+        else:
+            described[item.name] = redact_text(repr(value))
+    return described
+
+
+def _as_text(described: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in described.items():
+        if isinstance(value, str) and value and " " not in value:
+            parts.append(f"{key}={value}")
+        else:
+            parts.append(f"{key}={json.dumps(value, separators=(',', ':'), default=str)}")
+    return " ".join(parts)
+
+
+class Observability:
+    """Startup line, batch lines, metrics and health of one daemon."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        config: DaemonConfig,
+        *,
+        heartbeat: Heartbeat,
+        relay_id: str,
+        kafka: Callable[[], Mapping[str, Any]] | None = None,
+        lanes: Callable[[], int] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.daemon_config = config
+        self.config = config.observability
+        self.heartbeat = heartbeat
+        self.relay_id = relay_id
+        self._kafka = kafka
+        self._log = logging.getLogger(f"outbox.{kind}")
+        remember_secrets(secrets_of_url(config.database_url))
+        remember_secrets(secrets_of_settings(getattr(config, "kafka_config", {}) or {}))
+        self.metrics: Metrics = Metrics()
+        if self.config.metrics_port is not None:
+            info = {
+                "daemon": kind,
+                "relay_id": relay_id,
+                "schema": config.schema,
+                "version": _version(),
+            }
+            self.metrics = PrometheusMetrics(kind, info, progress_age=heartbeat.age, lanes=lanes)
+        self.health = HealthState(
+            heartbeat=heartbeat,
+            liveness_timeout=self.config.liveness_timeout,
+            check_expiry=3 * self.config.probe_interval + 2 * self.config.probe_timeout,
+        )
+        self.health_server: HealthServer | None = None
+        self._probes: _Probes | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port metrics are served on while running (None when off)."""
+        return self.metrics.port
+
+    @property
+    def health_port(self) -> int | None:
+        """The port health is served on while running (None when off)."""
+        return self.health_server.port if self.health_server is not None else None
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Serve metrics and health and run the probe thread; log the startup line first."""
+        config = self.config
+        try:
+            if config.metrics_port is not None:
+                self.metrics.serve(config.metrics_host, config.metrics_port)
+            if config.health_port is not None:
+                self.health_server = HealthServer(
+                    self.health, config.health_host, config.health_port
+                )
+                self.health_server.start()
+            self._log_startup()
+            if config.probing:
+                self._probes = _Probes(self)
+                self._probes.start()
+            self.health.running = True
+            yield
+        finally:
+            self.health.stopping = True
+            if self._probes is not None:
+                self._probes.stop()
+            if self.health_server is not None:
+                self.health_server.stop()
+            self.metrics.close()
+
+    def _log_startup(self) -> None:
+        described = {"relay_id": self.relay_id, **describe(self.daemon_config)}
+        if self.metrics_port is not None:
+            described["metrics"] = f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
+        if self.health_port is not None:
+            described["health"] = f"http://{self.config.health_host}:{self.health_port}/livez"
+        self._log.info(
+            "%s starting: %s",
+            self.kind,
+            _as_text(described),
+            extra={"event": f"{self.kind}.start", "config": described},
+        )
+
+    # -- once per batch ------------------------------------------------------------------------
+
+    def producer_batch(
+        self,
+        rows: Sequence[Topical],
+        results: Sequence[DeliveryFailure | None],
+        seconds: float,
+    ) -> None:
+        """Report one Producer batch: metrics, and its INFO line."""
+        failed: Counter[str] = Counter()
+        dead: Counter[str] = Counter()
+        if not any(results):  # the usual case: counted in C
+            relayed = Counter(row.topic for row in rows)
+        else:
+            relayed = Counter()
+            for row, result in zip(rows, results, strict=True):
+                if result is None:
+                    relayed[row.topic] += 1
+                else:
+                    failed[row.topic] += 1
+                    if result.permanent:
+                        dead[row.topic] += 1
+        self.metrics.producer_batch(len(rows), relayed, failed, dead, seconds)
+        self._log.info(
+            "relayed %d of %d messages in %.3fs (%s)%s",
+            relayed.total(),
+            len(rows),
+            seconds,
+            topic_summary(relayed) or "none",
+            _failures(failed, dead),
+            extra={
+                "event": "producer.batch",
+                "batch_size": len(rows),
+                "relayed": dict(relayed),
+                "failed": dict(failed),
+                "dead": dict(dead),
+                "seconds": round(seconds, 6),
+            },
+        )
+
+    def consumer_batch(self, rows: Sequence[Topical], stored: Mapping[str, int]) -> None:
+        """Report one Consumer batch (stored: new rows per topic): metrics, and its INFO line."""
+        received = Counter(row.topic for row in rows)
+        self.metrics.consumer_batch(len(rows), received, stored)
+        total = sum(stored.values())
+        self._log.info(
+            "stored %d of %d records (%s)%s",
+            total,
+            len(rows),
+            topic_summary(dict(stored)) or "none",
+            f"; {len(rows) - total} already stored" if total < len(rows) else "",
+            extra={
+                "event": "consumer.batch",
+                "batch_size": len(rows),
+                "received": dict(received),
+                "stored": dict(stored),
+            },
+        )
+
+    def handler_batch(self, size: int, tally: HandlerTally) -> None:
+        """Report one Handler batch: metrics, and its INFO line."""
+        self.metrics.handler_batch(size, tally)
+        expired = tally.lease_expired.total()
+        self._log.info(
+            "handled %d of %d messages (%s)%s%s",
+            tally.handled.total(),
+            size,
+            topic_summary(tally.handled) or "none",
+            _failures(tally.failed, tally.dead),
+            f"; {expired} past their lease" if expired else "",
+            extra={
+                "event": "handler.batch",
+                "batch_size": size,
+                "handled": dict(tally.handled),
+                "failed": dict(tally.failed),
+                "dead": dict(tally.dead),
+                "lease_expired": dict(tally.lease_expired),
+            },
+        )
+
+
+def _failures(failed: Counter[str], dead: Counter[str]) -> str:
+    if not failed and not dead:
+        return ""
+    return f"; failed {topic_summary(failed)}" + (f"; dead {topic_summary(dead)}" if dead else "")
+
+
+class _Probes:
+    """A daemon thread: dependency checks for /readyz and the queue gauges, on a schedule."""
+
+    def __init__(self, owner: Observability) -> None:
+        self.owner = owner
+        self.config = owner.config
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(
+            target=self._main, name=f"outbox-{owner.kind}-probes", daemon=True
+        )
+        sql = queries(owner.daemon_config.schema)
+        self._stats_sql = sql[f"obs_{QUEUE_OF[owner.kind]}_stats"]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop; a check in flight (at most probe_timeout) finishes in the background."""
+        self._stop.set()
+        self._thread.join(1.0)
+
+    def _main(self) -> None:
+        health = self.config.health_port is not None
+        metrics = self.config.metrics_port is not None
+        next_check = next_stats = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if health and now >= next_check:
+                    next_check = now + self.config.probe_interval
+                    self.owner.health.record(self.check())
+                if metrics and now >= next_stats:
+                    next_stats = now + self.config.stats_interval
+                    self.refresh_stats()
+                wake = min(next_check if health else math.inf, next_stats if metrics else math.inf)
+                self._stop.wait(max(0.05, wake - time.monotonic()))
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def check(self) -> dict[str, str | None]:
+        """One round of dependency checks: name -> None, or why it failed."""
+        failures: dict[str, str | None] = {"postgres": self._check_postgres()}
+        if self.owner._kafka is not None:
+            failures["kafka"] = self._check_kafka(self.owner._kafka)
+        return failures
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = psycopg.connect(
+                self.owner.daemon_config.database_url,
+                autocommit=True,
+                connect_timeout=max(1, math.ceil(self.config.probe_timeout)),
+                application_name=f"outbox-{self.owner.kind}-probe",
+            )
+        return self._conn
+
+    def _check_postgres(self) -> str | None:
+        try:
+            self._connection().execute("SELECT 1")
+        except psycopg.Error as exc:
+            self._drop_connection()
+            return f"PostgreSQL unreachable: {_first_line(exc)}"
+        return None
+
+    def _check_kafka(self, settings: Callable[[], Mapping[str, Any]]) -> str | None:
+        from outbox.kafka.publisher import check_reachable
+
+        try:
+            check_reachable(settings(), timeout=self.config.probe_timeout)
+        except (KafkaUnavailable, ConfigurationError) as exc:
+            return f"Kafka unreachable: {redact_text(str(exc))}"
+        return None
+
+    def refresh_stats(self) -> None:
+        """Set the queue depth and oldest-age gauges from one query."""
+        try:
+            row = self._connection().execute(self._stats_sql).fetchone()
+        except psycopg.Error as exc:
+            self._drop_connection()
+            log.debug("queue statistics not refreshed: %s", _first_line(exc))
+            return
+        if row is not None:
+            queue = QUEUE_OF[self.owner.kind]
+            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]))
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact_text(text.splitlines()[0] if text else type(exc).__name__)
+
+
+class Observed(Protocol):
+    """A daemon with an `Observability`."""
+
+    @property
+    def observability(self) -> Observability: ...
+
+
+D = TypeVar("D", bound=Observed)
+
+
+def observed(run: Callable[[D], None]) -> Callable[[D], None]:
+    """Decorate a daemon's `run()`: serve metrics and health, and log the startup line, while
+    it runs."""
+
+    @functools.wraps(run)
+    def serving_run(self: D) -> None:
+        with self.observability.serving():
+            run(self)
+
+    return serving_run

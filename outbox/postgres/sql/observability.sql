@@ -1,0 +1,19 @@
+-- The statements of the daemons' metrics (`outbox.observability`), by name; every name starts
+-- with `obs_`. Each runs every `stats_interval` seconds (15 by default) in a probe thread of a
+-- daemon serving metrics, never per message.
+
+-- name: obs_producer_queue_stats
+-- Rows waiting to be relayed (pending or retrying, not dead) and the age in seconds of the
+-- oldest, 0 when none waits. Reads the partial index of waiting rows.
+SELECT count(*),
+       COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(created_at))), 0)::float8
+FROM {schema}.producer_queue
+WHERE dead_at IS NULL;
+
+-- name: obs_consumer_queue_stats
+-- Rows waiting to be handled (pending or retrying, not dead, not processed) and the age in
+-- seconds of the oldest by received_at, 0 when none waits.
+SELECT count(*),
+       COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(received_at))), 0)::float8
+FROM {schema}.consumer_queue
+WHERE processed_at IS NULL AND dead_at IS NULL;
