@@ -2,7 +2,8 @@
 
 Contract: a batch of records is inserted into the inbox in one transaction (idempotent on the
 message id), and only after that transaction committed are the Kafka offsets committed. A crash
-in between redelivers the batch, and the unique message id stores it once.
+in between redelivers the batch, and the unique message id stores it once. The daemon reads
+through a `Subscriber` (outbox.ports): Kafka by default, or any other, e.g. the in-memory one.
 """
 
 from __future__ import annotations
@@ -10,21 +11,29 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError, KafkaException, Message
 
+from outbox.core.envelope import InboxRow
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import to_json
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import Connection, check_database, connect, retrying_database
+from outbox.daemons.lanes import (
+    Connection,
+    check_database,
+    connect,
+    new_relay_id,
+    retrying_database,
+)
 from outbox.kafka.publisher import check_reachable
-from outbox.kafka.subscriber import InboxRow, consumer_config, next_offsets, to_inbox_row
+from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+from outbox.observability.health import Heartbeat
+from outbox.observability.runtime import Observability, ObservabilityConfig, observed
+from outbox.ports import Subscriber
 from outbox.postgres.queries import channel, queries, validate_schema
 
 log = logging.getLogger("outbox.consumer")
@@ -43,6 +52,7 @@ class ConsumerConfig:
     batch_size: int = 1000
     poll_timeout: float = 0.2
     connect_timeout: float = 10.0
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -63,7 +73,7 @@ def insert_params(rows: Sequence[InboxRow], wake_channel: str) -> dict[str, Any]
         "topics": [r.topic for r in rows],
         "keys": [r.key for r in rows],
         "payloads": [r.payload for r in rows],
-        "headers": [json.dumps(to_json(r.headers)) for r in rows],
+        "headers": [json.dumps(to_json(r.headers)) if r.headers else "{}" for r in rows],
         "content_types": [r.content_type for r in rows],
         "lanes": [r.lane for r in rows],
         "created_ats": [r.created_at for r in rows],
@@ -74,19 +84,39 @@ def insert_params(rows: Sequence[InboxRow], wake_channel: str) -> dict[str, Any]
 
 
 class Consumer:
-    """Stores Kafka records in `consumer_queue` until asked to stop."""
+    """Stores Kafka records in `consumer_queue` until asked to stop.
 
-    def __init__(self, config: ConsumerConfig) -> None:
+    `subscriber_factory` replaces Kafka with another transport (the config's Kafka settings
+    are then unused); it is called once per `run`, in the running thread.
+    """
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        subscriber_factory: Callable[[], Subscriber] | None = None,
+    ) -> None:
         self.config = config
         self._sql = queries(config.schema)
         self._channel = channel(config.schema, "consumer_queue")
-        self._kafka_config = consumer_config(
-            config.kafka_bootstrap, config.group, config.kafka_config
+        self._subscriber_factory = subscriber_factory
+        self._kafka_config = (
+            consumer_config(config.kafka_bootstrap, config.group, config.kafka_config)
+            if subscriber_factory is None
+            else {}
         )
         self._stop = threading.Event()
         #: Counters for tests and logs: records received, rows stored (not duplicates).
         self.received = 0
         self.stored = 0
+        #: Beaten every turn of the loop and every connection attempt (for /livez).
+        self.heartbeat = Heartbeat()
+        self.observability = Observability(
+            "consumer",
+            config,
+            heartbeat=self.heartbeat,
+            relay_id=new_relay_id(),
+            kafka=(lambda: self._kafka_config) if subscriber_factory is None else None,
+        )
 
     def stop(self) -> None:
         """Ask the consumer to store and commit the batch in hand, then return from `run`."""
@@ -97,6 +127,7 @@ class Consumer:
         return self._stop.is_set()
 
     def _connect(self) -> Connection:
+        self.heartbeat.beat()
         return connect(
             self.config.database_url,
             timeout=self.config.connect_timeout,
@@ -106,79 +137,79 @@ class Consumer:
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
         check_database(self._connect, self.config.schema)
-        check_reachable(self._kafka_config, timeout=self.config.connect_timeout)
+        if self._subscriber_factory is None:
+            check_reachable(self._kafka_config, timeout=self.config.connect_timeout)
 
+    @observed
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
         self.check()
-        kafka = KafkaConsumer(self._kafka_config)
-        kafka.subscribe(list(self.config.topics))
+        subscriber = self._subscribe()
         conn: Connection | None = None
+        rows: list[InboxRow] = []
+
+        def waiting() -> list[InboxRow]:
+            """The records already there (no wait), taken while a batch is being stored."""
+            if self.stopping:
+                return []
+            return subscriber.poll(self.config.batch_size, 0)
+
         try:
             while not self.stopping:
-                records = self._records(self._next_batch(kafka))
-                if not records:
-                    continue
-                conn = self._store(conn, records)
+                self.heartbeat.beat()
+                if not rows:
+                    rows = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    if not rows:
+                        continue
+                conn, following = self._store(conn, rows, meanwhile=waiting)
                 if conn is None:
                     break  # stopped while the database was unreachable: nothing committed
                 failpoint("consumer.after_insert")
-                self._commit(kafka, records)
+                subscriber.commit(rows)
+                # Records polled but not stored are never committed: if the consumer stops
+                # before storing them, they are delivered again.
+                rows = following
         finally:
-            kafka.close()
+            subscriber.close()
             if conn is not None:
                 conn.close()
             log.info("consumer stopped: received=%d stored=%d", self.received, self.stored)
 
-    def _next_batch(self, kafka: KafkaConsumer) -> list[Message]:
-        """Wait for one record, then take what else is already there, up to the batch size.
+    def _subscribe(self) -> Subscriber:
+        """The transport client: the factory's, else a Kafka consumer-group member."""
+        if self._subscriber_factory is not None:
+            return self._subscriber_factory()
+        return KafkaSubscriber(self._kafka_config, self.config.topics)
 
-        `consume(n, timeout)` alone would hold the first record until n arrived or the timeout
-        passed, adding the whole timeout to every message's latency at low rates.
-        """
-        first = kafka.poll(self.config.poll_timeout)
-        if first is None:
-            return []
-        if self.config.batch_size == 1:
-            return [first]
-        return [first, *kafka.consume(self.config.batch_size - 1, 0)]
-
-    def _records(self, batch: list[Message]) -> list[Message]:
-        records = []
-        for message in batch:
-            error = message.error()
-            if error is None:
-                records.append(message)
-            elif error.fatal():
-                raise KafkaException(error)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                log.warning("kafka: %s", error.str())
-        return records
-
-    def _store(self, conn: Connection | None, records: list[Message]) -> Connection | None:
-        """Insert the batch, retrying through database outages; None if stopped meanwhile."""
-        rows = [to_inbox_row(m) for m in records]
+    def _store(
+        self,
+        conn: Connection | None,
+        rows: list[InboxRow],
+        meanwhile: Callable[[], list[InboxRow]] | None = None,
+    ) -> tuple[Connection | None, list[InboxRow]]:
+        """Insert the batch, retrying through database outages; (None, ...) if stopped
+        meanwhile. While the database works on it, `meanwhile()` is called (once): its result
+        is returned beside the connection."""
         params = insert_params(rows, self._channel)
         retrying = retrying_database(lambda: self.stopping, "cannot store a batch in PostgreSQL")
+        following: list[InboxRow] = []
         try:
             for attempt in retrying:
                 with attempt:
                     if conn is None or conn.closed or conn.broken:
                         conn = self._connect()
-                    with conn.transaction():
-                        row = conn.execute(self._sql["inbox_insert"], params).fetchone()
+                    # One statement, atomic on its own (autocommit). In a pipeline it is sent
+                    # at once, and committed when the pipeline ends, after `meanwhile`.
+                    with conn.pipeline():
+                        cursor = conn.execute(self._sql["inbox_insert"], params)
+                        if meanwhile is not None:
+                            following, meanwhile = meanwhile(), None
+                    row = cursor.fetchone()
         except psycopg.OperationalError:
             if self.stopping:
-                return None
+                return None, following
             raise
         self.received += len(rows)
         self.stored += int(row[0]) if row else 0
-        log.debug("stored %d of %d records", int(row[0]) if row else 0, len(rows))
-        return conn
-
-    def _commit(self, kafka: KafkaConsumer, records: list[Message]) -> None:
-        try:
-            kafka.commit(offsets=next_offsets(records), asynchronous=False)
-        except KafkaException as exc:
-            # The rows are stored; a lost commit only means a redelivery, which dedup absorbs.
-            log.warning("offset commit failed (the batch will be redelivered): %s", exc)
+        self.observability.consumer_batch(rows, (row[2] if row else None) or {})
+        return conn, following

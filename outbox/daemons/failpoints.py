@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 
+from outbox.settings import FAILPOINT
+
 POINTS = frozenset(
     {
         "producer.before_produce",
@@ -30,7 +32,7 @@ def _parse(spec: str | None) -> tuple[str | None, int]:
     return name, int(nth or 1)
 
 
-_target, _nth = _parse(os.environ.get("OUTBOX_FAILPOINT"))
+_target, _nth = _parse(os.environ.get(FAILPOINT))
 _reached = 0
 
 

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
+from outbox import tracing
 from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, HandlerSpec
@@ -35,6 +36,8 @@ from outbox.core.headers import from_json
 from outbox.core.serializers import decode_payload
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
+from outbox.observability.metrics import HandlerTallyBook
+from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.postgres.queries import validate_schema
 
@@ -64,6 +67,7 @@ class HandlerConfig:
     lease: float = 300.0
     connect_timeout: float = 10.0
     relay_id: str = field(default_factory=new_relay_id)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -389,7 +393,7 @@ class _Worker:
         sql = self.runner.sql
         tx = self._tx_sync()
         self.backend_pid = tx.backend_pid
-        handled: list[HandlerSpec] = []
+        handled: list[tuple[str, float]] = []  # (topic, seconds) of each callback
         failure: tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None = None
         try:
             with tx.transaction() as (execute, handle):
@@ -413,8 +417,10 @@ class _Worker:
                     self.started = time.monotonic()
                     self.current = row
                     try:
-                        spec.func(self.runner.message(claimed[row.id]), handle)
-                        tx.flush(handle)
+                        message = self.runner.message(claimed[row.id])
+                        with tracing.handling(message):
+                            spec.func(message, handle)
+                            tx.flush(handle)
                     except (psycopg.OperationalError, _sqlalchemy_disconnect()):
                         raise
                     except Exception as exc:
@@ -423,7 +429,7 @@ class _Worker:
                     finally:
                         self.current = None
                     done.append(row.id)
-                    handled.append(spec)
+                    handled.append((row.topic, time.monotonic() - self.started))
                 if done:
                     execute(sql["handler_done_many"], {"ids": done})
                 for params in dead:
@@ -433,8 +439,7 @@ class _Worker:
             return failure
         except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
             raise _ConnectionLost(str(exc)) from exc
-        for spec in handled:
-            self.runner.count_handled(spec)
+        self.runner.count_handled(handled)
         return None
 
     def _record_failure(
@@ -473,7 +478,8 @@ class _Worker:
                 if claimed is None:
                     return True
                 message = self.runner.message(claimed)
-                await spec.func(message, handle)
+                with tracing.handling(message):
+                    await spec.func(message, handle)
                 await execute(sql["handler_done"], {"id": row.id})
                 failpoint("handler.before_commit")
         except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
@@ -486,7 +492,7 @@ class _Worker:
             except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
                 raise _ConnectionLost(str(lost)) from lost
             return False
-        self.runner.count_handled(spec)
+        self.runner.count_handled([(row.topic, time.monotonic() - self.started)])
         return True
 
 
@@ -522,9 +528,18 @@ class HandlerRunner(LaneRelay[Pending]):
         self.failed = 0
         self.dead = 0
         self.lease_expired = 0
+        self._tally = HandlerTallyBook()
+        self.observability = Observability(
+            "handler",
+            config,
+            heartbeat=self.heartbeat,
+            relay_id=config.relay_id,
+            lanes=lambda: len(self.lanes),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    @observed
     def run(self) -> None:
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
         self.check_database()
@@ -567,6 +582,7 @@ class HandlerRunner(LaneRelay[Pending]):
                 worker.jobs.put((group, done))
                 waits.append((worker, done))
         while waits:
+            self.heartbeat.beat()
             worker, done = waits[0]
             if done.wait(0.1) or worker.retired:
                 waits.pop(0)
@@ -576,6 +592,7 @@ class HandlerRunner(LaneRelay[Pending]):
                 continue
             for other, _ in waits:
                 self._enforce_lease(conn, other)
+        self.observability.handler_batch(len(rows), self._tally.take())
 
     def _enforce_lease(self, conn: Connection, worker: _Worker) -> None:
         """Take a message back from a callback that overran its lease, and replace its worker."""
@@ -593,12 +610,14 @@ class HandlerRunner(LaneRelay[Pending]):
             row.topic,
             elapsed,
             self.config.lease,
+            extra={"topic": row.topic},
         )
         if pid is not None:
             # Its writes roll back and its row lock is released: it can never commit now.
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with self._counts_lock:
             self.lease_expired += 1
+        self._tally.lease_expired(row.topic)
         spec = self.handlers.get(row.topic)
         attempts = conn.execute(self.sql["handler_attempts"], {"id": row.id}).fetchone()
         claimed = [None] * 9 + [attempts[0] if attempts else 0]
@@ -673,7 +692,13 @@ class HandlerRunner(LaneRelay[Pending]):
     def no_handler(self, row: Pending) -> dict[str, Any]:
         with self._counts_lock:
             self.dead += 1
-        log.error("message row %d: no handler registered for topic %r", row.id, row.topic)
+        self._tally.failed(row.topic, dead=True)
+        log.error(
+            "message row %d: no handler registered for topic %r",
+            row.id,
+            row.topic,
+            extra={"topic": row.topic},
+        )
         return {
             "id": row.id,
             "error": f"no handler registered for topic {row.topic!r} "
@@ -693,18 +718,24 @@ class HandlerRunner(LaneRelay[Pending]):
             self.failed += 1
             if dead:
                 self.dead += 1
+        self._tally.failed(row.topic, dead=dead)
         text = "".join(traceback.format_exception(exc))
+        message_id = str(claimed[1]) if claimed is not None and claimed[1] is not None else None
         log.warning(
-            "message row %d topic %r attempt %d/%d failed%s: %s",
+            "message %s (row %d) topic %r attempt %d/%d failed%s: %s",
+            message_id,
             row.id,
             row.topic,
             attempt,
             max_attempts,
             " (now dead)" if dead else f" (retry in {delay:.1f}s)",
             exc,
+            extra={"message_id": message_id, "topic": row.topic},
         )
         return {"id": row.id, "error": text, "dead": dead, "delay": delay}
 
-    def count_handled(self, spec: HandlerSpec | None) -> None:
+    def count_handled(self, callbacks: list[tuple[str, float]]) -> None:
+        """Count committed callbacks, given as (topic, seconds)."""
         with self._counts_lock:
-            self.handled += 1
+            self.handled += len(callbacks)
+        self._tally.handled(callbacks)

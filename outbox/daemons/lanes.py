@@ -27,6 +27,8 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from outbox.core.errors import DatabaseUnavailable
 from outbox.core.lanes import LANES
+from outbox.observability.health import Heartbeat
+from outbox.observability.redact import redact_text
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import channel, queries, quote_ident
 
@@ -84,7 +86,9 @@ def check_database(open_connection: Callable[[], Connection], schema: str) -> No
     try:
         conn = open_connection()
     except psycopg.Error as exc:
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first_line(exc)}") from None
+        raise DatabaseUnavailable(
+            redact_text(f"cannot connect to PostgreSQL: {first_line(exc)}")
+        ) from None
     with conn:
         check_schema(conn, schema)
 
@@ -119,6 +123,8 @@ class LaneRelay(Generic[Row]):
         self._stop = threading.Event()
         self.lanes: set[int] = set()
         self._next_rebalance = 0.0
+        #: Beaten every turn of the loop and every connection attempt (for /livez).
+        self.heartbeat = Heartbeat()
 
     # -- for subclasses ------------------------------------------------------------------------
 
@@ -148,6 +154,7 @@ class LaneRelay(Generic[Row]):
         return self._stop.is_set()
 
     def connect(self) -> Connection:
+        self.heartbeat.beat()
         return connect(
             self.database_url,
             timeout=self.connect_timeout,
@@ -191,6 +198,7 @@ class LaneRelay(Generic[Row]):
         idle_step = 0
         try:
             while not self.stopping:
+                self.heartbeat.beat()
                 self._rebalance(conn)
                 rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
                 if rows:

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
+from psycopg import Cursor
+from psycopg.rows import RowMaker
+
+from outbox import tracing
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import from_json
 from outbox.core.retry import Backoff
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
-from outbox.kafka.publisher import KafkaPublisher, check_reachable, producer_config
+from outbox.kafka.publisher import KafkaPublisher, QueuedRow, check_reachable, producer_config
+from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import DeliveryFailure, Publisher
 from outbox.postgres.queries import validate_schema
 
@@ -40,6 +48,7 @@ class ProducerConfig:
     backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=30.0))
     connect_timeout: float = 10.0
     relay_id: str = field(default_factory=new_relay_id)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -51,22 +60,27 @@ class ProducerConfig:
             raise ConfigurationError(f"poll_interval must be > 0, got {self.poll_interval}")
 
 
-def _stored(row: tuple[Any, ...]) -> StoredMessage:
-    id_, message_id, topic, key, payload, headers, content_type, created_at, attempts = row
+def _queued_rows(_cursor: Cursor[Any]) -> RowMaker[QueuedRow]:
+    """psycopg row factory of `producer_fetch`: the row tuple becomes a QueuedRow as it is."""
+    return QueuedRow._make
+
+
+def _stored(row: QueuedRow) -> StoredMessage:
+    """A fetched row as a `StoredMessage`, for publishers other than Kafka's and for tracing."""
     return StoredMessage(
-        id=id_,
-        message_id=message_id,
-        topic=topic,
-        key=key,
-        payload=payload,
-        content_type=content_type,
-        headers=from_json(json.loads(headers)) if headers != "{}" else {},
-        created_at=created_at,
-        attempts=attempts,
+        id=row.id,
+        message_id=UUID(row.message_id),
+        topic=row.topic,
+        key=row.key,
+        payload=row.payload,
+        content_type=row.content_type,
+        headers=from_json(json.loads(row.headers)) if row.headers is not None else {},
+        created_at=datetime.fromisoformat(row.created_at),
+        attempts=row.attempts,
     )
 
 
-class Producer(LaneRelay[StoredMessage]):
+class Producer(LaneRelay[QueuedRow]):
     """Relays committed rows of `producer_queue` to Kafka until asked to stop."""
 
     table = "producer_queue"
@@ -88,10 +102,24 @@ class Producer(LaneRelay[StoredMessage]):
         self.config = config
         self._publisher_factory = publisher_factory
         self._publisher: Publisher | None = None
+        #: The next batch, fetched while the previous one was on its way to Kafka: (lanes,
+        #: cursor) while its statement runs, then (lanes, rows) until `fetch` takes it.
+        self._next: tuple[list[int], Cursor[QueuedRow]] | None = None
+        self._fetched: tuple[list[int], list[QueuedRow]] | None = None
         #: Counters for tests and logs: rows relayed, failed deliveries, rows marked dead.
         self.relayed = 0
         self.failed = 0
         self.dead = 0
+        self.observability = Observability(
+            "producer",
+            config,
+            heartbeat=self.heartbeat,
+            relay_id=config.relay_id,
+            kafka=None
+            if publisher_factory is not None
+            else lambda: producer_config(config.kafka_bootstrap, config.kafka_config),
+            lanes=lambda: len(self.lanes),
+        )
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
@@ -102,6 +130,7 @@ class Producer(LaneRelay[StoredMessage]):
                 timeout=self.config.connect_timeout,
             )
 
+    @observed
     def run(self) -> None:
         """Check, then relay until `stop()`."""
         self.check()
@@ -121,29 +150,50 @@ class Producer(LaneRelay[StoredMessage]):
                 self.dead,
             )
 
-    def fetch(self, conn: Connection, lanes: list[int]) -> list[StoredMessage]:
-        rows = conn.execute(
-            self.sql["producer_fetch"], {"lanes": lanes, "limit": self.config.batch_size}
-        ).fetchall()
-        return [_stored(r) for r in rows]
+    def fetch(self, conn: Connection, lanes: list[int]) -> list[QueuedRow]:
+        fetched, self._fetched = self._fetched, None
+        if fetched is not None and fetched[0] == lanes:
+            return fetched[1]  # fetched during the previous batch, for the same lanes
+        return self._fetch(conn, lanes, exclude=[]).fetchall()
+
+    def _fetch(self, conn: Connection, lanes: list[int], exclude: list[int]) -> Cursor[QueuedRow]:
+        """Run `producer_fetch` (in a pipeline: without waiting for its rows)."""
+        # Binary results: bytea arrives as it is, without hex decoding.
+        cursor = conn.cursor(row_factory=_queued_rows, binary=True)
+        params = {"lanes": lanes, "limit": self.config.batch_size, "exclude": exclude}
+        return cursor.execute(self.sql["producer_fetch"], params)
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
         row = conn.execute(self.sql["producer_next_retry"], {"lanes": lanes}).fetchone()
         return float(row[0]) if row and row[0] is not None else None
 
-    def process(self, conn: Connection, rows: Sequence[StoredMessage]) -> None:
-        assert self._publisher is not None
+    def process(self, conn: Connection, rows: Sequence[QueuedRow]) -> None:
         failpoint("producer.before_produce")
-        results = self._publisher.publish(rows)
-        failpoint("producer.after_produce")
-        delivered = [m.id for m, r in zip(rows, results, strict=True) if r is None]
-        failed = [(m, r) for m, r in zip(rows, results, strict=True) if r is not None]
-        with conn.transaction():
-            if delivered:
-                conn.execute(self.sql["producer_delete"], {"ids": delivered})
-            if failed:
-                conn.execute(self.sql["producer_fail"], self._failure_params(failed))
-        self.relayed += len(delivered)
+        started = time.monotonic()
+        self._next = None
+        # Only rows with user headers can carry a trace context.
+        traced = [i for i, row in enumerate(rows) if row.headers is not None]
+        # Pipeline mode: the next batch is fetched while this one is on its way to Kafka, and
+        # the rows are deleted (below, once acknowledged) in the same round trip.
+        with conn.pipeline():
+            with tracing.publish_spans([_stored(rows[i]) for i in traced]) as spans:
+                results = self._publish(conn, rows)
+                spans.outcomes([results[i] for i in traced])
+            failpoint("producer.after_produce")
+            delivery_seconds = time.monotonic() - started
+            failed = [(row, r) for row, r in zip(rows, results, strict=True) if r is not None]
+            if not failed:
+                # One statement, atomic on its own (the connection is in autocommit).
+                conn.execute(self.sql["producer_delete"], {"ids": [row.id for row in rows]})
+            else:
+                delivered = [row.id for row, r in zip(rows, results, strict=True) if r is None]
+                with conn.transaction():
+                    if delivered:
+                        conn.execute(self.sql["producer_delete"], {"ids": delivered})
+                    conn.execute(self.sql["producer_fail"], self._failure_params(failed))
+        # Leaving the pipeline waited for every statement above.
+        self._keep_next(failed)
+        self.relayed += len(rows) - len(failed)
         self.failed += len(failed)
         if failed:
             message, failure = failed[0]
@@ -154,12 +204,37 @@ class Producer(LaneRelay[StoredMessage]):
                 message.message_id,
                 message.topic,
                 failure.error,
+                extra={"message_id": str(message.message_id), "topic": message.topic},
             )
-        log.debug("relayed %d messages", len(delivered))
+        self.observability.producer_batch(rows, results, delivery_seconds)
 
-    def _failure_params(
-        self, failed: list[tuple[StoredMessage, DeliveryFailure]]
-    ) -> dict[str, Any]:
+    def _publish(self, conn: Connection, rows: Sequence[QueuedRow]) -> list[DeliveryFailure | None]:
+        """Publish a batch: Kafka's publisher takes the rows as they are (and the next batch is
+        fetched while they are on their way), other publishers take messages."""
+        publisher = self._publisher
+        assert publisher is not None
+        if not isinstance(publisher, KafkaPublisher):
+            return publisher.publish([_stored(row) for row in rows])
+        publisher.produce_rows(rows)
+        if not self.stopping:
+            lanes = sorted(self.lanes)
+            self._next = (lanes, self._fetch(conn, lanes, exclude=[row.id for row in rows]))
+        return publisher.wait()
+
+    def _keep_next(self, failed: list[tuple[QueuedRow, DeliveryFailure]]) -> None:
+        """Keep the batch fetched during this one for `fetch`, less the keys that now wait for a
+        retry: it was fetched before this batch's failures were recorded."""
+        if self._next is None:
+            return
+        lanes, cursor = self._next
+        self._next = None
+        rows = cursor.fetchall()
+        waiting = {row.key for row, f in failed if not f.permanent and row.key is not None}
+        if waiting:
+            rows = [row for row in rows if row.key not in waiting]
+        self._fetched = (lanes, rows)
+
+    def _failure_params(self, failed: list[tuple[QueuedRow, DeliveryFailure]]) -> dict[str, Any]:
         delays: list[float | None] = []
         for message, failure in failed:
             if failure.permanent:

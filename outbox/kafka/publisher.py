@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError, KafkaUnavailable
-from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID
+from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID, from_json
 from outbox.ports import DeliveryFailure
 
 log = logging.getLogger("outbox.kafka")
@@ -28,6 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "partitioner": "murmur2_random",
     "message.timeout.ms": 30000,
     "socket.keepalive.enable": True,
+    # Connect to the brokers as soon as the metadata names them, so that the idempotent
+    # producer id is acquired before the first batch (see KafkaPublisher._new_client).
+    "enable.sparse.connections": False,
 }
 # Errors after which this client's producer identity is unusable (fenced, or its epoch or
 # sequence lost, as after an outage that timed messages out): a new client gets a new one.
@@ -103,17 +107,50 @@ def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> None:
         ) from None
 
 
-def kafka_headers(message: StoredMessage) -> list[tuple[str, str | bytes | None]]:
+#: Kafka headers as confluent-kafka takes them (str values are sent as UTF-8).
+KafkaHeaders = list[tuple[str, str | bytes | None]]
+
+
+def kafka_headers(message: StoredMessage) -> KafkaHeaders:
     """Kafka headers of a message: outbox's own, then the user's (str values as UTF-8)."""
-    headers: list[tuple[str, str | bytes | None]] = [
-        (MESSAGE_ID, str(message.message_id).encode()),
-        (CREATED_AT, message.created_at.isoformat().encode()),
-        (CONTENT_TYPE, message.content_type.encode()),
+    headers: KafkaHeaders = [
+        (MESSAGE_ID, str(message.message_id)),
+        (CREATED_AT, message.created_at.isoformat()),
+        (CONTENT_TYPE, message.content_type),
     ]
-    headers.extend(
-        (name, value.encode() if isinstance(value, str) else value)
-        for name, value in message.headers.items()
-    )
+    headers.extend(message.headers.items())
+    return headers
+
+
+class QueuedRow(NamedTuple):
+    """A `producer_queue` row as the relay fetches it (`producer_fetch`), ready for the wire.
+
+    The server formats what goes into the Kafka headers, so that the relay does no per-row
+    conversion: `message_id` is the UUID's text, `created_at` its ISO 8601 form in UTC, and
+    `headers` the stored user headers as JSON text, or None when there are none (the usual
+    case).
+    """
+
+    id: int
+    topic: str
+    key: bytes | None
+    payload: bytes
+    message_id: str
+    created_at: str
+    content_type: str
+    headers: str | None
+    attempts: int
+
+
+def row_headers(row: QueuedRow) -> KafkaHeaders:
+    """Kafka headers of a fetched row: outbox's own, then the user's."""
+    headers: KafkaHeaders = [
+        (MESSAGE_ID, row.message_id),
+        (CREATED_AT, row.created_at),
+        (CONTENT_TYPE, row.content_type),
+    ]
+    if row.headers is not None:
+        headers.extend(from_json(json.loads(row.headers)).items())
     return headers
 
 
@@ -123,59 +160,144 @@ def _failure(error: KafkaError) -> DeliveryFailure:
     )
 
 
+#: Seconds a new producer client waits for the cluster's metadata before its first batch.
+WARM_UP_TIMEOUT = 5.0
+
+#: A message not yet reported on (the initial state of each slot in a batch's results).
+_PENDING: Any = object()
+
+
+class _Outcomes:
+    """The outcome of each message of the batch in hand: _PENDING, None (acknowledged), or the
+    KafkaError of its delivery report (or of produce()). One per client, so that a report a
+    discarded client might still serve cannot land in a later batch."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self) -> None:
+        self.slots: list[Any] = []
+
+
 class KafkaPublisher:
-    """Publishes batches through one long-lived confluent-kafka `Producer`."""
+    """Publishes batches through one long-lived confluent-kafka `Producer`.
+
+    Each message of a batch gets its own delivery report callback, which records the outcome
+    in the batch's slot of that message; the callbacks are made once and reused, so a message
+    costs no Python object beyond its header list. `flush` sends at once (it does not wait for
+    `linger.ms`) and returns when every report was served.
+
+    `produce_rows` and `wait` split `publish_rows` in two, so that the caller can do other
+    work (the relay fetches its next batch) while the batch is on its way.
+    """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = dict(config)
+        self._new_client()
+
+    def _new_client(self) -> None:
         self._producer = Producer(self._config)
+        self._outcomes = _Outcomes()
+        self._callbacks: list[Callable[[KafkaError | None, Message], None]] = []
+        # Warm up: with the metadata in hand the client connects to the brokers and acquires
+        # its idempotent producer id now. Otherwise the first produce often found no broker up
+        # and the id was retried on a 500 ms timer: the first batch took 0.5-1 s.
+        try:
+            self._producer.list_topics(timeout=WARM_UP_TIMEOUT)
+        except KafkaException as exc:  # the first batch will wait for the broker instead
+            log.warning("kafka producer warm-up: %s", exc)
+
+    @staticmethod
+    def _callback(outcomes: _Outcomes, index: int) -> Callable[[KafkaError | None, Message], None]:
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            outcomes.slots[index] = err
+
+        return on_delivery
 
     def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
-        results: list[DeliveryFailure | None] = [None] * len(messages)
-        pending = 0
-        fatal: list[KafkaError] = []
+        self._produce(
+            ((m.topic, m.key, m.payload, kafka_headers(m)) for m in messages), len(messages)
+        )
+        return self.wait()
 
-        def report(index: int) -> Any:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-                nonlocal pending
-                pending -= 1
-                if err is not None:
-                    results[index] = _failure(err)
-                    if err.fatal() or err.code() in IDENTITY_LOST:
-                        fatal.append(err)
+    def publish_rows(self, rows: Sequence[QueuedRow]) -> list[DeliveryFailure | None]:
+        """`publish` for rows as the relay fetched them, without building messages first."""
+        self.produce_rows(rows)
+        return self.wait()
 
-            return on_delivery
+    def produce_rows(self, rows: Sequence[QueuedRow]) -> None:
+        """Hand a batch of fetched rows to the client; `wait` returns their outcomes."""
+        self._produce(
+            (
+                (
+                    row.topic,
+                    row.key,
+                    row.payload,
+                    [
+                        (MESSAGE_ID, row.message_id),
+                        (CREATED_AT, row.created_at),
+                        (CONTENT_TYPE, row.content_type),
+                    ]
+                    if row.headers is None
+                    else row_headers(row),
+                )
+                for row in rows
+            ),
+            len(rows),
+        )
 
-        for index, message in enumerate(messages):
+    def _produce(
+        self, records: Iterable[tuple[str, bytes | None, bytes, KafkaHeaders]], count: int
+    ) -> None:
+        """Produce `count` records (topic, key, value, headers), each with its report slot."""
+        while len(self._callbacks) < count:
+            self._callbacks.append(self._callback(self._outcomes, len(self._callbacks)))
+        callbacks = self._callbacks
+        self._outcomes.slots = outcomes = [_PENDING] * count
+        produce = self._producer.produce
+        for index, (topic, key, value, headers) in enumerate(records):
             while True:
                 try:
-                    self._producer.produce(
-                        message.topic,
-                        value=message.payload,
-                        key=message.key,
-                        headers=kafka_headers(message),
-                        on_delivery=report(index),
-                    )
-                    pending += 1
+                    produce(topic, value, key, on_delivery=callbacks[index], headers=headers)
                     break
                 except BufferError:
                     # The local queue is full: serve delivery reports to make room.
                     self._producer.poll(0.05)
                 except KafkaException as exc:
-                    results[index] = _failure(exc.args[0])
+                    outcomes[index] = exc.args[0]
                     break
+
+    def wait(self) -> list[DeliveryFailure | None]:
+        """The outcome of each message of the batch last produced, once all are known."""
+        outcomes = self._outcomes.slots
         # Every produced message gets exactly one delivery report, success or failure, at the
-        # latest after message.timeout.ms; wait for all of them.
+        # latest after message.timeout.ms; flush() serves them all (and sends without waiting
+        # for linger.ms).
         deadline = time.monotonic() + 600
-        while pending > 0:
-            self._producer.poll(0.1)
+        while self._producer.flush(0.5) > 0:
             if time.monotonic() > deadline:  # pragma: no cover - librdkafka contract broken
-                raise RuntimeError(f"{pending} delivery reports never arrived")
+                raise RuntimeError("delivery reports never arrived")
+        # (Compare by identity only: KafkaError's == raises when compared with None.)
+        for outcome in outcomes:
+            if outcome is not None:
+                break
+        else:
+            return outcomes  # every message acknowledged: the common case
+        results: list[DeliveryFailure | None] = []
+        fatal: list[KafkaError] = []
+        for outcome in outcomes:
+            if outcome is None:
+                results.append(None)
+            elif outcome is _PENDING:  # pragma: no cover - librdkafka contract broken
+                results.append(DeliveryFailure(error="no delivery report"))
+            else:
+                results.append(_failure(outcome))
+                if outcome.fatal() or outcome.code() in IDENTITY_LOST:
+                    fatal.append(outcome)
         if fatal:
             # The client is poisoned; the failed rows are retried through a new one.
             log.error("kafka producer lost its identity, recreating it: %s", fatal[0].str())
             self._producer.flush(0)
-            self._producer = Producer(self._config)
+            self._new_client()
         return results
 
     def close(self) -> None:

@@ -75,6 +75,8 @@ def metadata(schema: str = "outbox") -> MetaData:
             "received_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
         ),
         Column("processed_at", DateTime(timezone=True)),
+        #: Committed handlings of the message (the audit's "handled twice" is a value above 1).
+        Column("handled_count", Integer, nullable=False, server_default=text("0")),
     )
     Index(
         "consumer_queue_pending",

@@ -66,20 +66,29 @@ SELECT count(*) FROM {schema}.relay_state WHERE queue = %(queue)s;
 
 -- name: producer_fetch
 -- The next rows of the lanes this relay owns, in id order. A key with a row waiting for a
--- retry is held back entirely, so that no later message of that key overtakes it.
+-- retry is held back entirely, so that no later message of that key overtakes it. `exclude`
+-- holds the ids of the batch still on its way to Kafka (the relay fetches the next batch
+-- meanwhile; those rows are not deleted yet), or nothing.
 WITH blocked AS (
     SELECT DISTINCT lane, key
     FROM {schema}.producer_queue
     WHERE attempts > 0 AND dead_at IS NULL AND next_attempt_at > now()
       AND lane = ANY(%(lanes)s)
 )
--- headers as text: most are '{}', and decoding jsonb for every row was a sixth of the relay's time.
-SELECT id, message_id, topic, key, payload, headers::text, content_type, created_at, attempts
+-- The columns of outbox.kafka.publisher.QueuedRow. The server formats what goes into the Kafka
+-- headers (the message id's text, the creation time in ISO 8601, UTC), so the relay converts
+-- nothing per row; user headers come as JSON text, NULL when there are none (the usual case).
+SELECT id, topic, key, payload, message_id::text,
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+       content_type, NULLIF(headers, '{}'::jsonb)::text, attempts
 FROM {schema}.producer_queue q
 WHERE q.lane = ANY(%(lanes)s)
   AND q.dead_at IS NULL
   AND q.next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key)
+  AND NOT EXISTS (
+      SELECT 1 FROM unnest(CAST(%(exclude)b AS bigint[])) AS x(id) WHERE x.id = q.id
+  )
 ORDER BY q.id
 LIMIT %(limit)s;
 
@@ -90,7 +99,8 @@ FROM {schema}.producer_queue
 WHERE attempts > 0 AND dead_at IS NULL AND lane = ANY(%(lanes)s);
 
 -- name: producer_delete
-DELETE FROM {schema}.producer_queue WHERE id = ANY(%(ids)s);
+-- The ids are bound in binary form (the b placeholder): cheaper to build than text.
+DELETE FROM {schema}.producer_queue WHERE id = ANY(%(ids)b);
 
 -- name: producer_fail
 -- Record a failed delivery: count it, keep the error, and schedule the next attempt (or, with
@@ -111,32 +121,36 @@ WHERE q.id = f.id;
 -- name: inbox_insert
 -- Store a batch of Kafka records, once per message id: a record delivered again (by Kafka, by a
 -- relay that re-sent it, or by a replay) meets the unique message_id, pending or processed,
--- and is skipped. Then wake a sleeping Handler.
+-- and is skipped. Then wake a sleeping Handler. The arrays are bound in binary form (the b
+-- placeholders): building their text form was most of the Consumer's time.
 WITH inserted AS (
     INSERT INTO {schema}.consumer_queue
         (message_id, topic, key, payload, headers, content_type, lane, created_at,
          source_partition, source_offset)
     SELECT * FROM unnest(
-        CAST(%(message_ids)s AS uuid[]),
-        CAST(%(topics)s AS text[]),
-        CAST(%(keys)s AS bytea[]),
-        CAST(%(payloads)s AS bytea[]),
-        CAST(%(headers)s AS jsonb[]),
-        CAST(%(content_types)s AS text[]),
-        CAST(%(lanes)s AS smallint[]),
-        CAST(%(created_ats)s AS timestamptz[]),
-        CAST(%(partitions)s AS integer[]),
-        CAST(%(offsets)s AS bigint[])
+        CAST(%(message_ids)b AS uuid[]),
+        CAST(%(topics)b AS text[]),
+        CAST(%(keys)b AS bytea[]),
+        CAST(%(payloads)b AS bytea[]),
+        CAST(%(headers)b AS jsonb[]),
+        CAST(%(content_types)b AS text[]),
+        CAST(%(lanes)b AS smallint[]),
+        CAST(%(created_ats)b AS timestamptz[]),
+        CAST(%(partitions)b AS integer[]),
+        CAST(%(offsets)b AS bigint[])
     )
     ON CONFLICT (message_id) DO NOTHING
-    RETURNING 1
+    RETURNING topic
 ), woken AS (
     SELECT pg_notify(%(channel)s, '')
     FROM {schema}.relay_state
     WHERE queue = 'handler' AND sleeping
     LIMIT 1
 )
-SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken);
+-- rows stored, relays woken, and rows stored per topic ({"topic": n}, NULL when none; metrics)
+SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken),
+       (SELECT json_object_agg(topic, n)
+        FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic);
 
 -- name: handler_fetch
 -- The next pending rows of the owned lanes, in id order; a key whose earlier row waits for a
@@ -183,15 +197,20 @@ ORDER BY id
 FOR UPDATE SKIP LOCKED;
 
 -- name: handler_done_many
+-- Mark a batch of rows processed (see handler_done).
 UPDATE {schema}.consumer_queue
-SET processed_at = now(), attempts = attempts + 1, payload = ''::bytea, last_error = NULL
+SET processed_at = now(), attempts = attempts + 1, handled_count = handled_count + 1,
+    payload = ''::bytea, last_error = NULL
 WHERE id = ANY(%(ids)s);
 
 -- name: handler_done
 -- Mark a row processed in the handler's transaction. The row stays (payload cleared) for the
 -- dedup window, so that a redelivery of the same message id is not stored again.
+-- handled_count counts the committed handlings: above 1 means handled twice (the audit's
+-- "duplicated"), which the claim's `processed_at IS NULL` should make impossible.
 UPDATE {schema}.consumer_queue
-SET processed_at = now(), attempts = attempts + 1, payload = ''::bytea, last_error = NULL
+SET processed_at = now(), attempts = attempts + 1, handled_count = handled_count + 1,
+    payload = ''::bytea, last_error = NULL
 WHERE id = %(id)s;
 
 -- name: handler_fail
