@@ -28,6 +28,7 @@ SCENARIOS = {
     "e": "benchmarks.latency",
     "f": "benchmarks.retention",
     "g": "benchmarks.peer",
+    "spark": "benchmarks.spark_inbox",
 }
 
 
