@@ -1,6 +1,7 @@
 """The handlers the handler and retention benchmarks run: one INSERT in the handler's transaction.
 
-Run as `outbox handler benchmarks.bench_handlers:handlers` from the repository root. The topics
+Run as `outbox handler benchmarks.bench_handlers:handlers` (or `:pipelined_handlers`, the same
+handler with `Handlers(pipeline=True)`) from the repository root. The topics
 come from OUTBOX_BENCH_TOPICS (comma-separated; default `bench.handler`), because the
 benchmarks create fresh topics with random names. The database needs a table
 `effects (id bigserial PRIMARY KEY, message_id uuid NOT NULL)`.
@@ -18,6 +19,7 @@ DEFAULT_TOPIC = "bench.handler"
 EFFECTS_TABLE = "CREATE TABLE effects (id bigserial PRIMARY KEY, message_id uuid NOT NULL)"
 
 handlers = Handlers()
+pipelined_handlers = Handlers(pipeline=True)
 
 
 def record_effect(message: InboxMessage, conn: Any) -> None:
@@ -28,3 +30,4 @@ def record_effect(message: InboxMessage, conn: Any) -> None:
 for _topic in os.environ.get(TOPICS_ENV, DEFAULT_TOPIC).split(","):
     if _topic.strip():
         handlers.handler(_topic.strip())(record_effect)
+        pipelined_handlers.handler(_topic.strip())(record_effect)

@@ -50,6 +50,14 @@ class Handlers:
     connection ("psycopg", the default; `AsyncConnection` for async callbacks) or a SQLAlchemy
     `Session` ("sqlalchemy"; `AsyncSession` for async callbacks). Either way the callback's
     writes commit together with the marking of the message as processed, or not at all.
+
+    `pipeline=True` (psycopg, sync callbacks only) runs each batch transaction in psycopg's
+    pipeline mode: a callback's statements go to the server without waiting for their results,
+    so a batch costs about one round trip instead of one per statement. Results a callback
+    fetches still arrive when it asks for them. What changes: a failing statement raises later
+    (at the next fetch or at the end of the batch), so the runner then rolls the batch back and
+    runs it again without the pipeline to find the failing message; `COPY` is not allowed, and
+    `cursor.rowcount` is only known after a fetch. Opt in when callbacks only write.
     """
 
     def __init__(
@@ -57,12 +65,19 @@ class Handlers:
         *,
         transaction: TransactionKind = "psycopg",
         serializer: Serializer | None = None,
+        pipeline: bool = False,
     ) -> None:
         if transaction not in ("psycopg", "sqlalchemy"):
             raise ConfigurationError(
                 f"transaction must be 'psycopg' or 'sqlalchemy', got {transaction!r}"
             )
+        if pipeline and transaction != "psycopg":
+            raise ConfigurationError(
+                "pipeline=True needs transaction='psycopg': SQLAlchemy reads every result as "
+                "soon as it executes, which would undo the pipeline"
+            )
         self.transaction: TransactionKind = transaction
+        self.pipeline = bool(pipeline)
         self.serializer: Serializer = serializer or JsonSerializer()
         self._specs: dict[str, HandlerSpec] = {}
 
@@ -115,6 +130,11 @@ class Handlers:
             raise ConfigurationError(
                 f"cannot include a registry using {other.transaction!r} transactions into one "
                 f"using {self.transaction!r}"
+            )
+        if other.pipeline != self.pipeline:
+            raise ConfigurationError(
+                f"cannot include a registry with pipeline={other.pipeline} into one with "
+                f"pipeline={self.pipeline}"
             )
         for spec in other:
             self._add(spec)

@@ -130,9 +130,18 @@ class _PsycopgSync:
         self.backend_pid = self.conn.info.backend_pid
 
     @contextmanager
-    def transaction(self) -> Iterator[tuple[Execute, Any]]:
+    def transaction(self, *, pipelined: bool = False) -> Iterator[tuple[Execute, Any]]:
         with self.conn.transaction():
-            yield self.conn.execute, self.conn
+            if pipelined:
+                with self.conn.pipeline():
+                    yield self.conn.execute, self.conn
+            else:
+                yield self.conn.execute, self.conn
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection is lost (as opposed to a statement having failed)."""
+        return self.conn.broken or self.conn.closed
 
     def flush(self, handle: Any) -> None:
         """Nothing to flush: psycopg writes go to the server as they are executed."""
@@ -155,7 +164,7 @@ class _SqlAlchemySync:
         self.backend_pid: int = self.conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
 
     @contextmanager
-    def transaction(self) -> Iterator[tuple[Execute, Any]]:
+    def transaction(self, *, pipelined: bool = False) -> Iterator[tuple[Execute, Any]]:
         from sqlalchemy.orm import Session
 
         with self.conn.begin():
@@ -387,16 +396,23 @@ class _Worker:
             pending = [r for r in pending[index + 1 :] if not self._blocked(r, failed_keys)]
 
     def _try_batch(
-        self, rows: list[Pending]
+        self, rows: list[Pending], *, pipelined: bool | None = None
     ) -> tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None:
-        """Run one batch transaction; on a callback failure return where and why, rolled back."""
+        """Run one batch transaction; on a callback failure return where and why, rolled back.
+
+        Pipelined (`Handlers(pipeline=True)`), a failed statement may surface after later
+        callbacks ran, so any failure rolls the batch back and runs it again unpipelined, which
+        names the failing message exactly.
+        """
+        if pipelined is None:
+            pipelined = self.runner.handlers.pipeline and len(rows) > 1
         sql = self.runner.sql
         tx = self._tx_sync()
         self.backend_pid = tx.backend_pid
         handled: list[tuple[str, float]] = []  # (topic, seconds) of each callback
         failure: tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None = None
         try:
-            with tx.transaction() as (execute, handle):
+            with tx.transaction(pipelined=pipelined) as (execute, handle):
                 claimed = {
                     r[0]: r
                     for r in execute(
@@ -436,8 +452,16 @@ class _Worker:
                     execute(sql["handler_fail"], params)
                 failpoint("handler.before_commit")
         except _RollBack:
+            if pipelined:
+                return self._try_batch(rows, pipelined=False)
             return failure
-        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
+        except psycopg.Error as exc:
+            if pipelined and isinstance(tx, _PsycopgSync) and not tx.broken:
+                return self._try_batch(rows, pipelined=False)  # a statement failed, late
+            if isinstance(exc, psycopg.OperationalError):
+                raise _ConnectionLost(str(exc)) from exc
+            raise
+        except _sqlalchemy_disconnect() as exc:
             raise _ConnectionLost(str(exc)) from exc
         self.runner.count_handled(handled)
         return None
