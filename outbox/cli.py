@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_kafka(producer)
     add_runtime(producer)
     producer.add_argument(
-        "--batch-size", type=int, default=1000, help="rows fetched and produced per batch"
+        "--batch-size",
+        type=int,
+        default=1000,
+        help="rows fetched and produced per batch; doubled while a backlog keeps batches full, "
+        "up to 8 times",
     )
     producer.add_argument(
         "--poll-interval",

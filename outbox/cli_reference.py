@@ -77,6 +77,8 @@ PARAMETER_MEANINGS: dict[str, dict[str, str]] = {
         "transaction": 'what callbacks receive: `"psycopg"` (a `Connection`, `AsyncConnection` '
         'for async callbacks) or `"sqlalchemy"` (a `Session`, `AsyncSession` for async callbacks)',
         "serializer": "decodes payloads for `message.payload`",
+        "pipeline": "`True` (psycopg, sync callbacks): run each batch transaction in psycopg's "
+        "pipeline mode, about one round trip per batch; see docs/inbox.md for what changes",
     },
     "Handlers.handler": {
         "topic": "the topic this callback handles; one handler per topic and registry",

@@ -30,13 +30,16 @@ from outbox.daemons.lanes import (
     retrying_database,
 )
 from outbox.kafka.publisher import check_reachable
-from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+from outbox.kafka.subscriber import KafkaBatch, KafkaSubscriber, consumer_config
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import Subscriber
 from outbox.postgres.queries import channel, queries, validate_schema
 
 log = logging.getLogger("outbox.consumer")
+
+#: A polled batch: rows from any `Subscriber`, or the columns Kafka's gives the Consumer.
+Batch = list[InboxRow] | KafkaBatch
 
 
 @dataclass(frozen=True)
@@ -145,27 +148,37 @@ class Consumer:
         """Check, subscribe, and store batches until `stop()`."""
         self.check()
         subscriber = self._subscribe()
+        kafka = subscriber if isinstance(subscriber, KafkaSubscriber) else None
         conn: Connection | None = None
-        rows: list[InboxRow] = []
+        rows: Batch = []
 
-        def waiting() -> list[InboxRow]:
+        def poll(timeout: float) -> Batch:
+            if kafka is not None:  # as columns: no object per record
+                return kafka.poll_batch(self.config.batch_size, timeout)
+            return subscriber.poll(self.config.batch_size, timeout)
+
+        def waiting() -> Batch:
             """The records already there (no wait), taken while a batch is being stored."""
             if self.stopping:
                 return []
-            return subscriber.poll(self.config.batch_size, 0)
+            return poll(0)
 
         try:
             while not self.stopping:
                 self.heartbeat.beat()
                 if not rows:
-                    rows = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    rows = poll(self.config.poll_timeout)
                     if not rows:
                         continue
                 conn, following = self._store(conn, rows, meanwhile=waiting)
                 if conn is None:
                     break  # stopped while the database was unreachable: nothing committed
                 failpoint("consumer.after_insert")
-                subscriber.commit(rows)
+                if isinstance(rows, KafkaBatch):
+                    assert kafka is not None
+                    kafka.commit(rows)
+                else:
+                    subscriber.commit(rows)
                 # Records polled but not stored are never committed: if the consumer stops
                 # before storing them, they are delivered again.
                 rows = following
@@ -184,15 +197,18 @@ class Consumer:
     def _store(
         self,
         conn: Connection | None,
-        rows: list[InboxRow],
-        meanwhile: Callable[[], list[InboxRow]] | None = None,
-    ) -> tuple[Connection | None, list[InboxRow]]:
+        rows: Batch,
+        meanwhile: Callable[[], Batch] | None = None,
+    ) -> tuple[Connection | None, Batch]:
         """Insert the batch, retrying through database outages; (None, ...) if stopped
         meanwhile. While the database works on it, `meanwhile()` is called (once): its result
         is returned beside the connection."""
-        params = insert_params(rows, self._channel)
+        if isinstance(rows, KafkaBatch):
+            params = rows.params(self._channel)
+        else:
+            params = insert_params(rows, self._channel)
         retrying = retrying_database(lambda: self.stopping, "cannot store a batch in PostgreSQL")
-        following: list[InboxRow] = []
+        following: Batch = []
         try:
             for attempt in retrying:
                 with attempt:
@@ -211,5 +227,8 @@ class Consumer:
             raise
         self.received += len(rows)
         self.stored += int(row[0]) if row else 0
-        self.observability.consumer_batch(rows, (row[2] if row else None) or {})
+        self.observability.consumer_batch(
+            rows.topical() if isinstance(rows, KafkaBatch) else rows,
+            (row[2] if row else None) or {},
+        )
         return conn, following

@@ -33,6 +33,11 @@ from outbox.postgres.queries import validate_schema
 
 log = logging.getLogger("outbox.producer")
 
+#: While a backlog keeps batches full, each fetch asks for twice the rows of the last one, up
+#: to this many times `batch_size`: fewer round trips to PostgreSQL and Kafka per message. A
+#: batch that comes back short (the backlog is drained) goes back to `batch_size`.
+BUSY_BATCH_FACTOR = 8
+
 
 @dataclass(frozen=True)
 class ProducerConfig:
@@ -103,8 +108,10 @@ class Producer(LaneRelay[QueuedRow]):
         self._publisher_factory = publisher_factory
         self._publisher: Publisher | None = None
         #: The next batch, fetched while the previous one was on its way to Kafka: (lanes,
-        #: cursor) while its statement runs, then (lanes, rows) until `fetch` takes it.
-        self._next: tuple[list[int], Cursor[QueuedRow]] | None = None
+        #: limit, cursor) while its statement runs, then (lanes, rows) until `fetch` takes it.
+        self._next: tuple[list[int], int, Cursor[QueuedRow]] | None = None
+        #: Rows the next fetch asks for (see BUSY_BATCH_FACTOR).
+        self._limit = config.batch_size
         self._fetched: tuple[list[int], list[QueuedRow]] | None = None
         #: Counters for tests and logs: rows relayed, failed deliveries, rows marked dead.
         self.relayed = 0
@@ -150,18 +157,37 @@ class Producer(LaneRelay[QueuedRow]):
                 self.dead,
             )
 
+    def _serve(self, conn: Connection) -> None:
+        # A new connection: a batch fetched on the previous one may have been sent meanwhile
+        # by the relay that held the lanes while this one was away.
+        self._next = self._fetched = None
+        super()._serve(conn)
+
     def fetch(self, conn: Connection, lanes: list[int]) -> list[QueuedRow]:
         fetched, self._fetched = self._fetched, None
         if fetched is not None and fetched[0] == lanes:
             return fetched[1]  # fetched during the previous batch, for the same lanes
-        return self._fetch(conn, lanes, exclude=[]).fetchall()
+        limit = self._limit
+        rows = self._fetch(conn, lanes, limit, exclude=[]).fetchall()
+        self._resize(len(rows), limit)
+        return rows
 
-    def _fetch(self, conn: Connection, lanes: list[int], exclude: list[int]) -> Cursor[QueuedRow]:
+    def _fetch(
+        self, conn: Connection, lanes: list[int], limit: int, exclude: list[int]
+    ) -> Cursor[QueuedRow]:
         """Run `producer_fetch` (in a pipeline: without waiting for its rows)."""
         # Binary results: bytea arrives as it is, without hex decoding.
         cursor = conn.cursor(row_factory=_queued_rows, binary=True)
-        params = {"lanes": lanes, "limit": self.config.batch_size, "exclude": exclude}
+        params = {"lanes": lanes, "limit": limit, "exclude": exclude}
         return cursor.execute(self.sql["producer_fetch"], params)
+
+    def _resize(self, fetched: int, limit: int) -> None:
+        """The next fetch's size: doubled after a full batch, `batch_size` after a short one."""
+        batch_size = self.config.batch_size
+        if fetched >= limit:
+            self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size)
+        else:
+            self._limit = batch_size
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
         row = conn.execute(self.sql["producer_next_retry"], {"lanes": lanes}).fetchone()
@@ -217,8 +243,9 @@ class Producer(LaneRelay[QueuedRow]):
             return publisher.publish([_stored(row) for row in rows])
         publisher.produce_rows(rows)
         if not self.stopping:
-            lanes = sorted(self.lanes)
-            self._next = (lanes, self._fetch(conn, lanes, exclude=[row.id for row in rows]))
+            lanes, limit = sorted(self.lanes), self._limit
+            cursor = self._fetch(conn, lanes, limit, exclude=[row.id for row in rows])
+            self._next = (lanes, limit, cursor)
         return publisher.wait()
 
     def _keep_next(self, failed: list[tuple[QueuedRow, DeliveryFailure]]) -> None:
@@ -226,9 +253,10 @@ class Producer(LaneRelay[QueuedRow]):
         retry: it was fetched before this batch's failures were recorded."""
         if self._next is None:
             return
-        lanes, cursor = self._next
+        lanes, limit, cursor = self._next
         self._next = None
         rows = cursor.fetchall()
+        self._resize(len(rows), limit)
         waiting = {row.key for row, f in failed if not f.permanent and row.key is not None}
         if waiting:
             rows = [row for row in rows if row.key not in waiting]

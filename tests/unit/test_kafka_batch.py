@@ -1,0 +1,76 @@
+"""The Consumer's column path (KafkaBatch) stores exactly what the row path (decode_record) does."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from datetime import UTC, datetime
+
+from outbox.daemons.consumer import insert_params
+from outbox.kafka.subscriber import KafkaBatch, decode_record
+
+ID = "0196f3a2-4b1c-7d2e-8f3a-9b4c5d6e7f80"
+VALUES: list[bytes | str | None] = [
+    None,
+    b"",
+    ID.encode(),
+    ID.upper().encode(),
+    ("{" + ID + "}").encode(),
+    b"\xff\xfe",
+    "not-a-uuid",
+    b"2026-11-26T01:15:18.100213+00:00",
+    "2026-11-26 01:15:18",
+    b"application/json",
+]
+EXTRA: list[list[tuple[str, bytes | str | None]]] = [
+    [],
+    [("x-user", b"\xff"), ("x-text", "s"), ("x-none", None)],
+    [("content-type", b"text/plain")],
+]
+
+
+def test_every_column_matches_the_rows_of_decode_record() -> None:
+    batch = KafkaBatch()
+    rows = []
+    names = ("outbox-message-id", "outbox-created-at", "content-type")
+    cases = itertools.product(
+        VALUES, VALUES, VALUES, EXTRA, (b"key", None), (None, 1_700_000_000_000)
+    )
+    for offset, (mid, created, ctype, extra, key, stamp) in enumerate(cases):
+        headers = [*zip(names, (mid, created, ctype), strict=True), *extra]
+        record = ("t", offset % 3, offset, key, b"v", headers)
+        batch.add(*record, None, stamp)
+        rows.append(
+            decode_record(
+                topic="t",
+                partition=offset % 3,
+                offset=offset,
+                key=key,
+                value=b"v",
+                headers=headers,
+                timestamp_ms=stamp,
+            )
+        )
+    expected = insert_params(rows, "channel")
+    actual = batch.params("channel")
+    assert actual.keys() == expected.keys()
+    assert [uuid.UUID(m) for m in actual["message_ids"]] == expected["message_ids"]
+    for name in expected.keys() - {"message_ids", "created_ats"}:
+        assert actual[name] == expected[name], name
+    # Without a usable header or timestamp both take now(): those may differ a little.
+    now = datetime.now(UTC)
+    for got, want in zip(actual["created_ats"], expected["created_ats"], strict=True):
+        taken_now = abs((now - want).total_seconds()) < 60
+        assert got == want or (taken_now and abs((got - want).total_seconds()) < 5)
+    assert len(batch) == len(rows)
+    assert [t.topic for t in batch.topical()] == [r.topic for r in rows]
+
+
+def test_offsets_to_commit_are_the_last_of_each_partition_plus_one() -> None:
+    batch = KafkaBatch()
+    for partition, offset in [(0, 5), (1, 7), (0, 6), (1, 3)]:
+        batch.add("t", partition, offset, None, b"", [], None, None)
+    assert [(tp.topic, tp.partition, tp.offset) for tp in batch.next_offsets()] == [
+        ("t", 0, 7),
+        ("t", 1, 8),
+    ]
