@@ -50,6 +50,7 @@ PAYLOADS = (("100 B", 100), ("1 KiB", 1024))
 PRODUCERS = (1, 2)
 CONCURRENCY = (1, 4)
 HANDLERS_TARGET = "benchmarks.bench_handlers:handlers"
+PIPELINED_HANDLERS_TARGET = "benchmarks.bench_handlers:pipelined_handlers"
 #: Tansu joins a consumer group in half of session.timeout.ms.
 CONSUMER_KAFKA = ("session.timeout.ms=6000", "heartbeat.interval.ms=1000")
 
@@ -130,8 +131,10 @@ def consumer_args(url: str, bootstrap: str, topic: str, group: str) -> list[str]
     return args
 
 
-def handler_args(url: str, concurrency: int, *extra: str) -> list[str]:
-    args = ["handler", HANDLERS_TARGET, "--database-url", url]
+def handler_args(
+    url: str, concurrency: int, *extra: str, target: str = HANDLERS_TARGET
+) -> list[str]:
+    args = ["handler", target, "--database-url", url]
     return [*args, "--concurrency", str(concurrency), "--batch-size", "500", *extra]
 
 
@@ -412,17 +415,20 @@ def handler(ctx: Context) -> list[Result]:
 
     messages = ctx.scale(100_000, 3_000)
     results = []
-    for concurrency in CONCURRENCY:
-        url = ctx.new_database()
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(EFFECTS_TABLE)
-        fill_inbox(url, DEFAULT_TOPIC, messages)
-        vacuum_analyze(url, "outbox.consumer_queue")
-        results.append(_handler_run(url, messages, concurrency, DEFAULT_TOPIC))
+    for pipelined in (False, True):
+        for concurrency in CONCURRENCY:
+            url = ctx.new_database()
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(EFFECTS_TABLE)
+            fill_inbox(url, DEFAULT_TOPIC, messages)
+            vacuum_analyze(url, "outbox.consumer_queue")
+            results.append(_handler_run(url, messages, concurrency, DEFAULT_TOPIC, pipelined))
     return results
 
 
-def _handler_run(url: str, messages: int, concurrency: int, topic: str) -> Result:
+def _handler_run(
+    url: str, messages: int, concurrency: int, topic: str, pipelined: bool = False
+) -> Result:
     effects = "SELECT max(id) FROM effects"
     pending = "SELECT count(*) FROM outbox.consumer_queue WHERE processed_at IS NULL"
 
@@ -435,7 +441,14 @@ def _handler_run(url: str, messages: int, concurrency: int, topic: str) -> Resul
         started = time.perf_counter()
         try:
             daemons.append(
-                Daemon(*handler_args(url, concurrency), env=handler_env(topic)),
+                Daemon(
+                    *handler_args(
+                        url,
+                        concurrency,
+                        target=PIPELINED_HANDLERS_TARGET if pipelined else HANDLERS_TARGET,
+                    ),
+                    env=handler_env(topic),
+                ),
             )
             timeout = timeout_for(messages)
             startup = wait_for(
@@ -463,7 +476,7 @@ def _handler_run(url: str, messages: int, concurrency: int, topic: str) -> Resul
         notes.append(f"{dead} dead rows")
     return Result(
         HANDLER,
-        f"concurrency {concurrency}, batch 500",
+        f"concurrency {concurrency}, batch 500" + (", Handlers(pipeline=True)" if pipelined else ""),
         {
             "messages": messages,
             "msg/s": messages / seconds,
