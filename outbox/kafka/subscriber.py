@@ -228,16 +228,7 @@ class KafkaBatch:
                 except ValueError:
                     parsed = None
             message_id = str(parsed or foreign_id(topic, partition, offset))
-        created_at = _parse_time(_text(raw_created))
-        if created_at is None:
-            if message is not None:
-                kind, millis = message.timestamp()
-                timestamp_ms = millis if kind != TIMESTAMP_NOT_AVAILABLE and millis > 0 else None
-            created_at = (
-                datetime.fromtimestamp(timestamp_ms / 1000, UTC)
-                if timestamp_ms is not None
-                else datetime.now(UTC)
-            )
+        created_at = _created_at(raw_created, message, timestamp_ms)
         content_type = _text(raw_type)
         self.message_ids.append(message_id)
         self.topics.append(topic)
@@ -366,16 +357,7 @@ def _decode(
             message_id = None
     if message_id is None:
         message_id = foreign_id(topic, partition, offset)
-    created_at = _parse_time(_text(raw_created))
-    if created_at is None:
-        if message is not None:
-            kind, millis = message.timestamp()
-            timestamp_ms = millis if kind != TIMESTAMP_NOT_AVAILABLE and millis > 0 else None
-        created_at = (
-            datetime.fromtimestamp(timestamp_ms / 1000, UTC)
-            if timestamp_ms is not None
-            else datetime.now(UTC)
-        )
+    created_at = _created_at(raw_created, message, timestamp_ms)
     content_type = _text(raw_type)
     # Positional, in field order: a quarter cheaper than keywords for this frozen dataclass.
     return InboxRow(
@@ -420,3 +402,16 @@ def next_offsets(rows: Iterable[InboxRow]) -> list[TopicPartition]:
         tp = (row.topic, row.partition)
         last[tp] = max(last.get(tp, -1), row.offset)
     return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
+
+
+def _created_at(raw: Any, message: Message | None, timestamp_ms: int | None) -> datetime:
+    """The outbox created-time header; else the record's own timestamp; else now."""
+    created_at = _parse_time(_text(raw))
+    if created_at is not None:
+        return created_at
+    if message is not None:
+        kind, millis = message.timestamp()
+        timestamp_ms = millis if kind != TIMESTAMP_NOT_AVAILABLE and millis > 0 else None
+    if timestamp_ms is not None:
+        return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+    return datetime.now(UTC)
