@@ -100,6 +100,8 @@ class LaneRelay(Generic[Row]):
     table: str
     #: The relay_state.queue value of this kind of relay.
     kind: str
+    #: Planner settings for the relay's own session (see `_serve`).
+    planner_settings: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -192,6 +194,12 @@ class LaneRelay(Generic[Row]):
         conn.execute(self.sql["relay_forget_dead"])
         conn.execute(self.sql["relay_register"], relay)
         conn.execute(f"LISTEN {quote_ident(self.channel)}")
+        # A queue table's statistics are wrong most of the time: autovacuum last saw it empty,
+        # or saw a burst that has since drained. A relay that trusts them sorts the whole
+        # backlog on every fetch, or scans the table once per id of a batch; a relay that
+        # says which plans it wants does neither. Only this session is affected.
+        for setting in self.planner_settings:
+            conn.execute(f"SET {setting}")
         self.lanes.clear()
         self._next_rebalance = 0.0
         sleeping = False

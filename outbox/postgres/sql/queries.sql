@@ -86,9 +86,11 @@ WHERE q.lane = ANY(%(lanes)s)
   AND q.dead_at IS NULL
   AND q.next_attempt_at <= now()
   AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key)
-  AND NOT EXISTS (
-      SELECT 1 FROM unnest(CAST(%(exclude)b AS bigint[])) AS x(id) WHERE x.id = q.id
-  )
+  -- A filter, not an anti-join: it keeps the scan in id order, and PostgreSQL 15+ hashes the
+  -- array when it is a constant of the plan (the relay plans each execution: Producer.
+  -- planner_settings). The cast matters: psycopg sends small ints as int2[], and a cross-type
+  -- comparison is not hashed.
+  AND q.id <> ALL(CAST(%(exclude)b AS bigint[]))
 ORDER BY q.id
 LIMIT %(limit)s;
 
@@ -100,7 +102,7 @@ WHERE attempts > 0 AND dead_at IS NULL AND lane = ANY(%(lanes)s);
 
 -- name: producer_delete
 -- The ids are bound in binary form (the b placeholder): cheaper to build than text.
-DELETE FROM {schema}.producer_queue WHERE id = ANY(%(ids)b);
+DELETE FROM {schema}.producer_queue WHERE id = ANY(CAST(%(ids)b AS bigint[]));
 
 -- name: producer_fail
 -- Record a failed delivery: count it, keep the error, and schedule the next attempt (or, with

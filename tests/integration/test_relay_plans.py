@@ -1,0 +1,121 @@
+"""The Producer's statements keep their plans when `producer_queue`'s statistics are wrong.
+
+A queue table's statistics are stale most of the time: autovacuum last saw it empty (the relay
+keeps it so), then a burst arrives. With the planner trusting them, the relay's fetch sorted the
+whole backlog for every batch and compared each row with each id of the batch in flight, and the
+prepared delete kept a plan made for a one-row table that compared each row of the backlog with
+each id. A relay that had been idle drained a burst of 50,000 messages at 1/8 of its usual
+speed. These tests build that state and look at the plans the relay gets with its own session
+settings (`Producer.planner_settings`; docs/decisions/0007).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import Broker, Message
+from outbox.core.lanes import LANES
+from outbox.daemons.producer import Producer
+from outbox.postgres.queries import queries
+
+BACKLOG = 20_000
+BATCH = 1_000
+
+sql = queries("outbox")
+
+
+def _fill(conn: psycopg.Connection[Any], count: int, prefix: str) -> None:
+    with conn.transaction():
+        Broker().send_many(
+            conn, [Message("plans.t", {"i": i}, key=f"{prefix}{i}") for i in range(count)]
+        )
+
+
+@pytest.fixture
+def relay_session(outbox_database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection with the settings the Producer gives its own session, on a table that
+    autovacuum last saw empty."""
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        _fill(conn, 1, "warm-up")
+        conn.execute("DELETE FROM outbox.producer_queue")
+        conn.execute("VACUUM ANALYZE outbox.producer_queue")
+        for setting in Producer.planner_settings:
+            conn.execute(f"SET {setting}")
+        yield conn
+
+
+def _stale(conn: psycopg.Connection[Any]) -> None:
+    """Fill the table behind statistics that still say it is empty."""
+    _fill(conn, BACKLOG, "k")
+    row = conn.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = 'outbox.producer_queue'::regclass"
+    ).fetchone()
+    assert row is not None and row[0] <= 1, "the statistics should still say empty"
+
+
+def _first_ids(conn: psycopg.Connection[Any]) -> list[int]:
+    rows = conn.execute("SELECT id FROM outbox.producer_queue ORDER BY id LIMIT %s", (BATCH,))
+    return [r[0] for r in rows]
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _explain(
+    conn: psycopg.Connection[Any], statement: str, params: Any = None
+) -> list[dict[str, Any]]:
+    row = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params, prepare=False
+    ).fetchone()
+    assert row is not None
+    return list(_nodes(row[0][0]["Plan"]))
+
+
+def test_fetch_ahead_reads_about_one_batch_not_the_backlog(
+    relay_session: psycopg.Connection[Any],
+) -> None:
+    _stale(relay_session)
+    params = {"lanes": list(range(LANES)), "limit": BATCH, "exclude": _first_ids(relay_session)}
+    nodes = _explain(relay_session, sql["producer_fetch"], params)
+
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], nodes
+    # The ids in flight are not joined row by row (each row against each id).
+    assert not [n for n in nodes if n["Node Type"] == "Function Scan" and n["Actual Loops"] > 1]
+    scans = [n for n in nodes if n.get("Alias") == "q"]
+    assert len(scans) == 1
+    # The rows of the batch in flight, then the next batch: not the backlog.
+    read = scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0)
+    assert read <= 2 * BATCH + 10, scans[0]
+    assert nodes[0]["Actual Rows"] == BATCH
+
+
+def test_the_prepared_delete_is_planned_for_its_ids(
+    relay_session: psycopg.Connection[Any],
+) -> None:
+    """psycopg prepares the relay's delete after five executions, and PostgreSQL then keeps a
+    generic plan made while the relay kept up: a one-row table, where a sequential scan is
+    cheapest, with the ids as a parameter, which is not hashed. After a burst that plan
+    compared every row of the backlog with every id of each batch. The relay's session plans
+    each execution for its ids instead."""
+    delete = sql["producer_delete"].replace("%(ids)b", "$1")
+    relay_session.execute(f"PREPARE relay_delete(bigint[]) AS {delete}")
+    for _ in range(6):  # while the table is empty: where a generic plan would be chosen
+        relay_session.execute("EXECUTE relay_delete('{0}')")
+    _stale(relay_session)
+    array = "{" + ",".join(map(str, _first_ids(relay_session))) + "}"
+    with relay_session.transaction():
+        nodes = _explain(relay_session, f"EXECUTE relay_delete('{array}')")
+        raise psycopg.Rollback()
+    scans = [n for n in nodes if n.get("Relation Name") == "producer_queue"]
+    assert scans, nodes
+    conditions = " ".join(str(n.get("Index Cond", "")) + str(n.get("Filter", "")) for n in scans)
+    # Planned with the ids as a constant, which PostgreSQL looks up in the index or hashes.
+    assert "$1" not in conditions, conditions
+    assert scans[-1]["Actual Rows"] == BATCH
