@@ -1,4 +1,4 @@
-"""The Producer's statements keep their plans when `producer_queue`'s statistics are wrong.
+"""The relays' statements keep their plans when the queue tables' statistics are wrong.
 
 A queue table's statistics are stale most of the time: autovacuum last saw it empty (the relay
 keeps it so), then a burst arrives. With the planner trusting them, the relay's fetch sorted the
@@ -119,3 +119,29 @@ def test_the_prepared_delete_is_planned_for_its_ids(
     # Planned with the ids as a constant, which PostgreSQL looks up in the index or hashes.
     assert "$1" not in conditions, conditions
     assert scans[-1]["Actual Rows"] == BATCH
+
+
+def test_the_handler_claim_looks_its_ids_up(outbox_database_url: str) -> None:
+    """The Handler claims a transaction's rows by id. With the pending conditions in the same
+    WHERE and no statistics yet, the planner read the whole pending index and tested each entry
+    against the ids: 50 ms per claim of 100 rows at 50,000 pending. It looks them up now."""
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox.consumer_queue (message_id, topic, key, payload, content_type, "
+            "lane) SELECT gen_random_uuid(), 'plans.t', ('k' || g)::bytea, '{}'::bytea, "
+            "'application/json', g %% 64 FROM generate_series(1, %s) g",
+            (BACKLOG,),
+        )
+        ids = [r[0] for r in conn.execute("SELECT id FROM outbox.consumer_queue LIMIT 100")]
+        conn.execute(
+            "UPDATE outbox.consumer_queue SET processed_at = now() WHERE id = %s", (ids[0],)
+        )
+        with conn.transaction():
+            nodes = _explain(conn, sql["handler_claim_many"], {"ids": ids})
+            raise psycopg.Rollback()
+    scans = [n for n in nodes if n.get("Relation Name") == "consumer_queue"]
+    assert len(scans) == 1
+    assert "Index Cond" in scans[0] or any("Index Cond" in n for n in nodes), nodes
+    read = scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0)
+    assert read <= len(ids), scans[0]
+    assert nodes[0]["Actual Rows"] == len(ids) - 1  # the processed one is not claimed

@@ -190,20 +190,31 @@ WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL
 FOR UPDATE SKIP LOCKED;
 
 -- name: handler_claim_many
--- Lock a batch of pending rows for one handler transaction (see handler_claim).
+-- Lock a batch of pending rows for one handler transaction (see handler_claim). The rows are
+-- found by id alone, and whether they are still pending is checked once they are locked: with
+-- the pending conditions in the same WHERE, a planner that believes the table small (its
+-- statistics are often stale) reads the whole pending index and tests each entry against the
+-- ids, 50 ms per claim at 50,000 pending rows instead of 0.3.
+WITH locked AS MATERIALIZED (
+    SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+           attempts, source_partition, source_offset, processed_at, dead_at
+    FROM {schema}.consumer_queue
+    WHERE id = ANY(CAST(%(ids)s AS bigint[]))
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+)
 SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
        attempts, source_partition, source_offset
-FROM {schema}.consumer_queue
-WHERE id = ANY(%(ids)s) AND processed_at IS NULL AND dead_at IS NULL
-ORDER BY id
-FOR UPDATE SKIP LOCKED;
+FROM locked
+WHERE processed_at IS NULL AND dead_at IS NULL
+ORDER BY id;
 
 -- name: handler_done_many
 -- Mark a batch of rows processed (see handler_done).
 UPDATE {schema}.consumer_queue
 SET processed_at = now(), attempts = attempts + 1, handled_count = handled_count + 1,
     payload = ''::bytea, last_error = NULL
-WHERE id = ANY(%(ids)s);
+WHERE id = ANY(CAST(%(ids)s AS bigint[]));
 
 -- name: handler_done
 -- Mark a row processed in the handler's transaction. The row stays (payload cleared) for the
