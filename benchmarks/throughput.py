@@ -51,6 +51,13 @@ PRODUCERS = (1, 2)
 CONCURRENCY = (1, 4)
 HANDLERS_TARGET = "benchmarks.bench_handlers:handlers"
 PIPELINED_HANDLERS_TARGET = "benchmarks.bench_handlers:pipelined_handlers"
+BATCH_HANDLERS_TARGET = "benchmarks.bench_handlers:batch_handlers"
+#: (d)'s variants: the registry each runs, and what the table says about it.
+HANDLER_VARIANTS = {
+    "plain": (HANDLERS_TARGET, ""),
+    "pipelined": (PIPELINED_HANDLERS_TARGET, ", Handlers(pipeline=True)"),
+    "batch": (BATCH_HANDLERS_TARGET, ", batch_handler + executemany, 100 per transaction"),
+}
 #: Tansu joins a consumer group in half of session.timeout.ms.
 CONSUMER_KAFKA = ("session.timeout.ms=6000", "heartbeat.interval.ms=1000")
 
@@ -415,19 +422,19 @@ def handler(ctx: Context) -> list[Result]:
 
     messages = ctx.scale(100_000, 3_000)
     results = []
-    for pipelined in (False, True):
+    for variant in HANDLER_VARIANTS:
         for concurrency in CONCURRENCY:
             url = ctx.new_database()
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(EFFECTS_TABLE)
             fill_inbox(url, DEFAULT_TOPIC, messages)
             vacuum_analyze(url, "outbox.consumer_queue")
-            results.append(_handler_run(url, messages, concurrency, DEFAULT_TOPIC, pipelined))
+            results.append(_handler_run(url, messages, concurrency, DEFAULT_TOPIC, variant))
     return results
 
 
 def _handler_run(
-    url: str, messages: int, concurrency: int, topic: str, pipelined: bool = False
+    url: str, messages: int, concurrency: int, topic: str, variant: str = "plain"
 ) -> Result:
     effects = "SELECT max(id) FROM effects"
     pending = "SELECT count(*) FROM outbox.consumer_queue WHERE processed_at IS NULL"
@@ -445,7 +452,7 @@ def _handler_run(
                     *handler_args(
                         url,
                         concurrency,
-                        target=PIPELINED_HANDLERS_TARGET if pipelined else HANDLERS_TARGET,
+                        target=HANDLER_VARIANTS[variant][0],
                     ),
                     env=handler_env(topic),
                 ),
@@ -476,7 +483,7 @@ def _handler_run(
         notes.append(f"{dead} dead rows")
     return Result(
         HANDLER,
-        f"concurrency {concurrency}, batch 500" + (", Handlers(pipeline=True)" if pipelined else ""),
+        f"concurrency {concurrency}, batch 500{HANDLER_VARIANTS[variant][1]}",
         {
             "messages": messages,
             "msg/s": messages / seconds,

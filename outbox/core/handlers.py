@@ -37,6 +37,8 @@ class HandlerSpec:
     is_async: bool
     #: Messages of one key are handled in order, a key waiting behind its failing message.
     ordered: bool = True
+    #: Registered with `batch_handler`: the callback takes a list of messages.
+    batch: bool = False
 
     @property
     def name(self) -> str:
@@ -109,6 +111,55 @@ class Handlers:
                     backoff=backoff or DEFAULT_BACKOFF,
                     is_async=inspect.iscoroutinefunction(func),
                     ordered=ordered,
+                )
+            )
+            return func
+
+        return decorate
+
+    def batch_handler(
+        self,
+        topic: str,
+        *,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        ordered: bool = True,
+    ) -> Callable[[Func], Func]:
+        """Register the decorated sync function as the handler of `topic`, called with a list
+        of messages: `func(messages: list[InboxMessage], conn)`.
+
+        The runner passes the consecutive messages of `topic` in one handler transaction (up
+        to `--transaction-size`), in id order, and marks them processed in that transaction, so
+        the callback can write their effects with one `executemany` or `COPY`. When it raises
+        for a list of several messages, nothing of that transaction commits and each message is
+        handled again alone, so the failure is recorded against the message that causes it and
+        retried like any other. A callback must therefore be all-or-nothing over its list: it
+        must not catch a failure of one message and carry on with the others.
+
+        Not in a batch: OpenTelemetry spans and `broker.send`'s causation id, both of which
+        belong to one message.
+        """
+        validate_topic(topic)
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+
+        def decorate(func: Func) -> Func:
+            if not callable(func):
+                raise ConfigurationError(f"@batch_handler({topic!r}) must decorate a function")
+            if inspect.iscoroutinefunction(func):
+                raise ConfigurationError(
+                    f"@batch_handler({topic!r}): {func.__qualname__} is async; batch handlers "
+                    "must be sync functions (use @handler for an async callback)"
+                )
+            self._add(
+                HandlerSpec(
+                    topic=topic,
+                    func=func,
+                    max_attempts=max_attempts,
+                    backoff=backoff or DEFAULT_BACKOFF,
+                    is_async=False,
+                    ordered=ordered,
+                    batch=True,
                 )
             )
             return func

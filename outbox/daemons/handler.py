@@ -254,6 +254,12 @@ class _ConnectionLost(Exception):
     """The worker's database connection broke; the row stays for a later attempt."""
 
 
+#: Where a handler transaction failed: (index in its rows, row, handler, claimed row, error,
+#: size). Size 1 names the failing row; more is a batch handler that raised for rows
+#: [index, index + size), each to be handled alone.
+_Failure = tuple[int, Pending, HandlerSpec | None, Any, BaseException, int]
+
+
 class _Worker:
     def __init__(self, runner: HandlerRunner, index: int) -> None:
         self.runner = runner
@@ -387,17 +393,23 @@ class _Worker:
             failed_at = self._try_batch(pending)
             if failed_at is None:
                 return
-            index, row, spec, claimed, exc = failed_at
+            index, row, spec, claimed, exc, size = failed_at
             # pending[:index] succeeded but were rolled back with the failure: run them again.
             if index:
                 self._sync_batch(pending[:index], failed_keys)
+            if size > 1:
+                # A batch callback failed for several messages: handle each alone, which
+                # records the failure against the message that causes it.
+                for single in pending[index : index + size]:
+                    if not self.retired and not self._blocked(single, failed_keys):
+                        self._sync_batch([single], failed_keys)
+                pending = [r for r in pending[index + size :] if not self._blocked(r, failed_keys)]
+                continue
             self._record_failure(row, spec, claimed, exc)
             self._note_failure(row, spec, failed_keys)
             pending = [r for r in pending[index + 1 :] if not self._blocked(r, failed_keys)]
 
-    def _try_batch(
-        self, rows: list[Pending], *, pipelined: bool | None = None
-    ) -> tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None:
+    def _try_batch(self, rows: list[Pending], *, pipelined: bool | None = None) -> _Failure | None:
         """Run one batch transaction; on a callback failure return where and why, rolled back.
 
         Pipelined (`Handlers(pipeline=True)`), a failed statement may surface after later
@@ -410,7 +422,7 @@ class _Worker:
         tx = self._tx_sync()
         self.backend_pid = tx.backend_pid
         handled: list[tuple[str, float]] = []  # (topic, seconds) of each callback
-        failure: tuple[int, Pending, HandlerSpec | None, Any, BaseException] | None = None
+        failure: _Failure | None = None
         try:
             with tx.transaction(pipelined=pipelined) as (execute, handle):
                 claimed = {
@@ -421,14 +433,29 @@ class _Worker:
                 }
                 done: list[int] = []
                 dead: list[dict[str, Any]] = []
-                for index, row in enumerate(rows):
-                    if self.retired:
-                        break
+                index = 0
+                while index < len(rows) and not self.retired:
+                    row = rows[index]
                     if row.id not in claimed:
+                        index += 1
                         continue  # handled meanwhile, or held by another process
                     spec = self.runner.handlers.get(row.topic)
                     if spec is None:
                         dead.append(self.runner.no_handler(row))
+                        index += 1
+                        continue
+                    if spec.batch:
+                        end = index + 1
+                        while end < len(rows) and rows[end].topic == row.topic:
+                            end += 1
+                        failure = self._call_batch(rows, index, end, spec, claimed, handle, tx)
+                        if failure is not None:
+                            raise _RollBack from failure[4]
+                        group = [r for r in rows[index:end] if r.id in claimed]
+                        seconds = (time.monotonic() - self.started) / len(group)
+                        done.extend(r.id for r in group)
+                        handled.extend((r.topic, seconds) for r in group)
+                        index = end
                         continue
                     self.started = time.monotonic()
                     self.current = row
@@ -440,12 +467,13 @@ class _Worker:
                     except (psycopg.OperationalError, _sqlalchemy_disconnect()):
                         raise
                     except Exception as exc:
-                        failure = (index, row, spec, claimed[row.id], exc)
+                        failure = (index, row, spec, claimed[row.id], exc, 1)
                         raise _RollBack from exc
                     finally:
                         self.current = None
                     done.append(row.id)
                     handled.append((row.topic, time.monotonic() - self.started))
+                    index += 1
                 if done:
                     execute(sql["handler_done_many"], {"ids": done})
                 for params in dead:
@@ -464,6 +492,42 @@ class _Worker:
         except _sqlalchemy_disconnect() as exc:
             raise _ConnectionLost(str(exc)) from exc
         self.runner.count_handled(handled)
+        return None
+
+    def _call_batch(
+        self,
+        rows: list[Pending],
+        start: int,
+        end: int,
+        spec: HandlerSpec,
+        claimed: dict[int, Any],
+        handle: Any,
+        tx: _PsycopgSync | _SqlAlchemySync,
+    ) -> _Failure | None:
+        """Call a batch handler once with the claimed messages of rows[start:end]; on failure,
+        where and why. A message that cannot be decoded is named exactly; a callback that
+        raises for several messages names them all (size > 1), to be handled one by one."""
+        self.started = time.monotonic()
+        positions = [i for i in range(start, end) if rows[i].id in claimed]
+        messages = []
+        for i in positions:
+            try:
+                messages.append(self.runner.message(claimed[rows[i].id]))
+            except Exception as exc:
+                return (i, rows[i], spec, claimed[rows[i].id], exc, 1)
+        self.current = rows[positions[0]]
+        try:
+            spec.func(messages, handle)
+            tx.flush(handle)
+        except (psycopg.OperationalError, _sqlalchemy_disconnect()):
+            raise
+        except Exception as exc:
+            if len(positions) == 1:
+                first = positions[0]
+                return (first, rows[first], spec, claimed[rows[first].id], exc, 1)
+            return (start, rows[start], spec, claimed[rows[positions[0]].id], exc, end - start)
+        finally:
+            self.current = None
         return None
 
     def _record_failure(
