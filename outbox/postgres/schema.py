@@ -54,12 +54,6 @@ def metadata(schema: str = "outbox") -> MetaData:
     md = MetaData(schema=validate_schema(schema))
     producer = Table(PRODUCER_QUEUE, md, *_message_columns())
     Index(
-        "producer_queue_lane_id",
-        producer.c.lane,
-        producer.c.id,
-        postgresql_where=producer.c.dead_at.is_(None),
-    )
-    Index(
         "producer_queue_retry",
         producer.c.lane,
         producer.c.key,

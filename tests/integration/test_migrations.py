@@ -44,6 +44,32 @@ def _diff(url: str, schema: str) -> list[object]:
         engine.dispose()
 
 
+def _indexes(url: str, table: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = %s",
+            (table,),
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_0003_drops_the_producer_lane_index_and_its_downgrade_restores_it(
+    outbox_empty_database_url: str,
+) -> None:
+    url = outbox_empty_database_url
+    migrate.upgrade(url, revision="0002")
+    assert "producer_queue_lane_id" in _indexes(url, "producer_queue")
+    with psycopg.connect(url) as conn, conn.transaction():
+        Broker().send(conn, "before.0003", b"x")
+    migrate.upgrade(url)
+    assert "producer_queue_lane_id" not in _indexes(url, "producer_queue")
+    migrate.downgrade(url, revision="0002")
+    assert "producer_queue_lane_id" in _indexes(url, "producer_queue")
+    migrate.upgrade(url)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.producer_queue").fetchone() == (1,)
+
+
 @pytest.mark.parametrize("schema", ["outbox", "billing_outbox"])
 def test_fresh_upgrade_matches_the_declared_schema(
     outbox_empty_database_url: str, schema: str
