@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from benchmarks.plots import plot
 
-        for path in plot(results, args.out, smoke=args.smoke):
+        prefix = "" if complete else f"{json_path.stem}-"
+        for path in plot(results, args.out, smoke=args.smoke, prefix=prefix):
             print(f"plot: {path}", file=sys.stderr)
     except ImportError:
         print(

@@ -32,9 +32,7 @@ def record_effect(message: InboxMessage, conn: Any) -> None:
 def record_effects(messages: list[InboxMessage], conn: Any) -> None:
     """The same effect for a list of messages: one row each, in one executemany."""
     with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO effects (message_id) VALUES (%s)", [(m.id,) for m in messages]
-        )
+        cur.executemany("INSERT INTO effects (message_id) VALUES (%s)", [(m.id,) for m in messages])
 
 
 for _topic in os.environ.get(TOPICS_ENV, DEFAULT_TOPIC).split(","):

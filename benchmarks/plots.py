@@ -7,7 +7,9 @@ from pathlib import Path
 from benchmarks.harness import Result
 
 
-def plot(results: list[Result], out_dir: Path, *, smoke: bool) -> list[Path]:
+def plot(results: list[Result], out_dir: Path, *, smoke: bool, prefix: str = "") -> list[Path]:
+    """Draw the plots of `results`. The unprefixed names belong to the complete run in
+    latest.*; a partial run passes its stamp as `prefix` so it does not replace them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,7 +33,7 @@ def plot(results: list[Result], out_dir: Path, *, smoke: bool) -> list[Path]:
         ax.set_title("Business transaction throughput against concurrent writers")
         ax.legend()
         ax.grid(alpha=0.3)
-        path = out_dir / f"send-throughput{suffix}.png"
+        path = out_dir / f"{prefix}send-throughput{suffix}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)
@@ -50,7 +52,7 @@ def plot(results: list[Result], out_dir: Path, *, smoke: bool) -> list[Path]:
         ax.set_title("Latency distributions (send overhead at 16 writers; end to end)")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        path = out_dir / f"latency-cdf{suffix}.png"
+        path = out_dir / f"{prefix}latency-cdf{suffix}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         paths.append(path)

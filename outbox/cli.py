@@ -122,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="start local servers and show messages travelling end to end"
     )
-    demo.add_argument(
-        "--messages", type=int, default=10, help="orders to place, one message each"
-    )
+    demo.add_argument("--messages", type=int, default=10, help="orders to place, one message each")
     return parser
 
 

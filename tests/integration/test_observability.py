@@ -318,9 +318,7 @@ def test_json_logs_have_one_info_line_per_batch_and_sighup_reloads_nothing(
     batches = [e for e in entries if e.get("event") == "producer.batch"]
     assert sum(sum(e["relayed"].values()) for e in batches) == 200
     # --batch-size 50, doubled while batches come back full, at most BUSY_BATCH_FACTOR times.
-    assert all(
-        e["level"] == "INFO" and e["batch_size"] <= 50 * BUSY_BATCH_FACTOR for e in batches
-    )
+    assert all(e["level"] == "INFO" and e["batch_size"] <= 50 * BUSY_BATCH_FACTOR for e in batches)
     assert 2 <= len(batches) < 200
     info = [e for e in entries if e["level"] == "INFO"]
     assert len(info) <= len(batches) + 3  # start, stop and the signal; nothing per message
