@@ -96,26 +96,9 @@ class Handlers:
         With `ordered=False` a message waiting for a retry does not hold back the later
         messages of its key.
         """
-        validate_topic(topic)
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-
-        def decorate(func: Func) -> Func:
-            if not callable(func):
-                raise ConfigurationError(f"@handler({topic!r}) must decorate a function")
-            self._add(
-                HandlerSpec(
-                    topic=topic,
-                    func=func,
-                    max_attempts=max_attempts,
-                    backoff=backoff or DEFAULT_BACKOFF,
-                    is_async=inspect.iscoroutinefunction(func),
-                    ordered=ordered,
-                )
-            )
-            return func
-
-        return decorate
+        return self._register(
+            topic, max_attempts=max_attempts, backoff=backoff, ordered=ordered, batch=False
+        )
 
     def batch_handler(
         self,
@@ -139,16 +122,33 @@ class Handlers:
         Not in a batch: OpenTelemetry spans and `broker.send`'s causation id, both of which
         belong to one message.
         """
+        return self._register(
+            topic, max_attempts=max_attempts, backoff=backoff, ordered=ordered, batch=True
+        )
+
+    def _register(
+        self,
+        topic: str,
+        *,
+        max_attempts: int,
+        backoff: Backoff | None,
+        ordered: bool,
+        batch: bool,
+    ) -> Callable[[Func], Func]:
+        """What `handler` and `batch_handler` share: check the arguments now, register the
+        function when the decorator is applied."""
         validate_topic(topic)
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        decorator = "batch_handler" if batch else "handler"
 
         def decorate(func: Func) -> Func:
             if not callable(func):
-                raise ConfigurationError(f"@batch_handler({topic!r}) must decorate a function")
-            if inspect.iscoroutinefunction(func):
+                raise ConfigurationError(f"@{decorator}({topic!r}) must decorate a function")
+            is_async = inspect.iscoroutinefunction(func)
+            if batch and is_async:
                 raise ConfigurationError(
-                    f"@batch_handler({topic!r}): {func.__qualname__} is async; batch handlers "
+                    f"@{decorator}({topic!r}): {func.__qualname__} is async; batch handlers "
                     "must be sync functions (use @handler for an async callback)"
                 )
             self._add(
@@ -157,9 +157,9 @@ class Handlers:
                     func=func,
                     max_attempts=max_attempts,
                     backoff=backoff or DEFAULT_BACKOFF,
-                    is_async=False,
+                    is_async=is_async,
                     ordered=ordered,
-                    batch=True,
+                    batch=batch,
                 )
             )
             return func
