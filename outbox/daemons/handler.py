@@ -448,13 +448,13 @@ class _Worker:
                         end = index + 1
                         while end < len(rows) and rows[end].topic == row.topic:
                             end += 1
-                        failure = self._call_batch(rows, index, end, spec, claimed, handle, tx)
+                        positions = [i for i in range(index, end) if rows[i].id in claimed]
+                        failure = self._call_batch(rows, positions, spec, claimed, handle, tx)
                         if failure is not None:
                             raise _RollBack from failure[4]
-                        group = [r for r in rows[index:end] if r.id in claimed]
-                        seconds = (time.monotonic() - self.started) / len(group)
-                        done.extend(r.id for r in group)
-                        handled.extend((r.topic, seconds) for r in group)
+                        seconds = (time.monotonic() - self.started) / len(positions)
+                        done.extend(rows[i].id for i in positions)
+                        handled.extend((rows[i].topic, seconds) for i in positions)
                         index = end
                         continue
                     self.started = time.monotonic()
@@ -497,18 +497,17 @@ class _Worker:
     def _call_batch(
         self,
         rows: list[Pending],
-        start: int,
-        end: int,
+        positions: list[int],
         spec: HandlerSpec,
         claimed: dict[int, Any],
         handle: Any,
         tx: _PsycopgSync | _SqlAlchemySync,
     ) -> _Failure | None:
-        """Call a batch handler once with the claimed messages of rows[start:end]; on failure,
-        where and why. A message that cannot be decoded is named exactly; a callback that
-        raises for several messages names them all (size > 1), to be handled one by one."""
+        """Call a batch handler once with the claimed messages at `positions` of `rows`; on
+        failure, where and why. A message that cannot be decoded is named exactly; a callback
+        that raises for several messages names their whole span (size > 1), to be handled one
+        by one."""
         self.started = time.monotonic()
-        positions = [i for i in range(start, end) if rows[i].id in claimed]
         messages = []
         for i in positions:
             try:
@@ -522,10 +521,9 @@ class _Worker:
         except (psycopg.OperationalError, _sqlalchemy_disconnect()):
             raise
         except Exception as exc:
-            if len(positions) == 1:
-                first = positions[0]
-                return (first, rows[first], spec, claimed[rows[first].id], exc, 1)
-            return (start, rows[start], spec, claimed[rows[positions[0]].id], exc, end - start)
+            first, last = positions[0], positions[-1]
+            size = last - first + 1
+            return (first, rows[first], spec, claimed[rows[first].id], exc, size)
         finally:
             self.current = None
         return None
