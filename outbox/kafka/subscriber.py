@@ -85,22 +85,7 @@ class KafkaSubscriber:
         batch = KafkaBatch()
         add = batch.add
         for m in self._poll(max_records, timeout):
-            key = m.key()
-            value = m.value()
-            add(
-                m.topic() or "",
-                m.partition() or 0,
-                m.offset() or 0,
-                key.encode() if isinstance(key, str) else key,
-                value
-                if isinstance(value, bytes)
-                else value.encode()
-                if isinstance(value, str)
-                else b"",
-                m.headers() or (),  # type: ignore[arg-type]
-                m,
-                None,
-            )
+            add(*_fields(m), m, None)
         return batch
 
     def _poll(self, max_records: int, timeout: float) -> list[Message]:
@@ -206,28 +191,10 @@ class KafkaBatch:
         timestamp_ms: int | None,
     ) -> None:
         """Append a record (the arguments of `_decode`)."""
-        raw_id = raw_created = raw_type = None
-        user_headers: dict[str, str | bytes] | None = None
-        for name, header_value in headers:
-            if name == MESSAGE_ID:
-                raw_id = header_value
-            elif name == CREATED_AT:
-                raw_created = header_value
-            elif name == CONTENT_TYPE:
-                raw_type = header_value
-            else:
-                if user_headers is None:
-                    user_headers = {}
-                user_headers[name] = _text_or_bytes(header_value)
+        raw_id, raw_created, raw_type, user_headers = _split_headers(headers)
         message_id = _text(raw_id)
         if message_id is None or _CANONICAL_ID.fullmatch(message_id) is None:
-            parsed: uuid.UUID | None = None
-            if message_id is not None:
-                try:
-                    parsed = uuid.UUID(message_id)
-                except ValueError:
-                    parsed = None
-            message_id = str(parsed or foreign_id(topic, partition, offset))
+            message_id = str(_parse_id(message_id) or foreign_id(topic, partition, offset))
         created_at = _created_at(raw_created, message, timestamp_ms)
         content_type = _text(raw_type)
         self.message_ids.append(message_id)
@@ -266,12 +233,7 @@ class KafkaBatch:
 
     def next_offsets(self) -> list[TopicPartition]:
         """Offsets to commit after the batch is stored: last offset + 1 per partition."""
-        last: dict[tuple[str, int], int] = {}
-        for topic, partition, offset in zip(
-            self.topics, self.partitions, self.offsets, strict=True
-        ):
-            last[topic, partition] = max(last.get((topic, partition), -1), offset)
-        return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
+        return _next_offsets(zip(self.topics, self.partitions, self.offsets, strict=True))
 
 
 def foreign_id(topic: str, partition: int, offset: int) -> uuid.UUID:
@@ -290,20 +252,25 @@ def _text_or_bytes(value: bytes | str | None) -> str | bytes:
         return bytes(value)
 
 
-def to_inbox_row(message: Message) -> InboxRow:
-    """Convert a Kafka record; records from foreign producers get a deterministic id."""
+def _fields(
+    message: Message,
+) -> tuple[str, int, int, bytes | None, bytes, Iterable[tuple[str, bytes | str | None]]]:
+    """A confluent-kafka record as the first arguments of `_decode` and `KafkaBatch.add`."""
     key = message.key()
     value = message.value()
-    return _decode(
+    return (
         message.topic() or "",
         message.partition() or 0,
         message.offset() or 0,
         key.encode() if isinstance(key, str) else key,
         value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else b"",
-        message.headers() or (),  # type: ignore[arg-type]
-        message,
-        None,
+        message.headers() or (),  # type: ignore[return-value]
     )
+
+
+def to_inbox_row(message: Message) -> InboxRow:
+    """Convert a Kafka record; records from foreign producers get a deterministic id."""
+    return _decode(*_fields(message), message, None)
 
 
 def decode_record(
@@ -337,26 +304,8 @@ def _decode(
 ) -> InboxRow:
     """`decode_record`, positional (it runs once per record); the timestamp of `message`, when
     given, is read only if the creation time header is missing or unreadable."""
-    raw_id = raw_created = raw_type = None
-    user_headers: dict[str, str | bytes] = {}
-    for name, header_value in headers:
-        if name == MESSAGE_ID:
-            raw_id = header_value
-        elif name == CREATED_AT:
-            raw_created = header_value
-        elif name == CONTENT_TYPE:
-            raw_type = header_value
-        else:
-            user_headers[name] = _text_or_bytes(header_value)
-    message_id: uuid.UUID | None = None
-    text = _text(raw_id)
-    if text is not None:
-        try:
-            message_id = uuid.UUID(text)
-        except ValueError:
-            message_id = None
-    if message_id is None:
-        message_id = foreign_id(topic, partition, offset)
+    raw_id, raw_created, raw_type, user_headers = _split_headers(headers)
+    message_id = _parse_id(_text(raw_id)) or foreign_id(topic, partition, offset)
     created_at = _created_at(raw_created, message, timestamp_ms)
     content_type = _text(raw_type)
     # Positional, in field order: a quarter cheaper than keywords for this frozen dataclass.
@@ -365,13 +314,43 @@ def _decode(
         topic,
         key,
         value,
-        user_headers,
+        user_headers or {},
         BYTES if content_type is None else content_type,
         lane_for(key, message_id),
         created_at,
         partition,
         offset,
     )
+
+
+def _split_headers(
+    headers: Iterable[tuple[str, bytes | str | None]],
+) -> tuple[Any, Any, Any, dict[str, str | bytes] | None]:
+    """(message id, created time, content type, user headers or None) of a record's headers."""
+    raw_id = raw_created = raw_type = None
+    user_headers: dict[str, str | bytes] | None = None
+    for name, header_value in headers:
+        if name == MESSAGE_ID:
+            raw_id = header_value
+        elif name == CREATED_AT:
+            raw_created = header_value
+        elif name == CONTENT_TYPE:
+            raw_type = header_value
+        else:
+            if user_headers is None:
+                user_headers = {}
+            user_headers[name] = _text_or_bytes(header_value)
+    return raw_id, raw_created, raw_type, user_headers
+
+
+def _parse_id(text: str | None) -> uuid.UUID | None:
+    """The message id header as a UUID; None when absent or not a UUID."""
+    if text is None:
+        return None
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -397,10 +376,14 @@ def _parse_time(text: str | None) -> datetime | None:
 
 def next_offsets(rows: Iterable[InboxRow]) -> list[TopicPartition]:
     """Offsets to commit after `rows` are stored: last offset + 1 per partition."""
+    return _next_offsets((row.topic, row.partition, row.offset) for row in rows)
+
+
+def _next_offsets(records: Iterable[tuple[str, int, int]]) -> list[TopicPartition]:
+    """Last offset + 1 per partition of (topic, partition, offset) records."""
     last: dict[tuple[str, int], int] = {}
-    for row in rows:
-        tp = (row.topic, row.partition)
-        last[tp] = max(last.get(tp, -1), row.offset)
+    for topic, partition, offset in records:
+        last[topic, partition] = max(last.get((topic, partition), -1), offset)
     return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
 
 
