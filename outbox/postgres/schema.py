@@ -24,6 +24,7 @@ from outbox.postgres.queries import validate_schema
 PRODUCER_QUEUE = "producer_queue"
 CONSUMER_QUEUE = "consumer_queue"
 RELAY_STATE = "relay_state"
+PRODUCER_DEAD = "producer_dead"
 
 
 def _message_columns() -> list[Column[object]]:
@@ -59,6 +60,25 @@ def metadata(schema: str = "outbox") -> MetaData:
         producer.c.key,
         postgresql_where=text("attempts > 0 AND dead_at IS NULL"),
     )
+    # Rows of producer_queue that can never be delivered, moved out of the relay's way
+    # (migration 0004); requeue moves them back with their id.
+    Table(
+        PRODUCER_DEAD,
+        md,
+        Column("id", BigInteger, primary_key=True, autoincrement=False),
+        Column("message_id", Uuid, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", LargeBinary),
+        Column("payload", LargeBinary, nullable=False),
+        Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        Column("content_type", Text, nullable=False),
+        Column("lane", SmallInteger, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("attempts", Integer, nullable=False, server_default=text("0")),
+        Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+        Column("last_error", Text),
+        Column("dead_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    )
     consumer = Table(
         CONSUMER_QUEUE,
         md,
@@ -71,6 +91,8 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column("processed_at", DateTime(timezone=True)),
         #: Committed handlings of the message (the audit's "handled twice" is a value above 1).
         Column("handled_count", Integer, nullable=False, server_default=text("0")),
+        #: Every header of a quarantined record, base64: [[name, value or null], ...].
+        Column("raw_headers", JSONB),
     )
     Index(
         "consumer_queue_pending",
@@ -97,5 +119,7 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column("backend_pid", Integer, nullable=False),
         Column("sleeping", Boolean, nullable=False, server_default=text("false")),
         Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        #: With backend_pid, the relay's session exactly (a pid may be reused).
+        Column("backend_start", DateTime(timezone=True)),
     )
     return md

@@ -78,6 +78,7 @@ def test_fresh_upgrade_matches_the_declared_schema(
     assert _tables(outbox_empty_database_url, schema) == {
         "alembic_version",
         "producer_queue",
+        "producer_dead",
         "consumer_queue",
         "relay_state",
     }
@@ -156,3 +157,31 @@ def test_schema_check_tells_to_migrate_or_to_upgrade_outbox(
         conn.execute("UPDATE outbox.alembic_version SET version_num = '9999_from_the_future'")
         with pytest.raises(SchemaTooNew, match="newer outbox"):
             migrate.check_schema(conn, "outbox")
+
+
+def test_0004_moves_dead_producer_rows_out_and_its_downgrade_moves_them_back(
+    outbox_empty_database_url: str,
+) -> None:
+    url = outbox_empty_database_url
+    migrate.upgrade(url, revision="0003")
+    with psycopg.connect(url) as conn, conn.transaction():
+        Broker().send(conn, "before.0004", b"live")
+        Broker().send(conn, "before.0004", b"dead")
+        conn.execute(
+            "UPDATE outbox.producer_queue SET dead_at = now(), last_error = 'too large' "
+            "WHERE payload = 'dead'"
+        )
+    migrate.upgrade(url)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT payload FROM outbox.producer_queue").fetchall() == [(b"live",)]
+        assert conn.execute(
+            "SELECT payload, last_error FROM outbox.producer_dead"
+        ).fetchall() == [(b"dead", "too large")]
+    migrate.downgrade(url, revision="0003")
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT payload, dead_at IS NOT NULL FROM outbox.producer_queue ORDER BY id"
+        ).fetchall()
+        assert rows == [(b"live", False), (b"dead", True)]
+    migrate.upgrade(url)
+    assert _diff(url, "outbox") == []
