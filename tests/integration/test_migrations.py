@@ -174,9 +174,9 @@ def test_0004_moves_dead_producer_rows_out_and_its_downgrade_moves_them_back(
     migrate.upgrade(url)
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT payload FROM outbox.producer_queue").fetchall() == [(b"live",)]
-        assert conn.execute(
-            "SELECT payload, last_error FROM outbox.producer_dead"
-        ).fetchall() == [(b"dead", "too large")]
+        assert conn.execute("SELECT payload, last_error FROM outbox.producer_dead").fetchall() == [
+            (b"dead", "too large")
+        ]
     migrate.downgrade(url, revision="0003")
     with psycopg.connect(url) as conn:
         rows = conn.execute(
