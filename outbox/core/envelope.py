@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge
+from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge, SerializationError
 from outbox.core.headers import CAUSATION_ID, CORRELATION_ID, validate_headers
 from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
@@ -77,7 +77,13 @@ def compose(
     if key is None or isinstance(key, bytes):
         raw_key = key
     elif isinstance(key, str):
-        raw_key = key.encode()
+        try:
+            raw_key = key.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(
+                f"str key {key!r} is not valid Unicode (a lone surrogate at position "
+                f"{exc.start}) and cannot be encoded as UTF-8: use bytes for binary keys"
+            ) from None
     else:
         raise InvalidKey(f"key must be str, bytes or None, got {type(key).__name__}")
     valid_headers = validate_headers(headers)
@@ -92,7 +98,10 @@ def compose(
     causation = _uuid(causation_id, "causation_id")
     if causation is not None:
         valid_headers[CAUSATION_ID] = str(causation)
-    data, content_type = encode_payload(payload, serializer)
+    try:
+        data, content_type = encode_payload(payload, serializer)
+    except SerializationError as exc:
+        raise SerializationError(f"payload for topic {valid_topic!r}: {exc}") from exc
     if len(data) > max_payload_bytes:
         raise PayloadTooLarge(
             f"payload for topic {valid_topic!r} is {len(data)} bytes encoded; "

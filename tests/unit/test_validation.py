@@ -160,3 +160,52 @@ def test_message_ids_are_uuid7_and_ordered_by_time() -> None:
     assert len(set(ids)) == 1000
     assert all(first < i for i in ids)  # a later millisecond sorts later
     assert abs(int(ids[0].int >> 80) - time.time() * 1000) < 5000
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        ({"a\x00": "v"}, "header name"),
+        ({"\udcff": "v"}, "header name"),
+        ({"h": "\x00"}, "use bytes for binary values"),
+        ({"h": "x\ud83d"}, "use bytes for binary values"),
+    ],
+)
+def test_headers_postgresql_cannot_store_are_rejected(headers: object, fragment: str) -> None:
+    with pytest.raises(InvalidHeaders) as info:
+        validate_headers(headers)
+    assert fragment in str(info.value)
+
+
+def test_bytes_header_values_may_hold_anything() -> None:
+    assert validate_headers({"h": b"\x00\xed\xb0\x80"}) == {"h": b"\x00\xed\xb0\x80"}
+
+
+def test_unencodable_keys_and_payloads_name_the_problem() -> None:
+    with pytest.raises(InvalidKey, match="lone surrogate"):
+        _compose(key="k\udc80")
+    for payload in ["\udc80", {"a": ["\ud800"]}, float("inf")]:
+        with pytest.raises(SerializationError, match=r"'the\.topic'"):
+            _compose(topic="the.topic", payload=payload, limit=1000)
+
+
+def test_a_serializer_raising_its_own_error_type_becomes_serialization_error() -> None:
+    class Strict:
+        content_type = "application/x-strict"
+
+        def dumps(self, payload: object) -> bytes:
+            raise TypeError("no thanks")
+
+        def loads(self, data: bytes) -> object:
+            return data
+
+    with pytest.raises(SerializationError, match=r"Strict.*no thanks"):
+        compose(
+            "t",
+            {"a": 1},
+            key=None,
+            headers=None,
+            message_id=None,
+            serializer=Strict(),
+            max_payload_bytes=1000,
+        )
