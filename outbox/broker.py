@@ -9,7 +9,8 @@ from uuid import UUID
 
 from outbox import tracing
 from outbox.core.envelope import OutgoingMessage, compose
-from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.errors import OutboxError
+from outbox.core.numbers import check
 from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.postgres import writer
 from outbox.postgres.queries import channel, queries, validate_schema
@@ -45,10 +46,7 @@ class Broker:
     ) -> None:
         self.schema = validate_schema(schema)
         self.serializer: Serializer = serializer or JsonSerializer()
-        if not isinstance(max_payload_bytes, int) or max_payload_bytes <= 0:
-            raise ConfigurationError(
-                f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}"
-            )
+        check("max_payload_bytes", max_payload_bytes, "count")
         self.max_payload_bytes = max_payload_bytes
         self._sql = queries(self.schema)["send"]
         self._sql_one = queries(self.schema)["send_one"]
