@@ -23,6 +23,7 @@ from outbox import tracing
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import from_json
+from outbox.core.numbers import check_fields
 from outbox.core.retry import Backoff
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
@@ -59,10 +60,15 @@ class ProducerConfig:
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
         validate_schema(self.schema)
-        if self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.poll_interval <= 0:
-            raise ConfigurationError(f"poll_interval must be > 0, got {self.poll_interval}")
+        check_fields(
+            self,
+            {
+                "batch_size": "count",
+                "poll_interval": "seconds",
+                "rebalance_interval": "seconds",
+                "connect_timeout": "seconds",
+            },
+        )
 
 
 def _queued_rows(_cursor: Cursor[Any]) -> RowMaker[QueuedRow]:
