@@ -20,9 +20,10 @@ from psycopg.rows import RowMaker
 
 from outbox import tracing
 from outbox.core.envelope import StoredMessage
-from outbox.core.errors import ConfigurationError, InvalidHeaders
+from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
 from outbox.core.retry import Backoff
 from outbox.core.text import storable
+from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
 from outbox.kafka.publisher import (
@@ -89,6 +90,18 @@ def _stored(row: QueuedRow) -> StoredMessage:
         created_at=datetime.fromisoformat(row.created_at),
         attempts=row.attempts,
     )
+
+
+def _hopeless(row: QueuedRow, failure: DeliveryFailure) -> DeliveryFailure:
+    """`failure`, made permanent if the row's topic is a name Kafka never accepts (librdkafka
+    reports an unknown topic, which a retry could fix for a legal name: it may be created)."""
+    if failure.permanent:
+        return failure
+    try:
+        validate_topic(row.topic)
+    except InvalidTopic as exc:
+        return DeliveryFailure(error=storable(f"{failure.error}; {exc}"), permanent=True)
+    return failure
 
 
 def one_topic_per_key(rows: list[QueuedRow]) -> list[QueuedRow]:
@@ -267,7 +280,11 @@ class Producer(LaneRelay[QueuedRow]):
                 spans.outcomes([results[i] for i, _ in traced])
             failpoint("producer.after_produce")
             delivery_seconds = time.monotonic() - started
-            failed = [(row, r) for row, r in zip(rows, results, strict=True) if r is not None]
+            failed = [
+                (row, _hopeless(row, r))
+                for row, r in zip(rows, results, strict=True)
+                if r is not None
+            ]
             if not failed:
                 # One statement, atomic on its own (the connection is in autocommit).
                 conn.execute(self.sql["producer_delete"], {"ids": [row.id for row in rows]})
