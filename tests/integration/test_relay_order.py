@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from outbox.core.lanes import LANES, lane_for
-from outbox.daemons.producer import one_topic_per_key
+from outbox.daemons import producer
 from outbox.kafka.publisher import QueuedRow
 from outbox.postgres.queries import queries
 
@@ -104,9 +104,9 @@ def test_a_batch_sends_each_key_to_one_topic() -> None:
         _queued(8, b"j", "A"),
         _queued(9, b"m", "C"),
     ]
-    assert [r.id for r in one_topic_per_key(rows)] == [1, 2, 3, 5, 9]
+    assert [r.id for r in producer.one_topic_per_key(rows)] == [1, 2, 3, 5, 9]
     single = [_queued(i, b"k%d" % (i % 7), "A") for i in range(100)]
-    assert one_topic_per_key(single) is single  # the usual batch is not copied
+    assert producer.one_topic_per_key(single) is single  # the usual batch is not copied
 
 
 def test_a_keys_row_to_another_topic_never_overtakes_its_failed_row(
