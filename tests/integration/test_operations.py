@@ -549,3 +549,31 @@ def test_selection_and_error_summary() -> None:
     assert ops.parse_row_id(" 12 ") == 12
     mid = uuid.uuid4()
     assert ops.parse_row_id(str(mid)) == mid
+
+
+def test_requeue_of_a_dead_producer_row_whose_message_id_is_queued_again_is_refused(
+    outbox_database_url: str,
+) -> None:
+    """A requeued producer row goes back to producer_queue with its id; if its message id was
+    sent again meanwhile, the unique message_id would refuse it: a clear error, no change."""
+    url = outbox_database_url
+    dead, message_id = insert(url, "producer", "dead", topic="orders")
+    other, _ = insert(url, "producer", "dead", topic="orders")
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox.producer_queue (message_id, topic, payload, content_type, lane) "
+            "VALUES (%s, 'orders', 'x', 'text/plain', 0) RETURNING id",
+            (message_id,),
+        ).fetchone()
+    assert row is not None
+    result = _cli("dead-letters", "requeue", "--all", "--queue", "producer", "--database-url", url)
+    _one_line_error(result, 1, f"dead row {dead} (message {message_id}) clashes with queued row")
+    assert row_of(url, "producer", dead)["dead_at"] is not None
+    assert row_of(url, "producer", other)["dead_at"] is not None  # nothing was requeued
+    assert (
+        _ok(
+            "dead-letters", "requeue", str(other), "--queue", "producer", "--database-url", url
+        ).strip()
+        == "requeued 1 row of producer_queue"
+    )
+    assert row_of(url, "producer", other)["dead_at"] is None
