@@ -90,8 +90,11 @@ def test_unstorable_records_are_quarantined_and_the_rest_flows(
     )
     assert dead_at is not None
     assert "content-type" in error
-    assert raw == [[_b64(b"content-type"), _b64(b"text\x00plain")], [_b64(b"x"), None],
-                   [_b64(b"y"), _b64(b"\xff")]]  # fmt: skip
+    assert raw == [
+        [_b64(b"content-type"), _b64(b"text\x00plain")],
+        [_b64(b"x"), None],
+        [_b64(b"y"), _b64(b"\xff")],
+    ]
     assert rows[1][3] == {"v": {"b64": _b64(b"nul\x00inside")}}
     assert [r[6] is None for r in rows[1:]] == [True, True]
     warnings = [r for r in caplog.records if "quarantined" in r.getMessage()]
