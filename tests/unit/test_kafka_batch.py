@@ -90,3 +90,23 @@ def test_offsets_to_commit_are_the_last_of_each_partition_plus_one() -> None:
         ("t", 0, 7),
         ("t", 1, 8),
     ]
+
+
+def test_a_foreign_id_is_the_same_for_the_same_record_only() -> None:
+    from outbox.kafka.subscriber import foreign_id
+
+    record = ("t", 0, 5, 1_700_000_000_000, b"k", b"v", [("h", b"1"), ("n", None)])
+    same = foreign_id(*record)
+    assert same == foreign_id(*record) and same.version == 5
+    others = [
+        ("t", 0, 5, 1_700_000_000_001, b"k", b"v", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, None, b"v", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, b"", b"v", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, b"k", b"w", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, b"k", b"v", [("h", b"1"), ("n", b"")]),
+        ("t", 0, 5, 1_700_000_000_000, b"k", b"v", [("n", None), ("h", b"1")]),
+        ("t", 0, 5, None, b"k", b"v", [("h", b"1"), ("n", None)]),
+        ("t", 1, 5, 1_700_000_000_000, b"k", b"v", [("h", b"1"), ("n", None)]),
+    ]
+    ids = {foreign_id(*other) for other in others}  # type: ignore[arg-type]
+    assert len(ids) == len(others) and same not in ids
