@@ -248,9 +248,10 @@ def _dead_letters(args: argparse.Namespace) -> int:
         _print(_changed(action, count, ops.TABLES[queue], args.topic))
         for warning in warnings:
             messages = "message" if warning.later == 1 else "messages"
+            were = "was" if warning.later == 1 else "were"
             _print(
                 f"warning: row {warning.id} (key {_key_text(warning.key)}): {warning.later} "
-                f"later {messages} of the same key were already handled; it runs after them"
+                f"later {messages} of the same key {were} already handled; it runs after them"
             )
         return 0
     if action == "list":
