@@ -58,7 +58,8 @@ def to_json(headers: Mapping[str, str | bytes]) -> dict[str, Any]:
     """
     return {
         name: value
-        if isinstance(value, str) and is_storable(value)
+        if isinstance(value, str)
+        and ((value.isascii() and "\x00" not in value) or is_storable(value))
         else {"b64": base64.b64encode(_bytes(value)).decode()}
         for name, value in headers.items()
     }

@@ -233,9 +233,9 @@ class KafkaBatch:
         timestamp_ms: int | None,
     ) -> None:
         """Append a record (the arguments of `_decode`)."""
-        if not isinstance(headers, list | tuple):
+        if type(headers) is not list and type(headers) is not tuple:
             headers = list(headers)
-        raw_id, raw_created, raw_type, user_headers, problem = _split_headers(headers)
+        raw_id, raw_created, content_type, user_headers, problem = _split_headers(headers)
         message_id = _text(raw_id)
         if message_id is None or _CANONICAL_ID.fullmatch(message_id) is None:
             message_id = str(
@@ -262,7 +262,6 @@ class KafkaBatch:
                 )
             )
             return
-        content_type = _text(raw_type)
         self.message_ids.append(message_id)
         self.topics.append(topic)
         self.keys.append(key)
@@ -390,15 +389,13 @@ def foreign_id(
     (the topic re-created, offsets restarted) gets another. `outbox.spark.audit.foreign_id`
     computes the same.
     """
-    digest = hashlib.sha256(_framed(key))
-    digest.update(_framed(value))
+    parts = [_framed(key), _framed(value)]
     for name, header_value in headers:
-        digest.update(_framed(_raw_bytes(name)))
-        digest.update(_framed(None if header_value is None else _raw_bytes(header_value)))
+        parts.append(_framed(_raw_bytes(name)))
+        parts.append(_framed(None if header_value is None else _raw_bytes(header_value)))
+    digest = hashlib.sha256(b"".join(parts)).hexdigest()
     millis = -1 if timestamp_ms is None else timestamp_ms
-    return uuid.uuid5(
-        FOREIGN_NAMESPACE, f"{topic}/{partition}/{offset}/{millis}/{digest.hexdigest()}"
-    )
+    return uuid.uuid5(FOREIGN_NAMESPACE, f"{topic}/{partition}/{offset}/{millis}/{digest}")
 
 
 def _framed(data: bytes | None) -> bytes:
@@ -492,9 +489,9 @@ def _decode(
 ) -> InboxRow:
     """`decode_record`, positional (it runs once per record); the timestamp of `message`, when
     given, is read only if the creation time header or the outbox message id is missing."""
-    if not isinstance(headers, list | tuple):
+    if type(headers) is not list and type(headers) is not tuple:
         headers = list(headers)
-    raw_id, raw_created, raw_type, user_headers, problem = _split_headers(headers)
+    raw_id, raw_created, content_type, user_headers, problem = _split_headers(headers)
     message_id = _parse_id(_text(raw_id)) or foreign_id(
         topic, partition, offset, _millis(message, timestamp_ms), key, value, headers
     )
@@ -505,7 +502,6 @@ def _decode(
             message_id, topic, key, value, {}, BYTES, lane_for(key, message_id), created_at,
             partition, offset, problem, _raw_json(headers),
         )  # fmt: skip
-    content_type = _text(raw_type)
     return InboxRow(
         message_id,
         topic,
@@ -522,12 +518,12 @@ def _decode(
 
 def _split_headers(
     headers: RawHeaders,
-) -> tuple[Any, Any, Any, dict[str, str | bytes] | None, str | None]:
-    """(message id, created time, content type, user headers or None, why the record must be
-    quarantined or None) of a record's headers.
+) -> tuple[Any, Any, str | None, dict[str, str | bytes] | None, str | None]:
+    """(message id, created time, content type as text, user headers or None, why the record
+    must be quarantined or None) of a record's headers.
 
-    Only a name that is not ASCII or holds NUL, or a content type that is not clean UTF-8, is
-    looked at more closely: the usual record pays for two quick tests per header.
+    Only a name that is not ASCII or holds NUL is looked at more closely: the usual record pays
+    for two quick tests per header.
     """
     raw_id = raw_created = raw_type = None
     user_headers: dict[str, str | bytes] | None = None
@@ -540,23 +536,24 @@ def _split_headers(
         elif name == CONTENT_TYPE:
             raw_type = header_value
         else:
-            if (
-                (type(name) is not str or not name.isascii() or "\x00" in name)
-                and problem is None
-                and not (isinstance(name, str) and is_storable(name))
+            if (type(name) is not str or not name.isascii() or "\x00" in name) and not (
+                isinstance(name, str) and is_storable(name)
             ):
                 problem = f"header name {storable(repr(name))} cannot be stored (NUL or not UTF-8)"
             if user_headers is None:
                 user_headers = {}
             user_headers[name] = _text_or_bytes(header_value)
-    if raw_type is not None and problem is None:
-        text = _text(raw_type)
-        if text is None or not is_storable(text):
-            problem = (
-                f"content-type header {storable(repr(raw_type))} is not storable text "
-                f"(NUL or not UTF-8)"
-            )
-    return raw_id, raw_created, raw_type, user_headers, problem
+    content_type = _text(raw_type)
+    if raw_type is not None and (
+        content_type is None
+        or "\x00" in content_type
+        or (type(raw_type) is not bytes and not is_storable(content_type))
+    ):  # bytes decoded as UTF-8 need only the NUL test
+        problem = problem or (
+            f"content-type header {storable(repr(raw_type))} is not storable text "
+            f"(NUL or not UTF-8)"
+        )
+    return raw_id, raw_created, content_type, user_headers, problem
 
 
 def _parse_id(text: str | None) -> uuid.UUID | None:
