@@ -143,7 +143,14 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
             name,
             help=what,
             description=f"{what[0].upper()}{what[1:]}. Select them by ID (row ids or message "
-            "UUIDs; each must name a dead row, else nothing changes), by --topic, or --all.",
+            "UUIDs; each must name a dead row, else nothing changes), by --topic, or --all."
+            + (
+                " A requeued consumer row runs after the later messages of its key that were "
+                "handled while it was dead (requeue warns, with their count); a quarantined "
+                "row's handler gets its raw payload as bytes and no headers."
+                if name == "requeue"
+                else ""
+            ),
         )
         _add_database(change)
         _add_queue(change)
@@ -221,12 +228,22 @@ def _dead_letters(args: argparse.Namespace) -> int:
                 else "IDs, --topic and --all cannot be combined; give exactly one of them",
             )
         selection = ops.Selection(ids=tuple(args.ids), topic=args.topic, everything=args.all_rows)
+        warnings: tuple[ops.Overtaken, ...] = ()
         with _connection(args) as conn:
             if action == "requeue":
+                if queue == "consumer":
+                    warnings = ops.overtaken(conn, args.schema, selection)
                 count = ops.requeue(conn, args.schema, queue, selection)
             else:
                 count = ops.purge(conn, args.schema, queue, selection)
         _print(_changed(action, count, ops.TABLES[queue], args.topic))
+        for warning in warnings:
+            messages = "message" if warning.later == 1 else "messages"
+            were = "was" if warning.later == 1 else "were"
+            _print(
+                f"warning: row {warning.id} (key {_key_text(warning.key)}): {warning.later} "
+                f"later {messages} of the same key {were} already handled; it runs after them"
+            )
         return 0
     if action == "list":
         with _connection(args) as conn:
@@ -447,6 +464,7 @@ def _page_json(page: ops.DeadLetterPage) -> dict[str, Any]:
                 "attempts": r.attempts,
                 "dead_at": _timestamp(r.dead_at),
                 "error": r.error_summary,
+                "quarantined": r.quarantined,
             }
         )
     return {
@@ -472,7 +490,10 @@ def _page_text(page: ops.DeadLetterPage) -> list[str]:
             _key_cell(r.key),
             str(r.attempts),
             _when(r.dead_at),
-            _cut(_safe(r.error_summary), ERROR_COLUMN_CHARS),
+            _cut(
+                _safe(("(quarantined) " if r.quarantined else "") + r.error_summary),
+                ERROR_COLUMN_CHARS,
+            ),
         ]
         for r in page.rows
     ]
@@ -521,7 +542,25 @@ def _row_json(row: ops.QueueRow) -> dict[str, Any]:
         doc["source_offset"] = row.source_offset
         doc["received_at"] = _timestamp(row.received_at)
         doc["processed_at"] = _timestamp(row.processed_at)
+        doc["quarantined"] = row.quarantined
+        doc["raw_headers"] = (
+            None if row.raw_headers is None else [_raw_header_json(*h) for h in row.raw_headers]
+        )
     return doc
+
+
+def _raw_header_json(name: bytes, value: bytes | None) -> dict[str, Any]:
+    """A quarantined row's header: name and value as text or hex (as keys are shown)."""
+    name_text, name_encoding = _bytes_text(name, multiline=False)
+    value_text, value_encoding = (
+        (None, None) if value is None else _bytes_text(value, multiline=False)
+    )
+    return {
+        "name": name_text,
+        "name_encoding": name_encoding,
+        "value": value_text,
+        "value_encoding": value_encoding,
+    }
 
 
 def _indented(text: str) -> list[str]:
@@ -550,6 +589,16 @@ def _row_text(row: ops.QueueRow) -> list[str]:
     if row.queue == "consumer":
         fields.append(("processed_at", _when(row.processed_at)))
     lines = [f"{row.table} row {row.id}", *_table(["FIELD", "VALUE"], fields, indent="  ")[1:]]
+    if row.raw_headers is not None:
+        lines.append(
+            "quarantined: stored dead on arrival, it could not be an ordinary row (reason in "
+            "last_error); requeued, its handler gets the raw payload as bytes and no headers"
+        )
+        lines.append(f"raw headers ({len(row.raw_headers)}, as received):")
+        lines.extend(
+            f"  {name!r}: {'(no value)' if value is None else repr(value)}"
+            for name, value in row.raw_headers
+        )
     lines.append("last_error:" if row.last_error else "last_error: (none)")
     if row.last_error:
         lines.extend(_indented(_escape_lines(row.last_error)))

@@ -13,6 +13,7 @@ is never dead here, so requeue and purge cannot touch it.
 
 from __future__ import annotations
 
+import base64
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -220,6 +221,9 @@ class DeadLetter:
     attempts: int
     dead_at: datetime
     last_error: str | None
+    #: The record could not be stored as an ordinary row (consumer queue only): `last_error`
+    #: says why, and `dead-letters show` decodes its raw headers.
+    quarantined: bool = False
 
     @property
     def error_summary(self) -> str:
@@ -262,6 +266,15 @@ class QueueRow:
     source_offset: int | None = None
     received_at: datetime | None = None
     processed_at: datetime | None = None
+    #: A quarantined consumer row's headers as received, decoded from `raw_headers`:
+    #: (name, value or None) bytes; None for any other row.
+    raw_headers: tuple[tuple[bytes, bytes | None], ...] | None = None
+
+    @property
+    def quarantined(self) -> bool:
+        """Stored dead on arrival: it could not be an ordinary row (`last_error` says why).
+        Requeued, its handler gets the raw payload as bytes and no headers."""
+        return self.raw_headers is not None
 
 
 @dataclass(frozen=True)
@@ -313,8 +326,9 @@ def list_dead_letters(
             attempts=attempts,
             dead_at=dead_at,
             last_error=last_error,
+            quarantined=bool(rest[0]) if len(rest) > 1 else False,
         )
-        for id_, message_id, topic_, key, attempts, dead_at, last_error, _total in rows
+        for id_, message_id, topic_, key, attempts, dead_at, last_error, *rest in rows
     )
     total = int(rows[0][-1]) if rows else 0
     return DeadLetterPage(queue=queue, table=TABLES[queue], topic=topic, rows=letters, total=total)
@@ -332,13 +346,18 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
         row = cur.execute(queries(schema)[f"ops_{queue}_show"], params).fetchone()
     if row is None:
         raise NoSuchDeadLetter(f"{TABLES[queue]} has no row {row_id}")
-    consumer = dict(
+    consumer: dict[str, Any] = dict(
         zip(
             ("source_partition", "source_offset", "received_at", "processed_at"),
-            row[14:],
+            row[14:18],
             strict=False,
         )
     )
+    if len(row) > 18 and row[18] is not None:
+        consumer["raw_headers"] = tuple(
+            (base64.b64decode(name), None if value is None else base64.b64decode(value))
+            for name, value in row[18]
+        )
     return QueueRow(
         queue=queue,
         table=TABLES[queue],
@@ -443,6 +462,36 @@ def requeue(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection:
     # moved back from producer_dead with its id), then a NOTIFY on the queue's channel, which
     # PostgreSQL delivers at commit together with the change.
     return _change(conn, schema, queue, selection, "requeue")
+
+
+@dataclass(frozen=True, slots=True)
+class Overtaken:
+    """A dead consumer row whose key's later messages were already handled."""
+
+    id: int
+    key: bytes
+    #: Later rows of the same key already processed (a lower bound: processed rows older
+    #: than the dedup window are forgotten).
+    later: int
+
+
+def overtaken(
+    conn: psycopg.Connection[Any], schema: str, selection: Selection
+) -> tuple[Overtaken, ...]:
+    """The selected dead consumer rows that later messages of their key have overtaken.
+
+    The Handler holds a key back behind a message waiting for a retry, not behind a dead one:
+    once a message is dead its key's later messages run, and requeued it runs after them.
+    Call it before `requeue` (it reads dead rows).
+    """
+    ids: list[int] | None = None
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        if selection.ids:
+            ids = _dead_ids(cur, schema, "consumer", selection.ids, "requeue")
+        rows = cur.execute(
+            queries(schema)["ops_consumer_overtaken"], {"ids": ids, "topic": selection.topic}
+        ).fetchall()
+    return tuple(Overtaken(int(i), bytes(k), int(n)) for i, k, n in rows)
 
 
 def purge(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:

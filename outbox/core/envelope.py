@@ -222,3 +222,10 @@ class InboxRow:
     created_at: datetime
     partition: int
     offset: int
+    #: Why the record cannot be stored as an ordinary row (a header name PostgreSQL cannot
+    #: hold, say), or None. A quarantined row is stored dead, with its key and payload as
+    #: received, `raw_headers`, no user headers and the raw-bytes content type.
+    quarantine: str | None = None
+    #: Only with `quarantine`: every header as received, the JSON text of
+    #: `[[base64 name, base64 value or null], ...]`.
+    raw_headers: str | None = None

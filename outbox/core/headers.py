@@ -63,11 +63,24 @@ def validate_headers(headers: object) -> dict[str, str | bytes]:
 
 
 def to_json(headers: Mapping[str, str | bytes]) -> dict[str, Any]:
-    """The stored form: str values as they are, bytes values as {"b64": "..."}."""
+    """The stored form: str values as they are, bytes values as {"b64": "..."}.
+
+    Any value is storable this way: a str that PostgreSQL cannot hold as text (NUL, a lone
+    surrogate) is stored as the bytes of its UTF-8 (surrogatepass), so `from_json` gives it
+    back as bytes. Names are not checked here (the Consumer quarantines a record whose header
+    name is not storable).
+    """
     return {
-        name: value if isinstance(value, str) else {"b64": base64.b64encode(value).decode()}
+        name: value
+        if isinstance(value, str)
+        and ((value.isascii() and "\x00" not in value) or is_storable(value))
+        else {"b64": base64.b64encode(_bytes(value)).decode()}
         for name, value in headers.items()
     }
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
 
 
 def from_json(stored: Mapping[str, Any]) -> dict[str, str | bytes]:

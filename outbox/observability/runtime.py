@@ -289,22 +289,32 @@ class Observability:
             },
         )
 
-    def consumer_batch(self, rows: Sequence[Topical], stored: Mapping[str, int]) -> None:
-        """Report one Consumer batch (stored: new rows per topic): metrics, and its INFO line."""
+    def consumer_batch(
+        self,
+        rows: Sequence[Topical],
+        stored: Mapping[str, int],
+        quarantined: Mapping[str, int] | None = None,
+    ) -> None:
+        """Report one Consumer batch (stored: new rows per topic; quarantined: new rows stored
+        dead per topic): metrics, and its INFO line."""
         received = Counter(row.topic for row in rows)
-        self.metrics.consumer_batch(len(rows), received, stored)
+        quarantined = quarantined or {}
+        self.metrics.consumer_batch(len(rows), received, stored, quarantined)
         total = sum(stored.values())
+        dead = sum(quarantined.values())
         self._log.info(
-            "stored %d of %d records (%s)%s",
+            "stored %d of %d records (%s)%s%s",
             total,
             len(rows),
             topic_summary(dict(stored)) or "none",
-            f"; {len(rows) - total} already stored" if total < len(rows) else "",
+            f"; {dead} quarantined" if dead else "",
+            f"; {len(rows) - total - dead} already stored" if total + dead < len(rows) else "",
             extra={
                 "event": "consumer.batch",
                 "batch_size": len(rows),
                 "received": dict(received),
                 "stored": dict(stored),
+                "quarantined": dict(quarantined),
             },
         )
 

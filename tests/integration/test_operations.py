@@ -444,7 +444,8 @@ def test_an_unknown_or_live_id_changes_nothing(outbox_database_url: str, action:
     # The same dead row is fine by id and by uuid at once.
     dead_uuid = row_of(url, "consumer", dead)["message_id"]
     out = _ok("dead-letters", action, str(dead), str(dead_uuid), "--database-url", url)
-    assert out.strip() == f"{action}d 1 row of consumer_queue"
+    # (requeue may add a warning line: a later message of the key was handled meanwhile)
+    assert out.strip().splitlines()[0] == f"{action}d 1 row of consumer_queue"
 
 
 # -- purge ----------------------------------------------------------------------------------

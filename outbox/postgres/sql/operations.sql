@@ -77,7 +77,10 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: ops_consumer_dead_list
-SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
+-- As ops_producer_dead_list, with `quarantined`: the record could not be stored as an ordinary
+-- row (raw_headers holds its headers as received).
+SELECT id, message_id, topic, key, attempts, dead_at, last_error,
+       raw_headers IS NOT NULL AS quarantined, count(*) OVER () AS total
 FROM {schema}.consumer_queue
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
@@ -108,7 +111,7 @@ SELECT id, message_id, topic, key, payload, headers, content_type, lane, created
             WHEN dead_at IS NOT NULL THEN 'dead'
             WHEN attempts > 0 THEN 'retrying'
             ELSE 'pending' END AS state,
-       source_partition, source_offset, received_at, processed_at
+       source_partition, source_offset, received_at, processed_at, raw_headers
 FROM {schema}.consumer_queue
 WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid);
 
@@ -177,6 +180,22 @@ SET dead_at = NULL, attempts = 0, next_attempt_at = now(), last_error = NULL
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
+
+-- name: ops_consumer_overtaken
+-- For each of the dead rows %(ids)s (as requeue selects them, before it changes them): how
+-- many later rows of the same key (id greater, any topic) were already handled. The Handler
+-- holds a key back only behind a message that waits for a retry, never behind a dead one, so
+-- these ran before the requeued message will. Processed rows older than the dedup window are
+-- forgotten: the count is a lower bound then. Rows without a key have no order.
+SELECT d.id, d.key, count(*) AS later
+FROM {schema}.consumer_queue d
+JOIN {schema}.consumer_queue l
+  ON l.lane = d.lane AND l.key = d.key AND l.id > d.id AND l.processed_at IS NOT NULL
+WHERE d.dead_at IS NOT NULL AND d.processed_at IS NULL AND d.key IS NOT NULL
+  AND (CAST(%(ids)s AS bigint[]) IS NULL OR d.id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR d.topic = %(topic)s)
+GROUP BY d.id, d.key
+ORDER BY d.id;
 
 -- name: ops_producer_purge
 -- Delete dead rows, selected as for requeue. Only dead rows ever match.

@@ -227,6 +227,35 @@ SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken),
        (SELECT json_object_agg(topic, n)
         FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic);
 
+-- name: inbox_quarantine
+-- Store records that cannot be ordinary rows (outbox.kafka.subscriber.Quarantined) as dead
+-- rows, once per message id: key and payload as received, every header base64-encoded in
+-- raw_headers, no user headers, the raw-bytes content type, the reason in last_error and
+-- attempts 0. Only uuid, bytea, base64 and `storable` text are bound: PostgreSQL cannot refuse
+-- it for its data. Returns the rows stored per topic ({"topic": n}, NULL when none; metrics).
+WITH inserted AS (
+    INSERT INTO {schema}.consumer_queue
+        (message_id, topic, key, payload, headers, content_type, lane, created_at,
+         source_partition, source_offset, raw_headers, last_error, attempts, dead_at)
+    SELECT m, t, k, p, '{}'::jsonb, 'application/octet-stream', l, c, sp, so, r, e, 0, now()
+    FROM unnest(
+        CAST(%(message_ids)s AS uuid[]),
+        CAST(%(topics)s AS text[]),
+        CAST(%(keys)s AS bytea[]),
+        CAST(%(payloads)s AS bytea[]),
+        CAST(%(lanes)s AS smallint[]),
+        CAST(%(created_ats)s AS timestamptz[]),
+        CAST(%(partitions)s AS integer[]),
+        CAST(%(offsets)s AS bigint[]),
+        CAST(%(raw_headers)s AS jsonb[]),
+        CAST(%(errors)s AS text[])
+    ) AS q(m, t, k, p, l, c, sp, so, r, e)
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING topic
+)
+SELECT json_object_agg(topic, n)
+FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic;
+
 -- name: handler_fetch
 -- The next pending rows of the owned lanes, in id order; a key whose earlier row waits for a
 -- retry is held back, so a handler sees each key's messages in order (except on the topics
