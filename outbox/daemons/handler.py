@@ -83,7 +83,7 @@ class HandlerConfig:
                 "poll_interval": "seconds",
                 "rebalance_interval": "seconds",
                 "dedup_window": "seconds_or_zero",
-                "retention_interval": "seconds",
+                "retention_interval": "seconds_or_zero",
                 "retention_batch": "count",
                 "transaction_size": "count",
                 "lease": "seconds",
