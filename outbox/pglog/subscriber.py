@@ -100,7 +100,9 @@ class PgLogSubscriber:
     @property
     def partitions(self) -> list[tuple[str, int]]:
         """The (topic, partition) pairs this member reads now."""
-        return sorted(self._topics.names[p] for p in self._positions if p not in self._draining)
+        # Copies first: another thread (a test, a health check) may ask while poll() runs.
+        held, draining = list(self._positions), set(self._draining)
+        return sorted(self._topics.names[p] for p in held if p not in draining)
 
     def _connection(self) -> Connection | None:
         """The member's session (joining the group on a new one); None while unreachable."""
