@@ -103,9 +103,13 @@ def read_rate(url: str, topic: str, expected: int) -> float:
         subscriber.close()
 
 
-def latency(url: str, topic: str, rate: int, seconds: float) -> dict[str, float]:
-    """Latency percentiles (ms) of messages published at `rate`/s, ten batches a second per
-    hundred messages: a batch every 10 ms."""
+def latency(
+    url: str, topic: str, rate: int, seconds: float, *, notify: bool = True
+) -> dict[str, float]:
+    """Latency percentiles (ms) of messages published at `rate`/s in a batch every 10 ms.
+
+    `notify=False`: the subscriber never waits in poll (so never announces a nap, and no
+    publisher notifies); it polls every 50 ms, as the reference design's readers do."""
     subscriber = PgLogSubscriber(url, [topic], f"lat-{uuid.uuid4().hex[:6]}")
     # Join the group and wait until every partition is held before the clock starts.
     deadline = time.monotonic() + 10
@@ -136,7 +140,9 @@ def latency(url: str, topic: str, rate: int, seconds: float) -> dict[str, float]
     thread.start()
     try:
         while not (stop.is_set() and len(samples) >= sent):
-            rows = subscriber.poll(1000, 0.2)
+            rows = subscriber.poll(1000, 0.2 if notify else 0)
+            if not rows and not notify:
+                time.sleep(0.05)
             now = datetime.now(UTC)
             samples.extend((now - r.created_at).total_seconds() * 1000 for r in rows)
             if rows:
@@ -188,15 +194,17 @@ def main() -> None:
             print(f"| publish | {publishers} publisher(s), batches of 1,000 | {rate:,.0f} msg/s |")
             reads = read_rate(url, topic, log.count(topic))
             print(f"| read | 1 member, poll(1000) + commit | {reads:,.0f} msg/s |")
-        for rate in (100, 1000):
-            topic = f"bench.latency.{rate}"
-            log.create_topic(topic, 8)
-            result = latency(url, topic, rate, args.seconds)
-            print(
-                f"| latency | {rate}/s for {args.seconds:g} s ({result['achieved/s']:,.0f}/s "
-                f"achieved) | p50 {result['p50']:.1f} ms, p95 {result['p95']:.1f} ms, "
-                f"p99 {result['p99']:.1f} ms, max {result['max']:.1f} ms |"
-            )
+        for notify in (True, False):
+            for rate in (100, 1000):
+                topic = f"bench.latency.{rate}.{notify}"
+                log.create_topic(topic, 8)
+                result = latency(url, topic, rate, args.seconds, notify=notify)
+                how = "LISTEN/NOTIFY" if notify else "polling every 50 ms"
+                print(
+                    f"| latency, {how} | {rate}/s for {args.seconds:g} s "
+                    f"({result['achieved/s']:,.0f}/s achieved) | p50 {result['p50']:.1f} ms, p95 {result['p95']:.1f} ms, "
+                    f"p99 {result['p99']:.1f} ms, max {result['max']:.1f} ms |"
+                )
     finally:
         if server is not None:
             server.stop()
