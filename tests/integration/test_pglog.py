@@ -358,3 +358,25 @@ def test_the_transport_comes_from_the_environment(
     monkeypatch.setenv("OUTBOX_TRANSPORT", "rabbit")
     assert main(["producer", "--database-url", outbox_database_url]) == 1
     assert "--transport must be one of kafka, postgres" in capsys.readouterr().err
+
+
+def test_the_log_migration_goes_down_and_up_again(
+    outbox_database_factory: DatabaseFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from outbox.pglog.log import downgrade
+
+    url = outbox_database_factory(migrated=False)
+    upgrade_log(url, "a_log")
+    check_log(url, "a_log")
+    downgrade(url, "a_log")
+    with psycopg.connect(url) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'a_log' AND tablename <> "
+            "'log_alembic_version'"
+        ).fetchone()
+    assert tables == (0,)
+    upgrade_log(url, "a_log")
+    check_log(url, "a_log")
+    assert main(["migrate", "--sql", "--log-url", url, "--log-schema", "b_log"]) == 0
+    sql = capsys.readouterr().out
+    assert 'CREATE TABLE "b_log".log_records' in sql and "producer_queue" not in sql
