@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 ENV_DATABASE_URL = settings.DATABASE_URL
 ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
 ENV_SCHEMA = settings.SCHEMA
+ENV_LOG_URL = settings.LOG_URL
+TRANSPORTS = ("kafka", "postgres")
 
 
 def kafka_setting(text: str) -> tuple[str, str]:
@@ -55,6 +57,32 @@ def add_kafka(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="extra librdkafka setting; repeatable",
     )
+
+
+def add_log(parser: argparse.ArgumentParser) -> None:
+    """--log-url and --log-schema: where the PostgreSQL log is."""
+    parser.add_argument(
+        "--log-url",
+        default=os.environ.get(ENV_LOG_URL),
+        help=f"PostgreSQL URL of the log database, for --transport postgres (env {ENV_LOG_URL})",
+    )
+    parser.add_argument(
+        "--log-schema",
+        default=os.environ.get(settings.LOG_SCHEMA, "outbox_log"),
+        help=f"schema of the log tables (env {settings.LOG_SCHEMA}; default outbox_log)",
+    )
+
+
+def add_transport(parser: argparse.ArgumentParser) -> None:
+    """--transport, and where the PostgreSQL log is."""
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default=os.environ.get(settings.TRANSPORT, "kafka"),
+        help=f"kafka, or postgres for the log kept in PostgreSQL at --log-url "
+        f"(env {settings.TRANSPORT}; default kafka)",
+    )
+    add_log(parser)
 
 
 def require(value: str | None, flag: str, env: str) -> str:

@@ -24,6 +24,13 @@ DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
 
+# -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
+TRANSPORT = "OUTBOX_TRANSPORT"
+LOG_URL = "OUTBOX_LOG_URL"
+LOG_SCHEMA = "OUTBOX_LOG_SCHEMA"
+LOG_PARTITIONS = "OUTBOX_LOG_PARTITIONS"
+LOG_RETENTION = "OUTBOX_LOG_RETENTION"
+
 # -- logs, metrics and health of the commands and daemons (`outbox.observability`) ----------
 LOG_LEVEL = "OUTBOX_LOG_LEVEL"
 LOG_FORMAT = "OUTBOX_LOG_FORMAT"
@@ -64,6 +71,33 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
         "`outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        TRANSPORT,
+        "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
+        "`outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_URL,
+        "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_SCHEMA,
+        "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_PARTITIONS,
+        "partitions of a log topic created on first publish; the default of `--log-partitions` "
+        "(else 8)",
+        "`outbox producer`",
+    ),
+    EnvironmentVariable(
+        LOG_RETENTION,
+        "seconds the log keeps a record that every group has read (0: forever); the default of "
+        "`--log-retention` (else 604800, 7 days)",
+        "`outbox producer`",
     ),
     EnvironmentVariable(
         LOG_LEVEL, "DEBUG, INFO, WARNING or ERROR; the default of `--log-level`", "`outbox`"
