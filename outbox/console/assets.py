@@ -30,6 +30,8 @@ small { color: var(--muted); font-weight: normal; }
 table { border-collapse: collapse; width: 100%; font-size: 13px; }
 th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid var(--line);
          vertical-align: top; }
+td { overflow-wrap: anywhere; }
+th { white-space: nowrap; }
 thead th { background: #f1f3f5; }
 .zero, .none, .age { color: var(--muted); }
 .bad { color: var(--bad); font-weight: 600; }
