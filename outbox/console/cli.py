@@ -6,7 +6,7 @@ import argparse
 import os
 
 from outbox import settings
-from outbox.cli_arguments import ENV_DATABASE_URL, ENV_SCHEMA, add_kafka
+from outbox.cli_arguments import ENV_DATABASE_URL, ENV_SCHEMA, add_groups, add_kafka, env_groups
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
 
@@ -14,24 +14,6 @@ from outbox.core.numbers import flag_type
 def env_flag(name: str) -> bool:
     """True when the environment variable `name` is 1, true, yes or on."""
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def env_groups() -> list[str]:
-    """The consumer groups of OUTBOX_LAG_GROUPS (comma-separated)."""
-    return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]
-
-
-def add_groups(parser: argparse.ArgumentParser) -> None:
-    """The repeatable --group of the commands that show lag."""
-    parser.add_argument(
-        "--group",
-        dest="groups",
-        action="append",
-        default=None,
-        metavar="GROUP",
-        help=f"consumer group whose lag is shown; repeatable (env {settings.LAG_GROUPS}, "
-        "comma-separated; default every group of the cluster)",
-    )
 
 
 def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
