@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(commands)
 
+    from outbox.console.cli import add_console_command
+
+    add_console_command(commands)
+
     from outbox.spark.cli import add_spark_commands
 
     add_spark_commands(commands)
@@ -347,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
     }
     try:
+        if args.command == "console":
+            from outbox.console.cli import run_console
+
+            return run_console(args)
         if args.command == "spark":
             from outbox.spark.cli import run_spark_command
 

@@ -85,6 +85,24 @@ def add_transport(parser: argparse.ArgumentParser) -> None:
     add_log(parser)
 
 
+def env_groups() -> list[str]:
+    """The consumer groups of OUTBOX_LAG_GROUPS (comma-separated)."""
+    return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]
+
+
+def add_groups(parser: argparse.ArgumentParser) -> None:
+    """The repeatable --group of the commands that show lag."""
+    parser.add_argument(
+        "--group",
+        dest="groups",
+        action="append",
+        default=None,
+        metavar="GROUP",
+        help=f"consumer group whose lag is shown; repeatable (env {settings.LAG_GROUPS}, "
+        "comma-separated; default every group of the cluster)",
+    )
+
+
 def require(value: str | None, flag: str, env: str) -> str:
     """The value of a required setting, or a ConfigurationError naming its flag and variable."""
     if not value:

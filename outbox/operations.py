@@ -99,6 +99,24 @@ class Process:
     #: Lanes it owns right now (advisory locks held by its session).
     lanes: int = 0
 
+    @property
+    def host(self) -> str | None:
+        """The host the process runs on, from its relay_id (`host:pid:random`); else None."""
+        return _relay_id_parts(self.relay_id)[0]
+
+    @property
+    def pid(self) -> int | None:
+        """The daemon's own process id, from its relay_id; None when the id has no pid."""
+        return _relay_id_parts(self.relay_id)[1]
+
+
+def _relay_id_parts(relay_id: str) -> tuple[str | None, int | None]:
+    """(host, pid) of a relay_id `host:pid:random` (see outbox.daemons.lanes.new_relay_id)."""
+    parts = relay_id.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None, None
+    return parts[0] or None, int(parts[1])
+
 
 @dataclass(frozen=True, slots=True)
 class Claim:
@@ -308,14 +326,17 @@ def list_dead_letters(
     *,
     topic: str | None = None,
     limit: int = 100,
+    text: str | None = None,
 ) -> DeadLetterPage:
-    """The dead rows of a queue, oldest id first, optionally of one topic only."""
+    """The dead rows of a queue, oldest id first, optionally of one topic only, and with
+    `text` only those whose id, message id, key or error contains it (case-insensitive)."""
     _check_queue(queue)
     if limit < 1:
         raise ConfigurationError(f"limit must be >= 1, got {limit}")
     with conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(
-            queries(schema)[f"ops_{queue}_dead_list"], {"topic": topic, "limit": limit}
+            queries(schema)[f"ops_{queue}_dead_list"],
+            {"topic": topic, "limit": limit, "text": text or None},
         ).fetchall()
     letters = tuple(
         DeadLetter(
@@ -497,3 +518,34 @@ def overtaken(
 def purge(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
     """Delete the selected dead rows (never a live or processed row); return how many."""
     return _change(conn, schema, queue, selection, "purge")
+
+
+# -- throughput -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Cumulative row counters of a database at `taken_at`, sampled to chart throughput.
+
+    `written`, `relayed` (removed from producer_queue: sent, or moved to producer_dead) and
+    `received` are PostgreSQL's statistics counters (they only grow, unless the statistics are
+    reset); `handled` counts the rows handled after the `since` of the read.
+    """
+
+    taken_at: datetime
+    written: int
+    relayed: int
+    received: int
+    handled: int
+
+
+def counters(conn: psycopg.Connection[Any], schema: str, since: datetime | None = None) -> Counters:
+    """The throughput counters now; `handled` counts rows handled after `since` (0 if None)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
+            queries(schema)["ops_throughput"],
+            {"schema": schema, "since": since},
+        ).fetchone()
+    assert row is not None
+    taken_at, written, relayed, received, handled = row
+    return Counters(taken_at, int(written), int(relayed), int(received), int(handled))

@@ -69,10 +69,14 @@ ORDER BY r.queue, r.relay_id;
 SELECT now();
 
 -- name: ops_producer_dead_list
--- Dead rows, oldest id first; `total` counts every match before the LIMIT.
+-- Dead rows, oldest id first; `total` counts every match before the LIMIT. %(text)s, when not
+-- NULL, keeps the rows whose id, message id, key or error contains it (case-insensitive).
 SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
 FROM {schema}.producer_dead
 WHERE (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+  AND (CAST(%(text)s AS text) IS NULL
+       OR strpos(lower(concat_ws(' ', id::text, message_id::text, encode(key, 'escape'),
+                                 last_error)), lower(%(text)s)) > 0)
 ORDER BY id
 LIMIT %(limit)s;
 
@@ -84,6 +88,9 @@ SELECT id, message_id, topic, key, attempts, dead_at, last_error,
 FROM {schema}.consumer_queue
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+  AND (CAST(%(text)s AS text) IS NULL
+       OR strpos(lower(concat_ws(' ', id::text, message_id::text, encode(key, 'escape'),
+                                 last_error)), lower(%(text)s)) > 0)
 ORDER BY id
 LIMIT %(limit)s;
 
@@ -226,3 +233,17 @@ WHERE datname = current_database()
   AND xact_start IS NOT NULL
   AND pid <> pg_backend_pid()
 ORDER BY xact_start;
+
+-- name: ops_throughput
+-- Counters the console samples to chart throughput: rows written to and removed from
+-- producer_queue (a relayed row is deleted) and rows received into consumer_queue, as
+-- PostgreSQL's statistics count them (cumulative, flushed within about a second), and the rows
+-- handled since %(since)s (processed_at is set when a message is handled).
+SELECT now(),
+       COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'producer_queue'), 0)::bigint,
+       COALESCE(sum(s.n_tup_del) FILTER (WHERE s.relname = 'producer_queue'), 0)::bigint,
+       COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'consumer_queue'), 0)::bigint,
+       (SELECT count(*) FROM {schema}.consumer_queue
+        WHERE processed_at IS NOT NULL AND processed_at > COALESCE(CAST(%(since)s AS timestamptz), 'infinity'))
+FROM pg_stat_user_tables s
+WHERE s.schemaname = %(schema)s AND s.relname IN ('producer_queue', 'consumer_queue');
