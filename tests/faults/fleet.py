@@ -628,11 +628,13 @@ def drained(
 
 
 def exits_report(exits: list[Exit]) -> list[str]:
-    lines = []
+    """One line per daemon and distinct last line of output (the error), with a count."""
+    seen: Counter[tuple[str, int | None, str]] = Counter()
     for e in exits:
-        tail = "\n      ".join(e.output.strip().splitlines()[-12:])
-        lines.append(f"   {e.name} exited with {e.code}:\n      {tail}")
-    return lines
+        lines = [line for line in e.output.strip().splitlines() if line.strip()]
+        kind = e.name.split(".")[-1].rstrip("0123456789")
+        seen[kind, e.code, lines[-1].strip()[:300] if lines else "(no output)"] += 1
+    return [f"   {n} x {kind} exited {code}: {last}" for (kind, code, last), n in seen.items()]
 
 
 def payload_summary(body: dict[str, Any]) -> str:
