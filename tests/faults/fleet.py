@@ -140,6 +140,10 @@ class Fleet:
         self.stopped_until: dict[str, float] = {}
         self.unexpected: list[Exit] = []
         self.restarts: Counter[str] = Counter()
+        self.started_at: dict[str, float] = {}
+        self.outage_exits: list[Exit] = []
+        #: When the last PostgreSQL outage ended (time.monotonic()); set by the chaos loop.
+        self.last_outage: Callable[[], float] = lambda: -1e9
 
     def start(self) -> None:
         for service in self.services.values():
@@ -147,6 +151,7 @@ class Fleet:
                 name = f"{service.name}.{kind}{i}"
                 self.owner[name] = (service, kind)
                 self.daemons[name] = service.spawn(kind)
+                self.started_at[name] = time.monotonic()
 
     def names(self, kind: str | None = None, service: str | None = None) -> list[str]:
         return [
@@ -190,19 +195,26 @@ class Fleet:
             code = daemon.process.poll()
             if code is None:
                 continue
+            output = daemon.output()[-4000:]
             if daemon.process.pid in self.killed_by_us:
                 self.killed_by_us.discard(daemon.process.pid)
+            elif "cannot connect to PostgreSQL" in output and now - self.last_outage() < 20:
+                self.outage_exits.append(Exit(name, code, output))
             else:
-                self.unexpected.append(Exit(name, code, daemon.output()[-4000:]))
+                self.unexpected.append(Exit(name, code, output))
             daemon.close()
             service, kind = self.owner[name]
             self.daemons[name] = service.spawn(kind)
+            self.started_at[name] = time.monotonic()
             self.restarts[name] += 1
 
     def stop(self) -> list[Exit]:
         """SIGTERM everything; the daemons that did not exit 0 within 60 s."""
         self.thaw_all()
         self.supervise()
+        # A daemon gets SIGTERM only once it is up (Python exits -15 before the handlers are in).
+        youngest = max(self.started_at.values(), default=0.0)
+        time.sleep(max(0.0, min(5.0, youngest + 5.0 - time.monotonic())))
         bad = []
         for daemon in self.daemons.values():
             with contextlib.suppress(ProcessLookupError):
