@@ -156,6 +156,10 @@ class Chaos:
         while time.monotonic() < deadline:
             self.sleep(self.random.uniform(0.3, 2.0))
             action = self.random.choices(kinds, weights)[0]
+            # Past half time, every kind of action not done yet comes first.
+            missing = [k for k in kinds if k not in self.skip and not self.done[k]]
+            if missing and time.monotonic() > deadline - seconds / 2:
+                action = missing[0]
             if action in self.skip:
                 continue
             if action in ("restart postgres", "freeze broker"):
