@@ -66,6 +66,8 @@ pytestmark = pytest.mark.soak
 
 JSON = b"application/json"
 NOT_JSON = b'{"key": "poison", "seq": \xff\xfe not json'
+#: Replaced by a new message id for each record (one id twice is a redelivery, dropped).
+FRESH_ID = b"fresh-uuid"
 
 #: kind -> (headers, value, whether the record cannot be stored as an ordinary row). Header
 #: names must be str: confluent-kafka turns a bytes name into its repr and crashes (SIGSEGV)
@@ -77,7 +79,7 @@ POISONS: dict[str, tuple[list[tuple[str, Any]], bytes, bool]] = {
         False,  # a header value that is not storable text is stored as bytes
     ),
     "only NUL header value": (
-        [(MESSAGE_ID, str(uuid.uuid4()).encode()), ("x-nul", b"\x00"), (CONTENT_TYPE, JSON)],
+        [(MESSAGE_ID, FRESH_ID), ("x-nul", b"\x00"), (CONTENT_TYPE, JSON)],
         b"{}",
         False,
     ),
@@ -95,7 +97,7 @@ POISONS: dict[str, tuple[list[tuple[str, Any]], bytes, bool]] = {
     "NUL in content type": ([(CONTENT_TYPE, JSON + b"\x00")], b"{}", True),
     "unknown content type": ([(CONTENT_TYPE, b"application/x-nobody-knows")], b"{}", False),
     "invalid JSON": (
-        [(MESSAGE_ID, str(uuid.uuid4()).encode()), (CONTENT_TYPE, JSON)],
+        [(MESSAGE_ID, FRESH_ID), (CONTENT_TYPE, JSON)],
         NOT_JSON,
         False,
     ),
@@ -209,9 +211,8 @@ class Chaos:
                 if err is None:
                     delivered.append(Poison(kind, msg.topic(), msg.partition(), msg.offset(), raw))
 
-            self.kafka.produce(
-                topic, value=value, key=key, headers=headers, on_delivery=on_delivery
-            )
+            fresh = [(n, str(uuid.uuid4()).encode() if v is FRESH_ID else v) for n, v in headers]
+            self.kafka.produce(topic, value=value, key=key, headers=fresh, on_delivery=on_delivery)
         self.kafka.flush(25)
         self.poisons += delivered
         self.log(f"poison on {topic}: {[p.kind for p in delivered]} of {kinds}")
