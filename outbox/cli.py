@@ -25,6 +25,7 @@ from outbox.cli_arguments import (
     runtime_config,
 )
 from outbox.core.errors import OutboxError
+from outbox.core.numbers import flag_type
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,14 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_runtime(producer)
     producer.add_argument(
         "--batch-size",
-        type=int,
+        type=flag_type("count"),
         default=1000,
         help="rows fetched and produced per batch; doubled while a backlog keeps batches full, "
         "up to 8 times",
     )
     producer.add_argument(
         "--poll-interval",
-        type=float,
+        type=flag_type("seconds"),
         default=1.0,
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     consumer.add_argument("--group", required=True, help="Kafka consumer group id")
     consumer.add_argument(
         "--batch-size",
-        type=int,
+        type=flag_type("count"),
         default=1000,
         help="Kafka records stored per inbox transaction, at most",
     )
@@ -80,32 +81,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_database(handler)
     add_runtime(handler)
-    handler.add_argument("--concurrency", type=int, default=4, help="worker threads")
+    handler.add_argument("--concurrency", type=flag_type("count"), default=4, help="worker threads")
     handler.add_argument(
-        "--batch-size", type=int, default=200, help="rows fetched per look at the queue"
+        "--batch-size",
+        type=flag_type("count"),
+        default=200,
+        help="rows fetched per look at the queue",
     )
     handler.add_argument(
         "--poll-interval",
-        type=float,
+        type=flag_type("seconds"),
         default=1.0,
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
     handler.add_argument(
         "--dedup-window",
-        type=float,
+        type=flag_type("seconds_or_zero"),
         default=24 * 3600.0,
         help="seconds a processed message is remembered to drop redeliveries (default 1 day)",
     )
     handler.add_argument(
         "--transaction-size",
-        type=int,
+        type=flag_type("count"),
         default=100,
         help="messages handled in one database transaction (no savepoints: a failure rolls "
         "the transaction back and the messages before it run again)",
     )
     handler.add_argument(
         "--lease",
-        type=float,
+        type=flag_type("seconds"),
         default=300.0,
         help="seconds a callback may run before its transaction is terminated and the "
         "message retried (default 300)",
@@ -122,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="start local servers and show messages travelling end to end"
     )
-    demo.add_argument("--messages", type=int, default=10, help="orders to place, one message each")
+    demo.add_argument(
+        "--messages", type=flag_type("count"), default=10, help="orders to place, one message each"
+    )
     return parser
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from outbox import settings
 from outbox.core.errors import ConfigurationError
+from outbox.core.numbers import flag_type
 
 if TYPE_CHECKING:
     from outbox.observability.runtime import ObservabilityConfig
@@ -83,7 +84,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
     """Metrics and health servers of a daemon: --metrics-port/-host, --health-port/-host."""
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=flag_type("port", settings.METRICS_PORT),
         default=os.environ.get(settings.METRICS_PORT),
         help=f"serve Prometheus metrics on this port at /metrics (env {settings.METRICS_PORT}; "
         "default off; needs the `metrics` extra)",
@@ -96,7 +97,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--health-port",
-        type=int,
+        type=flag_type("port", settings.HEALTH_PORT),
         default=os.environ.get(settings.HEALTH_PORT),
         help=f"serve /livez and /readyz on this port (env {settings.HEALTH_PORT}; default off)",
     )
@@ -108,7 +109,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--liveness-timeout",
-        type=float,
+        type=flag_type("seconds", settings.LIVENESS_TIMEOUT),
         default=os.environ.get(settings.LIVENESS_TIMEOUT, "120"),
         help="seconds without progress of the main loop before /livez answers 503 "
         f"(env {settings.LIVENESS_TIMEOUT}; default 120)",

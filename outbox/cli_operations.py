@@ -42,6 +42,7 @@ from outbox import operations as ops
 from outbox.cli_arguments import ENV_DATABASE_URL
 from outbox.cli_arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, InvalidTopic, OutboxError
+from outbox.core.numbers import flag_type
 from outbox.core.topics import validate_topic
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
@@ -98,16 +99,6 @@ def _topic(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `status` and `dead-letters` commands to the `outbox` command's subparsers."""
     status = commands.add_parser(
@@ -134,7 +125,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     _add_queue(listing)
     listing.add_argument("--topic", type=_topic, help="only the rows of this topic")
     listing.add_argument(
-        "--limit", type=_limit, default=100, help="show at most N rows (default 100)"
+        "--limit", type=flag_type("count"), default=100, help="show at most N rows (default 100)"
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
 

@@ -70,8 +70,12 @@ PARAMETER_MEANINGS: dict[str, dict[str, str]] = {
     "Broker": {
         "schema": "schema of the outbox tables (`[a-z_][a-z0-9_]{0,62}`)",
         "serializer": "encodes payloads that are neither `bytes` nor `str`",
-        "max_payload_bytes": "largest encoded payload `send` accepts; larger raises "
-        "`PayloadTooLarge` before anything is written",
+        "max_message_bytes": "largest Kafka record `send` accepts: key, encoded payload and "
+        "every header name and value (outbox's own included) with 10 bytes each; larger raises "
+        "`PayloadTooLarge` before anything is written. The default (None) is 999872: "
+        "librdkafka's default `message.max.bytes` less a 128-byte margin for Kafka's framing",
+        "max_payload_bytes": "old name of `max_message_bytes` (it now bounds the whole record); "
+        "give one or the other",
     },
     "Handlers": {
         "transaction": 'what callbacks receive: `"psycopg"` (a `Connection`, `AsyncConnection` '

@@ -5,7 +5,8 @@ prints. Functions that change rows run in `conn.transaction()`: on an autocommit
 is their own transaction, inside a caller's transaction it is a savepoint and the change (and its
 wake-up NOTIFY) takes effect when the caller commits.
 
-Row states (see `sql/operations.sql`): a producer row is pending, retrying or dead; a consumer
+Row states (see `sql/operations.sql`): a producer row is pending, retrying or dead (dead rows
+are in `producer_dead`; requeue moves them back to `producer_queue` with their id); a consumer
 row is processed (kept for the dedup window) or else pending, retrying or dead. A processed row
 is never dead here, so requeue and purge cannot touch it.
 """
@@ -21,6 +22,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.text import first_line
 from outbox.postgres.queries import channel, queries
 
 Queue = Literal["producer", "consumer"]
@@ -44,6 +46,10 @@ _MAX_PROBLEMS = 5
 
 class NoSuchDeadLetter(OutboxError, LookupError):
     """A row named by id is not in the queue, or (for requeue and purge) is not dead."""
+
+
+class RequeueConflict(OutboxError):
+    """A dead producer row cannot go back: a queued row has its message id (or its id)."""
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -397,17 +403,45 @@ def _change(
     sql = queries(schema)
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         ids = _dead_ids(cur, schema, queue, selection.ids, action) if selection.ids else None
-        cur.execute(sql[f"ops_{queue}_{action}"], {"ids": ids, "topic": selection.topic})
+        params = {"ids": ids, "topic": selection.topic}
+        if queue == "producer" and action == "requeue":
+            _check_clashes(cur, schema, params)
+        try:
+            cur.execute(sql[f"ops_{queue}_{action}"], params)
+        except psycopg.errors.UniqueViolation as exc:  # a row sent since the check above
+            raise RequeueConflict(
+                f"cannot requeue in producer_queue: {first_line(exc)}; nothing was requeued"
+            ) from None
         changed = max(cur.rowcount, 0)
         if action == "requeue" and changed:
             cur.execute(sql["ops_notify"], {"channel": channel(schema, TABLES[queue])})
     return changed
 
 
+def _check_clashes(
+    cur: psycopg.Cursor[tuple[Any, ...]], schema: str, params: dict[str, Any]
+) -> None:
+    """Raise RequeueConflict if a selected dead producer row cannot go back to the queue."""
+    clashes = cur.execute(queries(schema)["ops_producer_requeue_clashes"], params).fetchall()
+    if not clashes:
+        return
+    problems = [
+        f"dead row {id_} (message {message_id}) clashes with queued row {queued}"
+        for id_, message_id, queued in clashes[:_MAX_PROBLEMS]
+    ]
+    more = len(clashes) - _MAX_PROBLEMS
+    listed = "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+    raise RequeueConflict(
+        f"cannot requeue in producer_queue: {listed} (the same message id is queued again: "
+        "purge the dead row, or wait until the queued one is sent); nothing was requeued"
+    )
+
+
 def requeue(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
     """Make the selected dead rows pending again and wake the daemon; return how many."""
-    # One transaction: dead_at and last_error cleared, attempts 0, due now, then a NOTIFY on
-    # the queue's channel, which PostgreSQL delivers at commit together with the change.
+    # One transaction: dead_at and last_error cleared, attempts 0, due now (a producer row
+    # moved back from producer_dead with its id), then a NOTIFY on the queue's channel, which
+    # PostgreSQL delivers at commit together with the change.
     return _change(conn, schema, queue, selection, "requeue")
 
 

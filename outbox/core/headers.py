@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from outbox.core.errors import InvalidHeaders
+from outbox.core.text import is_storable
 
 #: Header names starting with this prefix are set by outbox itself.
 RESERVED_PREFIX = "outbox-"
@@ -26,7 +27,11 @@ Headers = Mapping[str, str | bytes]
 
 
 def validate_headers(headers: object) -> dict[str, str | bytes]:
-    """Return headers as a dict, or raise `InvalidHeaders` naming the bad entry."""
+    """Return headers as a dict, or raise `InvalidHeaders` naming the bad entry.
+
+    Names are non-empty text PostgreSQL can store (no NUL, no lone surrogate); str values must
+    be storable text too, bytes values may hold anything.
+    """
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
@@ -37,11 +42,21 @@ def validate_headers(headers: object) -> dict[str, str | bytes]:
     for name, value in headers.items():
         if not isinstance(name, str) or not name:
             raise InvalidHeaders(f"header name must be a non-empty str, got {name!r}")
+        if not is_storable(name):
+            raise InvalidHeaders(
+                f"header name {name!r} contains a NUL or a lone surrogate, which cannot be "
+                "stored; header names must be text"
+            )
         if name.lower().startswith(RESERVED_PREFIX) or name.lower() == CONTENT_TYPE:
             raise InvalidHeaders(f"header name {name!r} is reserved by outbox")
         if not isinstance(value, str | bytes):
             raise InvalidHeaders(
                 f"header {name!r} must be str or bytes, got {type(value).__name__}"
+            )
+        if isinstance(value, str) and not is_storable(value):
+            raise InvalidHeaders(
+                f"header {name!r} has a str value with a NUL or a lone surrogate, which cannot "
+                "be stored as text: use bytes for binary values"
             )
         result[name] = value
     return result

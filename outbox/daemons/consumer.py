@@ -20,6 +20,7 @@ import psycopg
 from outbox.core.envelope import InboxRow
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import to_json
+from outbox.core.numbers import check_fields
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import (
@@ -65,8 +66,10 @@ class ConsumerConfig:
             raise ConfigurationError("at least one --topic is required")
         for topic in self.topics:
             validate_topic(topic)
-        if self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
+        check_fields(
+            self,
+            {"batch_size": "count", "poll_timeout": "seconds", "connect_timeout": "seconds"},
+        )
 
 
 def insert_params(rows: Sequence[InboxRow], wake_channel: str) -> dict[str, Any]:

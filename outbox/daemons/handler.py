@@ -33,6 +33,7 @@ from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.headers import from_json
+from outbox.core.numbers import check_fields
 from outbox.core.serializers import decode_payload
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
@@ -73,16 +74,21 @@ class HandlerConfig:
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
         validate_schema(self.schema)
-        if self.concurrency < 1:
-            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.dedup_window < 0:
-            raise ConfigurationError(f"dedup_window must be >= 0, got {self.dedup_window}")
-        if self.lease <= 0:
-            raise ConfigurationError(f"lease must be > 0, got {self.lease}")
-        if self.transaction_size < 1:
-            raise ConfigurationError(f"transaction_size must be >= 1, got {self.transaction_size}")
+        check_fields(
+            self,
+            {
+                "concurrency": "count",
+                "batch_size": "count",
+                "poll_interval": "seconds",
+                "rebalance_interval": "seconds",
+                "dedup_window": "seconds_or_zero",
+                "retention_interval": "seconds",
+                "retention_batch": "count",
+                "transaction_size": "count",
+                "lease": "seconds",
+                "connect_timeout": "seconds",
+            },
+        )
 
 
 def load_handlers(path: str) -> Handlers:

@@ -370,7 +370,7 @@ def test_the_default_window_stays_inside_the_dedup_window() -> None:
             ["--topic", "t", "--service", "s=h", "--service", "s=h2"],
             "a --service name is given twice",
         ),
-        (["--topic", "t", "--service", "s=h", "--settle", "-1"], "--settle must be >= 0"),
+        # A bad --settle is a usage error (exit 2): tests/unit/test_numeric_settings.py.
         (["--topic", "t", "--service", "s=h", "--chart", "out.svg"], "name it *.png"),
         (["--topic", "t", "--service", "s=h", "--json", "/no/such/dir/a.json"], "does not exist"),
         (
