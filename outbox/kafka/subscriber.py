@@ -577,14 +577,16 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 def _parse_time(text: str | None) -> datetime | None:
-    """An ISO 8601 time (UTC when it has no offset); None when absent or unreadable."""
+    """An ISO 8601 time (UTC when it has no offset), in UTC; None when absent, unreadable, or
+    outside years 1-9999 in UTC (PostgreSQL would store such a time, but psycopg could not
+    read it back: the Handler would stop on the row)."""
     if text is None:
         return None
     try:
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+        return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def next_offsets(rows: Iterable[InboxRow]) -> list[TopicPartition]:
@@ -615,5 +617,8 @@ def _created_at(raw: Any, message: Message | None, timestamp_ms: int | None) -> 
         return created_at
     timestamp_ms = _millis(message, timestamp_ms)
     if timestamp_ms is not None:
-        return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+        try:
+            return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+        except (ValueError, OverflowError, OSError):
+            pass  # a timestamp no datetime can hold: a foreign producer's garbage
     return datetime.now(UTC)

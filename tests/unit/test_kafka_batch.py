@@ -25,6 +25,8 @@ VALUES: list[bytes | str | None] = [
     "not-a-uuid",
     b"2026-11-26T01:15:18.100213+00:00",
     "2026-11-26 01:15:18",
+    b"9999-12-31T23:59:59-14:00",
+    b"0001-01-01T00:00:00+14:00",
     b"application/json",
 ]
 EXTRA: list[list[tuple[str, bytes | str | None]]] = [
@@ -110,3 +112,30 @@ def test_a_foreign_id_is_the_same_for_the_same_record_only() -> None:
     ]
     ids = {foreign_id(*other) for other in others}  # type: ignore[arg-type]
     assert len(ids) == len(others) and same not in ids
+
+
+def _record(created: bytes, timestamp_ms: int | None) -> datetime:
+    return decode_record(
+        topic="t",
+        partition=0,
+        offset=0,
+        key=None,
+        value=b"",
+        headers=[("outbox-created-at", created)],
+        timestamp_ms=timestamp_ms,
+    ).created_at
+
+
+def test_a_creation_time_psycopg_could_not_read_back_is_replaced_by_the_record_timestamp() -> None:
+    # Stored as they are, these would be years 10000 and 0 in UTC: PostgreSQL keeps them, but
+    # psycopg cannot load them, and the Handler stopped on the row (found by Hypothesis).
+    for created in (b"9999-12-31T23:59:59-14:00", b"0001-01-01T00:00:00+14:00"):
+        assert _record(created, 1_700_000_000_000) == datetime.fromtimestamp(1_700_000_000, UTC)
+    assert _record(b"2026-11-26T02:00:00+01:00", None) == datetime(2026, 11, 26, 1, tzinfo=UTC)
+
+
+def test_a_record_timestamp_no_datetime_can_hold_falls_back_to_now() -> None:
+    before = datetime.now(UTC)
+    for millis in (10**18, -(10**18)):
+        created = _record(b"garbage", millis)
+        assert before <= created <= datetime.now(UTC)
