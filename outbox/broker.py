@@ -8,13 +8,15 @@ from typing import Any
 from uuid import UUID
 
 from outbox import tracing
-from outbox.core.envelope import OutgoingMessage, compose
+from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, OutgoingMessage, compose
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.numbers import check
 from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.postgres import writer
 from outbox.postgres.queries import channel, queries, validate_schema
 
-DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: The old name of `DEFAULT_MAX_MESSAGE_BYTES` (the limit now bounds the whole Kafka record).
+DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,17 @@ class Broker:
 
     `send` never commits and never opens a connection: the message exists if and only if the
     caller's transaction commits. A Producer relay (`outbox producer`) then sends it to Kafka.
+
+    `max_message_bytes` bounds the Kafka record the relay will produce for a message: key,
+    encoded payload, and every header name and value (outbox's own too: message id, created-at,
+    content-type, correlation and causation ids, trace context) with 10 bytes of framing each
+    (`outbox.core.envelope.record_size`). A larger message raises `PayloadTooLarge` before
+    anything is written. The default, 999,872 bytes, is librdkafka's default
+    `message.max.bytes` (1,000,000) less a 128-byte margin for Kafka's record and batch
+    framing, so that every message `send` accepts can be delivered with default settings;
+    raise it only together with `message.max.bytes` (`--kafka-config`) and the topic's
+    `max.message.bytes`. `max_payload_bytes` is the old name of the same limit, kept as an
+    alias: it now bounds the whole record, not only the payload.
     """
 
     def __init__(
@@ -41,18 +54,30 @@ class Broker:
         *,
         schema: str = "outbox",
         serializer: Serializer | None = None,
-        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_message_bytes: int | None = None,
+        max_payload_bytes: int | None = None,
     ) -> None:
         self.schema = validate_schema(schema)
         self.serializer: Serializer = serializer or JsonSerializer()
-        if not isinstance(max_payload_bytes, int) or max_payload_bytes <= 0:
+        if max_message_bytes is not None and max_payload_bytes is not None:
             raise ConfigurationError(
-                f"max_payload_bytes must be a positive int, got {max_payload_bytes!r}"
+                "give max_message_bytes or its old name max_payload_bytes, not both"
             )
-        self.max_payload_bytes = max_payload_bytes
+        if max_payload_bytes is not None:
+            check("max_payload_bytes", max_payload_bytes, "count")
+            limit = max_payload_bytes
+        else:
+            limit = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else max_message_bytes
+            check("max_message_bytes", limit, "count")
+        self.max_message_bytes: int = limit
         self._sql = queries(self.schema)["send"]
         self._sql_one = queries(self.schema)["send_one"]
         self._channel = channel(self.schema, "producer_queue")
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The old name of `max_message_bytes`."""
+        return self.max_message_bytes
 
     def _compose(
         self,
@@ -72,7 +97,7 @@ class Broker:
             headers=headers,
             message_id=message_id,
             serializer=self.serializer,
-            max_payload_bytes=self.max_payload_bytes,
+            max_message_bytes=self.max_message_bytes,
             correlation_id=correlation,
             causation_id=causation,
             context_headers=tracing.context_headers(headers),

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
+from outbox import settings
 from outbox.cli_arguments import (
     ENV_DATABASE_URL,
     ENV_KAFKA_BOOTSTRAP,
+    ENV_LOG_URL,
+    TRANSPORTS,
     add_database,
     add_kafka,
+    add_log,
     add_logging,
     add_runtime,
+    add_transport,
     require,
     runtime_config,
 )
-from outbox.core.errors import OutboxError
+from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.numbers import flag_type
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,41 +42,65 @@ def build_parser() -> argparse.ArgumentParser:
     add_logging(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    migrate = commands.add_parser("migrate", help="create or upgrade the outbox tables")
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade the outbox tables (and, with --log-url, the PostgreSQL log's)",
+    )
     add_database(migrate)
+    add_log(migrate)
     migrate.add_argument(
         "--sql", action="store_true", help="print the SQL instead of running it (for a DBA)"
     )
 
-    producer = commands.add_parser("producer", help="relay producer_queue to Kafka")
+    producer = commands.add_parser(
+        "producer", help="relay producer_queue to Kafka (or to the PostgreSQL log)"
+    )
     add_database(producer)
     add_kafka(producer)
+    add_transport(producer)
+    producer.add_argument(
+        "--log-partitions",
+        type=flag_type("count", settings.LOG_PARTITIONS),
+        default=os.environ.get(settings.LOG_PARTITIONS, "8"),
+        help="partitions of a log topic created on first publish "
+        f"(env {settings.LOG_PARTITIONS}; default 8)",
+    )
+    producer.add_argument(
+        "--log-retention",
+        type=flag_type("seconds_or_zero", settings.LOG_RETENTION),
+        default=os.environ.get(settings.LOG_RETENTION, "604800"),
+        help="seconds the log keeps a record that every consumer group has read; 0 keeps "
+        f"everything (env {settings.LOG_RETENTION}; default 604800, 7 days)",
+    )
     add_runtime(producer)
     producer.add_argument(
         "--batch-size",
-        type=int,
+        type=flag_type("count"),
         default=1000,
         help="rows fetched and produced per batch; doubled while a backlog keeps batches full, "
         "up to 8 times",
     )
     producer.add_argument(
         "--poll-interval",
-        type=float,
+        type=flag_type("seconds"),
         default=1.0,
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
 
-    consumer = commands.add_parser("consumer", help="store Kafka records in consumer_queue")
+    consumer = commands.add_parser(
+        "consumer", help="store Kafka (or PostgreSQL log) records in consumer_queue"
+    )
     add_database(consumer)
     add_kafka(consumer)
+    add_transport(consumer)
     add_runtime(consumer)
     consumer.add_argument(
         "--topic", action="append", default=[], required=True, help="topic to consume; repeatable"
     )
-    consumer.add_argument("--group", required=True, help="Kafka consumer group id")
+    consumer.add_argument("--group", required=True, help="consumer group id")
     consumer.add_argument(
         "--batch-size",
-        type=int,
+        type=flag_type("count"),
         default=1000,
         help="Kafka records stored per inbox transaction, at most",
     )
@@ -80,32 +111,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_database(handler)
     add_runtime(handler)
-    handler.add_argument("--concurrency", type=int, default=4, help="worker threads")
+    handler.add_argument("--concurrency", type=flag_type("count"), default=4, help="worker threads")
     handler.add_argument(
-        "--batch-size", type=int, default=200, help="rows fetched per look at the queue"
+        "--batch-size",
+        type=flag_type("count"),
+        default=200,
+        help="rows fetched per look at the queue",
     )
     handler.add_argument(
         "--poll-interval",
-        type=float,
+        type=flag_type("seconds"),
         default=1.0,
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
     handler.add_argument(
         "--dedup-window",
-        type=float,
+        type=flag_type("seconds_or_zero"),
         default=24 * 3600.0,
         help="seconds a processed message is remembered to drop redeliveries (default 1 day)",
     )
     handler.add_argument(
         "--transaction-size",
-        type=int,
+        type=flag_type("count"),
         default=100,
         help="messages handled in one database transaction (no savepoints: a failure rolls "
         "the transaction back and the messages before it run again)",
     )
     handler.add_argument(
         "--lease",
-        type=float,
+        type=flag_type("seconds"),
         default=300.0,
         help="seconds a callback may run before its transaction is terminated and the "
         "message retried (default 300)",
@@ -115,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(commands)
 
+    from outbox.console.cli import add_console_command
+
+    add_console_command(commands)
+
     from outbox.spark.cli import add_spark_commands
 
     add_spark_commands(commands)
@@ -122,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="start local servers and show messages travelling end to end"
     )
-    demo.add_argument("--messages", type=int, default=10, help="orders to place, one message each")
+    demo.add_argument(
+        "--messages", type=flag_type("count"), default=10, help="orders to place, one message each"
+    )
     return parser
 
 
@@ -143,19 +183,33 @@ def _install_stop_handlers(stop: object) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    """The outbox schema at --database-url, and the log schema at --log-url when given; with
+    only --log-url, the log alone."""
+    from outbox.pglog import log as pglog
     from outbox.postgres import migrate
 
     if args.sql:
-        sys.stdout.write(migrate.upgrade_sql(args.schema))
+        if args.database_url or not args.log_url:
+            sys.stdout.write(migrate.upgrade_sql(args.schema))
+        if args.log_url:
+            sys.stdout.write(pglog.upgrade_sql(args.log_schema))
         return 0
-    url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
-    _check_database(url)
-    migrate.upgrade(url, args.schema)
-    print(f"outbox schema {args.schema!r} is at revision {migrate.head_revision()}")
+    if args.log_url and not args.database_url:
+        url = None
+    else:
+        url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    if url is not None:
+        _check_database(url)
+        migrate.upgrade(url, args.schema)
+        print(f"outbox schema {args.schema!r} is at revision {migrate.head_revision()}")
+    if args.log_url:
+        _check_database(args.log_url, "the log database")
+        pglog.upgrade(args.log_url, args.log_schema)
+        print(f"log schema {args.log_schema!r} is at revision {pglog.HEAD_REVISION}")
     return 0
 
 
-def _check_database(url: str) -> None:
+def _check_database(url: str, what: str = "PostgreSQL") -> None:
     import psycopg
 
     from outbox.core.errors import DatabaseUnavailable
@@ -165,22 +219,55 @@ def _check_database(url: str) -> None:
         psycopg.connect(url, connect_timeout=10).close()
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(redact_text(f"cannot connect to PostgreSQL: {first}")) from None
+        raise DatabaseUnavailable(redact_text(f"cannot connect to {what}: {first}")) from None
+
+
+def _log_url(args: argparse.Namespace) -> str | None:
+    """The log database URL when --transport is postgres (checked: reachable, migrated), else
+    None; one clear error for a bad transport, a missing URL, or a log not ready."""
+    if args.transport not in TRANSPORTS:
+        raise ConfigurationError(
+            f"--transport must be one of {', '.join(TRANSPORTS)}, got {args.transport!r} "
+            f"(from {settings.TRANSPORT}?)"
+        )
+    if args.transport != "postgres":
+        return None
+    from outbox.pglog import check_log
+
+    url = require(args.log_url, "--log-url", ENV_LOG_URL)
+    check_log(url, args.log_schema)
+    return url
 
 
 def _producer(args: argparse.Namespace) -> int:
     from outbox.daemons.producer import Producer, ProducerConfig
+    from outbox.ports import Publisher
 
+    database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    log_url = _log_url(args)
+    factory: Callable[[], Publisher] | None = None
+    if log_url is not None:
+        from outbox.pglog import PgLogPublisher
+
+        url, schema, partitions = log_url, args.log_schema, args.log_partitions
+        retention = args.log_retention or None
+
+        def factory() -> Publisher:
+            return PgLogPublisher(url, schema, partitions=partitions, retention=retention)
+
+        bootstrap = ""
+    else:
+        bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
     config = ProducerConfig(
-        database_url=require(args.database_url, "--database-url", ENV_DATABASE_URL),
-        kafka_bootstrap=require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
+        database_url=database_url,
+        kafka_bootstrap=bootstrap,
         schema=args.schema,
         kafka_config=dict(args.kafka_config),
         batch_size=args.batch_size,
         poll_interval=args.poll_interval,
         observability=runtime_config(args),
     )
-    relay = Producer(config)
+    relay = Producer(config, publisher_factory=factory)
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
@@ -188,10 +275,25 @@ def _producer(args: argparse.Namespace) -> int:
 
 def _consumer(args: argparse.Namespace) -> int:
     from outbox.daemons.consumer import Consumer, ConsumerConfig
+    from outbox.ports import Subscriber
 
+    database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    log_url = _log_url(args)
+    factory: Callable[[], Subscriber] | None = None
+    if log_url is not None:
+        from outbox.pglog import PgLogSubscriber
+
+        url, schema, topics, group = log_url, args.log_schema, list(args.topic), args.group
+
+        def factory() -> Subscriber:
+            return PgLogSubscriber(url, topics, group, schema)
+
+        bootstrap = ""
+    else:
+        bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
     config = ConsumerConfig(
-        database_url=require(args.database_url, "--database-url", ENV_DATABASE_URL),
-        kafka_bootstrap=require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP),
+        database_url=database_url,
+        kafka_bootstrap=bootstrap,
         topics=args.topic,
         group=args.group,
         schema=args.schema,
@@ -199,7 +301,7 @@ def _consumer(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         observability=runtime_config(args),
     )
-    relay = Consumer(config)
+    relay = Consumer(config, subscriber_factory=factory)
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
@@ -249,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
     }
     try:
+        if args.command == "console":
+            from outbox.console.cli import run_console
+
+            return run_console(args)
         if args.command == "spark":
             from outbox.spark.cli import run_spark_command
 
@@ -285,9 +391,10 @@ def _remember_secrets(args: argparse.Namespace) -> None:
         secrets_of_url,
     )
 
-    url = getattr(args, "database_url", None)
-    if isinstance(url, str):
-        remember_secrets(secrets_of_url(url))
+    for name in ("database_url", "log_url"):
+        url = getattr(args, name, None)
+        if isinstance(url, str):
+            remember_secrets(secrets_of_url(url))
     remember_secrets(secrets_of_settings(dict(getattr(args, "kafka_config", None) or [])))
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from outbox import settings
 from outbox.core.errors import ConfigurationError
+from outbox.core.numbers import flag_type
 
 if TYPE_CHECKING:
     from outbox.observability.runtime import ObservabilityConfig
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 ENV_DATABASE_URL = settings.DATABASE_URL
 ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
 ENV_SCHEMA = settings.SCHEMA
+ENV_LOG_URL = settings.LOG_URL
+TRANSPORTS = ("kafka", "postgres")
 
 
 def kafka_setting(text: str) -> tuple[str, str]:
@@ -56,6 +59,50 @@ def add_kafka(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_log(parser: argparse.ArgumentParser) -> None:
+    """--log-url and --log-schema: where the PostgreSQL log is."""
+    parser.add_argument(
+        "--log-url",
+        default=os.environ.get(ENV_LOG_URL),
+        help=f"PostgreSQL URL of the log database, for --transport postgres (env {ENV_LOG_URL})",
+    )
+    parser.add_argument(
+        "--log-schema",
+        default=os.environ.get(settings.LOG_SCHEMA, "outbox_log"),
+        help=f"schema of the log tables (env {settings.LOG_SCHEMA}; default outbox_log)",
+    )
+
+
+def add_transport(parser: argparse.ArgumentParser) -> None:
+    """--transport, and where the PostgreSQL log is."""
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default=os.environ.get(settings.TRANSPORT, "kafka"),
+        help=f"kafka, or postgres for the log kept in PostgreSQL at --log-url "
+        f"(env {settings.TRANSPORT}; default kafka)",
+    )
+    add_log(parser)
+
+
+def env_groups() -> list[str]:
+    """The consumer groups of OUTBOX_LAG_GROUPS (comma-separated)."""
+    return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]
+
+
+def add_groups(parser: argparse.ArgumentParser) -> None:
+    """The repeatable --group of the commands that show lag."""
+    parser.add_argument(
+        "--group",
+        dest="groups",
+        action="append",
+        default=None,
+        metavar="GROUP",
+        help=f"consumer group whose lag is shown; repeatable (env {settings.LAG_GROUPS}, "
+        "comma-separated; default every group of the cluster)",
+    )
+
+
 def require(value: str | None, flag: str, env: str) -> str:
     """The value of a required setting, or a ConfigurationError naming its flag and variable."""
     if not value:
@@ -83,7 +130,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
     """Metrics and health servers of a daemon: --metrics-port/-host, --health-port/-host."""
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=flag_type("port", settings.METRICS_PORT),
         default=os.environ.get(settings.METRICS_PORT),
         help=f"serve Prometheus metrics on this port at /metrics (env {settings.METRICS_PORT}; "
         "default off; needs the `metrics` extra)",
@@ -96,7 +143,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--health-port",
-        type=int,
+        type=flag_type("port", settings.HEALTH_PORT),
         default=os.environ.get(settings.HEALTH_PORT),
         help=f"serve /livez and /readyz on this port (env {settings.HEALTH_PORT}; default off)",
     )
@@ -108,7 +155,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--liveness-timeout",
-        type=float,
+        type=flag_type("seconds", settings.LIVENESS_TIMEOUT),
         default=os.environ.get(settings.LIVENESS_TIMEOUT, "120"),
         help="seconds without progress of the main loop before /livez answers 503 "
         f"(env {settings.LIVENESS_TIMEOUT}; default 120)",

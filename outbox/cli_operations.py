@@ -15,10 +15,16 @@ added):
                     "totals": {"<state>": COUNT, ..., "total": COUNT}},
        "consumer": {... "age_column": "received_at",
                     "states": ["pending", "retrying", "dead", "processed"] ...}},
-     "processes": [{"relay_id": "...", "queue": "producer", "backend_pid": 123,
+     "processes": [{"relay_id": "host:4242:ab12cd34", "queue": "producer", "host": "host",
+                    "pid": 4242, "backend_pid": 123,
                     "sleeping": false, "alive": true, "seconds_since_update": 1.5,
                     "lanes": 64}],
      "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}]}
+
+With --kafka-bootstrap, "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
+"partitions": [{"topic", "partition", "committed", "end", "lag"}], "error": null}]; with --check,
+"check": {"ok": bool, "max_age_seconds": <float or null>, "problems": ["..."]} and the exit code
+is 3 when not ok.
 
 where COUNT is {"count": <rows>, "oldest_age_seconds": <float, or null when count is 0>}. Every
 state of a queue appears under each listed topic and in totals; a topic appears when it has
@@ -39,9 +45,11 @@ from typing import Any, NoReturn
 import psycopg
 
 from outbox import operations as ops
-from outbox.cli_arguments import ENV_DATABASE_URL
+from outbox import settings
+from outbox.cli_arguments import ENV_DATABASE_URL, add_groups, add_kafka, env_groups
 from outbox.cli_arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, InvalidTopic, OutboxError
+from outbox.core.numbers import flag_type
 from outbox.core.topics import validate_topic
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
@@ -55,6 +63,8 @@ ERROR_COLUMN_CHARS = 120
 #: Keys longer than this are cut in tables.
 KEY_COLUMN_CHARS = 40
 STATUS_FORMAT_VERSION = 1
+#: Exit code of `outbox status --check` when a row is dead or older than --max-age.
+CHECK_FAILED = 3
 #: How long requeue and purge wait for a row lock before giving up (nothing changed).
 LOCK_TIMEOUT_SECONDS = 10
 
@@ -98,23 +108,28 @@ def _topic(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `status` and `dead-letters` commands to the `outbox` command's subparsers."""
     status = commands.add_parser(
         "status", help="queue rows by topic and state; the running daemons"
     )
     _add_database(status)
+    add_kafka(status)
+    add_groups(status)
     status.add_argument("--json", action="store_true", help="print one JSON document")
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit {CHECK_FAILED} when a row is dead or a pending or retrying row is older "
+        "than --max-age (for cron and deploy gates); 0 otherwise",
+    )
+    status.add_argument(
+        "--max-age",
+        type=flag_type("seconds", settings.STATUS_MAX_AGE),
+        default=os.environ.get(settings.STATUS_MAX_AGE),
+        help=f"with --check: seconds a pending or retrying row may wait (env "
+        f"{settings.STATUS_MAX_AGE}; default no limit)",
+    )
 
     dead = commands.add_parser(
         "dead-letters",
@@ -134,7 +149,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     _add_queue(listing)
     listing.add_argument("--topic", type=_topic, help="only the rows of this topic")
     listing.add_argument(
-        "--limit", type=_limit, default=100, help="show at most N rows (default 100)"
+        "--limit", type=flag_type("count"), default=100, help="show at most N rows (default 100)"
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -152,7 +167,14 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
             name,
             help=what,
             description=f"{what[0].upper()}{what[1:]}. Select them by ID (row ids or message "
-            "UUIDs; each must name a dead row, else nothing changes), by --topic, or --all.",
+            "UUIDs; each must name a dead row, else nothing changes), by --topic, or --all."
+            + (
+                " A requeued consumer row runs after the later messages of its key that were "
+                "handled while it was dead (requeue warns, with their count); a quarantined "
+                "row's handler gets its raw payload as bytes and no headers."
+                if name == "requeue"
+                else ""
+            ),
         )
         _add_database(change)
         _add_queue(change)
@@ -230,12 +252,22 @@ def _dead_letters(args: argparse.Namespace) -> int:
                 else "IDs, --topic and --all cannot be combined; give exactly one of them",
             )
         selection = ops.Selection(ids=tuple(args.ids), topic=args.topic, everything=args.all_rows)
+        warnings: tuple[ops.Overtaken, ...] = ()
         with _connection(args) as conn:
             if action == "requeue":
+                if queue == "consumer":
+                    warnings = ops.overtaken(conn, args.schema, selection)
                 count = ops.requeue(conn, args.schema, queue, selection)
             else:
                 count = ops.purge(conn, args.schema, queue, selection)
         _print(_changed(action, count, ops.TABLES[queue], args.topic))
+        for warning in warnings:
+            messages = "message" if warning.later == 1 else "messages"
+            were = "was" if warning.later == 1 else "were"
+            _print(
+                f"warning: row {warning.id} (key {_key_text(warning.key)}): {warning.later} "
+                f"later {messages} of the same key {were} already handled; it runs after them"
+            )
         return 0
     if action == "list":
         with _connection(args) as conn:
@@ -253,8 +285,72 @@ def _dead_letters(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     with _connection(args) as conn:
         status = ops.status(conn, args.schema)
-    _print(json.dumps(_status_json(status), indent=2) if args.json else _status_text(status))
-    return 0
+    lag = None
+    if args.kafka_bootstrap:
+        from outbox.kafka.lag import read_lag
+
+        groups = args.groups if args.groups is not None else env_groups()
+        lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
+    max_age = None if args.max_age is None else float(args.max_age)
+    problems = check_problems(status, max_age) if args.check else None
+    if args.json:
+        doc = _status_json(status)
+        if lag is not None:
+            from outbox.kafka.lag import lag_json
+
+            doc["lag"] = lag_json(lag)
+        if problems is not None:
+            doc["check"] = {"ok": not problems, "max_age_seconds": max_age, "problems": problems}
+        _print(json.dumps(doc, indent=2))
+    else:
+        lines = _status_text(status)
+        if lag is not None:
+            lines += _lag_text(lag)
+        if problems is not None:
+            lines.append("")
+            lines.append("check: ok" if not problems else f"check: FAILED ({len(problems)})")
+            lines.extend(f"  {_safe(p)}" for p in problems)
+        _print(lines)
+    return CHECK_FAILED if problems else 0
+
+
+def check_problems(status: ops.Status, max_age: float | None) -> list[str]:
+    """What fails `outbox status --check`: dead rows, and waiting rows older than max_age."""
+    problems = []
+    for q in status.queues:
+        for topic, per_state in q.topics.items():
+            dead = per_state.get("dead", ops.Count())
+            if dead.rows:
+                problems.append(f"{q.table}: {dead.rows} dead in topic {topic}")
+            if max_age is None:
+                continue
+            for state in ("pending", "retrying"):
+                count = per_state.get(state, ops.Count())
+                if count.oldest_age is not None and count.oldest_age > max_age:
+                    problems.append(
+                        f"{q.table}: {state} row of topic {topic} waiting "
+                        f"{_age(count.oldest_age)} (> {max_age:g} s)"
+                    )
+    return problems
+
+
+def _lag_text(groups: Sequence[Any]) -> list[str]:
+    lines = [""]
+    if not groups:
+        return [*lines, "consumer groups: none"]
+    for g in groups:
+        if g.error is not None:
+            lines.append(f"consumer group {_safe(g.group)}: cannot read its lag: {_safe(g.error)}")
+            continue
+        lines.append(f"consumer group {_safe(g.group)}: lag {g.total}")
+        if g.partitions:
+            body = [
+                [_safe(p.topic), str(p.partition), str(p.committed), str(p.end), str(p.lag)]
+                for p in g.partitions
+            ]
+            header = ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]
+            lines.extend(_table(header, body, indent="  "))
+    return lines
 
 
 def _print(output: str | list[str]) -> None:
@@ -377,6 +473,8 @@ def _status_json(status: ops.Status) -> dict[str, Any]:
             {
                 "relay_id": p.relay_id,
                 "queue": p.queue,
+                "host": p.host,
+                "pid": p.pid,
                 "backend_pid": p.backend_pid,
                 "sleeping": p.sleeping,
                 "alive": p.alive,
@@ -422,6 +520,8 @@ def _status_text(status: ops.Status) -> list[str]:
         body = [
             [
                 _safe(p.relay_id),
+                _safe(p.host or "-"),
+                "-" if p.pid is None else str(p.pid),
                 _safe(p.queue),
                 str(p.backend_pid),
                 ("sleeping" if p.sleeping else "busy") if p.alive else "gone",
@@ -430,12 +530,13 @@ def _status_text(status: ops.Status) -> list[str]:
             ]
             for p in status.processes
         ]
-        lines.extend(_table(["ID", "QUEUE", "PID", "STATE", "LANES", "SINCE"], body, indent="  "))
+        header = ["ID", "HOST", "PID", "QUEUE", "BACKEND PID", "STATE", "LANES", "SINCE"]
+        lines.extend(_table(header, body, indent="  "))
     if status.claims:
         lines.append("")
         lines.append(f"claims: {len(status.claims)} handler transactions in flight")
         body = [[str(c.backend_pid), _safe(c.state), _age(c.age)] for c in status.claims]
-        lines.extend(_table(["PID", "STATE", "AGE"], body, indent="  "))
+        lines.extend(_table(["BACKEND PID", "STATE", "AGE"], body, indent="  "))
     return lines
 
 
@@ -456,6 +557,7 @@ def _page_json(page: ops.DeadLetterPage) -> dict[str, Any]:
                 "attempts": r.attempts,
                 "dead_at": _timestamp(r.dead_at),
                 "error": r.error_summary,
+                "quarantined": r.quarantined,
             }
         )
     return {
@@ -481,7 +583,10 @@ def _page_text(page: ops.DeadLetterPage) -> list[str]:
             _key_cell(r.key),
             str(r.attempts),
             _when(r.dead_at),
-            _cut(_safe(r.error_summary), ERROR_COLUMN_CHARS),
+            _cut(
+                _safe(("(quarantined) " if r.quarantined else "") + r.error_summary),
+                ERROR_COLUMN_CHARS,
+            ),
         ]
         for r in page.rows
     ]
@@ -530,7 +635,25 @@ def _row_json(row: ops.QueueRow) -> dict[str, Any]:
         doc["source_offset"] = row.source_offset
         doc["received_at"] = _timestamp(row.received_at)
         doc["processed_at"] = _timestamp(row.processed_at)
+        doc["quarantined"] = row.quarantined
+        doc["raw_headers"] = (
+            None if row.raw_headers is None else [_raw_header_json(*h) for h in row.raw_headers]
+        )
     return doc
+
+
+def _raw_header_json(name: bytes, value: bytes | None) -> dict[str, Any]:
+    """A quarantined row's header: name and value as text or hex (as keys are shown)."""
+    name_text, name_encoding = _bytes_text(name, multiline=False)
+    value_text, value_encoding = (
+        (None, None) if value is None else _bytes_text(value, multiline=False)
+    )
+    return {
+        "name": name_text,
+        "name_encoding": name_encoding,
+        "value": value_text,
+        "value_encoding": value_encoding,
+    }
 
 
 def _indented(text: str) -> list[str]:
@@ -559,6 +682,16 @@ def _row_text(row: ops.QueueRow) -> list[str]:
     if row.queue == "consumer":
         fields.append(("processed_at", _when(row.processed_at)))
     lines = [f"{row.table} row {row.id}", *_table(["FIELD", "VALUE"], fields, indent="  ")[1:]]
+    if row.raw_headers is not None:
+        lines.append(
+            "quarantined: stored dead on arrival, it could not be an ordinary row (reason in "
+            "last_error); requeued, its handler gets the raw payload as bytes and no headers"
+        )
+        lines.append(f"raw headers ({len(row.raw_headers)}, as received):")
+        lines.extend(
+            f"  {name!r}: {'(no value)' if value is None else repr(value)}"
+            for name, value in row.raw_headers
+        )
     lines.append("last_error:" if row.last_error else "last_error: (none)")
     if row.last_error:
         lines.extend(_indented(_escape_lines(row.last_error)))

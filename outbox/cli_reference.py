@@ -61,6 +61,8 @@ EXIT_CODES = """\
 | 1 | an error, one line on stderr: `outbox: error: ...` (a server unreachable, a database \
 not migrated, a bad setting, an unknown row id, ...) |
 | 2 | a usage error: unknown flag, missing argument (argparse's message on stderr) |
+| 3 | `outbox status --check`: a row is dead, or a pending or retrying row is older than \
+`--max-age` (the problems are listed in the output) |
 | 130 | interrupted by Ctrl-C outside a daemon's loop |
 """
 
@@ -70,8 +72,12 @@ PARAMETER_MEANINGS: dict[str, dict[str, str]] = {
     "Broker": {
         "schema": "schema of the outbox tables (`[a-z_][a-z0-9_]{0,62}`)",
         "serializer": "encodes payloads that are neither `bytes` nor `str`",
-        "max_payload_bytes": "largest encoded payload `send` accepts; larger raises "
-        "`PayloadTooLarge` before anything is written",
+        "max_message_bytes": "largest Kafka record `send` accepts: key, encoded payload and "
+        "every header name and value (outbox's own included) with 10 bytes each; larger raises "
+        "`PayloadTooLarge` before anything is written. The default (None) is 999872: "
+        "librdkafka's default `message.max.bytes` less a 128-byte margin for Kafka's framing",
+        "max_payload_bytes": "old name of `max_message_bytes` (it now bounds the whole record); "
+        "give one or the other",
     },
     "Handlers": {
         "transaction": 'what callbacks receive: `"psycopg"` (a `Connection`, `AsyncConnection` '

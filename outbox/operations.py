@@ -5,13 +5,15 @@ prints. Functions that change rows run in `conn.transaction()`: on an autocommit
 is their own transaction, inside a caller's transaction it is a savepoint and the change (and its
 wake-up NOTIFY) takes effect when the caller commits.
 
-Row states (see `sql/operations.sql`): a producer row is pending, retrying or dead; a consumer
+Row states (see `sql/operations.sql`): a producer row is pending, retrying or dead (dead rows
+are in `producer_dead`; requeue moves them back to `producer_queue` with their id); a consumer
 row is processed (kept for the dedup window) or else pending, retrying or dead. A processed row
 is never dead here, so requeue and purge cannot touch it.
 """
 
 from __future__ import annotations
 
+import base64
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +23,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.text import first_line
 from outbox.postgres.queries import channel, queries
 
 Queue = Literal["producer", "consumer"]
@@ -44,6 +47,10 @@ _MAX_PROBLEMS = 5
 
 class NoSuchDeadLetter(OutboxError, LookupError):
     """A row named by id is not in the queue, or (for requeue and purge) is not dead."""
+
+
+class RequeueConflict(OutboxError):
+    """A dead producer row cannot go back: a queued row has its message id (or its id)."""
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -91,6 +98,24 @@ class Process:
     since_update: float
     #: Lanes it owns right now (advisory locks held by its session).
     lanes: int = 0
+
+    @property
+    def host(self) -> str | None:
+        """The host the process runs on, from its relay_id (`host:pid:random`); else None."""
+        return _relay_id_parts(self.relay_id)[0]
+
+    @property
+    def pid(self) -> int | None:
+        """The daemon's own process id, from its relay_id; None when the id has no pid."""
+        return _relay_id_parts(self.relay_id)[1]
+
+
+def _relay_id_parts(relay_id: str) -> tuple[str | None, int | None]:
+    """(host, pid) of a relay_id `host:pid:random` (see outbox.daemons.lanes.new_relay_id)."""
+    parts = relay_id.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None, None
+    return parts[0] or None, int(parts[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +239,9 @@ class DeadLetter:
     attempts: int
     dead_at: datetime
     last_error: str | None
+    #: The record could not be stored as an ordinary row (consumer queue only): `last_error`
+    #: says why, and `dead-letters show` decodes its raw headers.
+    quarantined: bool = False
 
     @property
     def error_summary(self) -> str:
@@ -256,6 +284,15 @@ class QueueRow:
     source_offset: int | None = None
     received_at: datetime | None = None
     processed_at: datetime | None = None
+    #: A quarantined consumer row's headers as received, decoded from `raw_headers`:
+    #: (name, value or None) bytes; None for any other row.
+    raw_headers: tuple[tuple[bytes, bytes | None], ...] | None = None
+
+    @property
+    def quarantined(self) -> bool:
+        """Stored dead on arrival: it could not be an ordinary row (`last_error` says why).
+        Requeued, its handler gets the raw payload as bytes and no headers."""
+        return self.raw_headers is not None
 
 
 @dataclass(frozen=True)
@@ -289,14 +326,17 @@ def list_dead_letters(
     *,
     topic: str | None = None,
     limit: int = 100,
+    text: str | None = None,
 ) -> DeadLetterPage:
-    """The dead rows of a queue, oldest id first, optionally of one topic only."""
+    """The dead rows of a queue, oldest id first, optionally of one topic only, and with
+    `text` only those whose id, message id, key or error contains it (case-insensitive)."""
     _check_queue(queue)
     if limit < 1:
         raise ConfigurationError(f"limit must be >= 1, got {limit}")
     with conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(
-            queries(schema)[f"ops_{queue}_dead_list"], {"topic": topic, "limit": limit}
+            queries(schema)[f"ops_{queue}_dead_list"],
+            {"topic": topic, "limit": limit, "text": text or None},
         ).fetchall()
     letters = tuple(
         DeadLetter(
@@ -307,8 +347,9 @@ def list_dead_letters(
             attempts=attempts,
             dead_at=dead_at,
             last_error=last_error,
+            quarantined=bool(rest[0]) if len(rest) > 1 else False,
         )
-        for id_, message_id, topic_, key, attempts, dead_at, last_error, _total in rows
+        for id_, message_id, topic_, key, attempts, dead_at, last_error, *rest in rows
     )
     total = int(rows[0][-1]) if rows else 0
     return DeadLetterPage(queue=queue, table=TABLES[queue], topic=topic, rows=letters, total=total)
@@ -326,13 +367,18 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
         row = cur.execute(queries(schema)[f"ops_{queue}_show"], params).fetchone()
     if row is None:
         raise NoSuchDeadLetter(f"{TABLES[queue]} has no row {row_id}")
-    consumer = dict(
+    consumer: dict[str, Any] = dict(
         zip(
             ("source_partition", "source_offset", "received_at", "processed_at"),
-            row[14:],
+            row[14:18],
             strict=False,
         )
     )
+    if len(row) > 18 and row[18] is not None:
+        consumer["raw_headers"] = tuple(
+            (base64.b64decode(name), None if value is None else base64.b64decode(value))
+            for name, value in row[18]
+        )
     return QueueRow(
         queue=queue,
         table=TABLES[queue],
@@ -397,20 +443,109 @@ def _change(
     sql = queries(schema)
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         ids = _dead_ids(cur, schema, queue, selection.ids, action) if selection.ids else None
-        cur.execute(sql[f"ops_{queue}_{action}"], {"ids": ids, "topic": selection.topic})
+        params = {"ids": ids, "topic": selection.topic}
+        if queue == "producer" and action == "requeue":
+            _check_clashes(cur, schema, params)
+        try:
+            cur.execute(sql[f"ops_{queue}_{action}"], params)
+        except psycopg.errors.UniqueViolation as exc:  # a row sent since the check above
+            raise RequeueConflict(
+                f"cannot requeue in producer_queue: {first_line(exc)}; nothing was requeued"
+            ) from None
         changed = max(cur.rowcount, 0)
         if action == "requeue" and changed:
             cur.execute(sql["ops_notify"], {"channel": channel(schema, TABLES[queue])})
     return changed
 
 
+def _check_clashes(
+    cur: psycopg.Cursor[tuple[Any, ...]], schema: str, params: dict[str, Any]
+) -> None:
+    """Raise RequeueConflict if a selected dead producer row cannot go back to the queue."""
+    clashes = cur.execute(queries(schema)["ops_producer_requeue_clashes"], params).fetchall()
+    if not clashes:
+        return
+    problems = [
+        f"dead row {id_} (message {message_id}) clashes with queued row {queued}"
+        for id_, message_id, queued in clashes[:_MAX_PROBLEMS]
+    ]
+    more = len(clashes) - _MAX_PROBLEMS
+    listed = "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
+    raise RequeueConflict(
+        f"cannot requeue in producer_queue: {listed} (the same message id is queued again: "
+        "purge the dead row, or wait until the queued one is sent); nothing was requeued"
+    )
+
+
 def requeue(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
     """Make the selected dead rows pending again and wake the daemon; return how many."""
-    # One transaction: dead_at and last_error cleared, attempts 0, due now, then a NOTIFY on
-    # the queue's channel, which PostgreSQL delivers at commit together with the change.
+    # One transaction: dead_at and last_error cleared, attempts 0, due now (a producer row
+    # moved back from producer_dead with its id), then a NOTIFY on the queue's channel, which
+    # PostgreSQL delivers at commit together with the change.
     return _change(conn, schema, queue, selection, "requeue")
+
+
+@dataclass(frozen=True, slots=True)
+class Overtaken:
+    """A dead consumer row whose key's later messages were already handled."""
+
+    id: int
+    key: bytes
+    #: Later rows of the same key already processed (a lower bound: processed rows older
+    #: than the dedup window are forgotten).
+    later: int
+
+
+def overtaken(
+    conn: psycopg.Connection[Any], schema: str, selection: Selection
+) -> tuple[Overtaken, ...]:
+    """The selected dead consumer rows that later messages of their key have overtaken.
+
+    The Handler holds a key back behind a message waiting for a retry, not behind a dead one:
+    once a message is dead its key's later messages run, and requeued it runs after them.
+    Call it before `requeue` (it reads dead rows).
+    """
+    ids: list[int] | None = None
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        if selection.ids:
+            ids = _dead_ids(cur, schema, "consumer", selection.ids, "requeue")
+        rows = cur.execute(
+            queries(schema)["ops_consumer_overtaken"], {"ids": ids, "topic": selection.topic}
+        ).fetchall()
+    return tuple(Overtaken(int(i), bytes(k), int(n)) for i, k, n in rows)
 
 
 def purge(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
     """Delete the selected dead rows (never a live or processed row); return how many."""
     return _change(conn, schema, queue, selection, "purge")
+
+
+# -- throughput -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Cumulative row counters of a database at `taken_at`, sampled to chart throughput.
+
+    `written`, `relayed` (removed from producer_queue: sent, or moved to producer_dead) and
+    `received` are PostgreSQL's statistics counters (they only grow, unless the statistics are
+    reset); `handled` counts the rows handled after the `since` of the read.
+    """
+
+    taken_at: datetime
+    written: int
+    relayed: int
+    received: int
+    handled: int
+
+
+def counters(conn: psycopg.Connection[Any], schema: str, since: datetime | None = None) -> Counters:
+    """The throughput counters now; `handled` counts rows handled after `since` (0 if None)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
+            queries(schema)["ops_throughput"],
+            {"schema": schema, "since": since},
+        ).fetchone()
+    assert row is not None
+    taken_at, written, relayed, received, handled = row
+    return Counters(taken_at, int(written), int(relayed), int(received), int(handled))

@@ -24,6 +24,21 @@ DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
 
+# -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
+TRANSPORT = "OUTBOX_TRANSPORT"
+LOG_URL = "OUTBOX_LOG_URL"
+LOG_SCHEMA = "OUTBOX_LOG_SCHEMA"
+LOG_PARTITIONS = "OUTBOX_LOG_PARTITIONS"
+LOG_RETENTION = "OUTBOX_LOG_RETENTION"
+# -- the operator commands (`outbox status`, `outbox console`) -----------------------------
+LAG_GROUPS = "OUTBOX_LAG_GROUPS"
+STATUS_MAX_AGE = "OUTBOX_STATUS_MAX_AGE"
+CONSOLE_HOST = "OUTBOX_CONSOLE_HOST"
+CONSOLE_PORT = "OUTBOX_CONSOLE_PORT"
+CONSOLE_TOKEN = "OUTBOX_CONSOLE_TOKEN"
+CONSOLE_READ_ONLY = "OUTBOX_CONSOLE_READ_ONLY"
+CONSOLE_REFRESH = "OUTBOX_CONSOLE_REFRESH"
+
 # -- logs, metrics and health of the commands and daemons (`outbox.observability`) ----------
 LOG_LEVEL = "OUTBOX_LOG_LEVEL"
 LOG_FORMAT = "OUTBOX_LOG_FORMAT"
@@ -63,7 +78,72 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
+        "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`",
+    ),
+    EnvironmentVariable(
+        LAG_GROUPS,
+        "consumer groups whose lag is shown, comma-separated; the default of `--group` (else "
+        "every group of the cluster)",
+        "`outbox status`, `outbox console`",
+    ),
+    EnvironmentVariable(
+        STATUS_MAX_AGE,
+        "seconds a pending or retrying row may wait before `outbox status --check` fails; the "
+        "default of `--max-age` (else no age limit)",
+        "`outbox status`",
+    ),
+    EnvironmentVariable(
+        CONSOLE_HOST,
+        "address the console binds; the default of `--host` (else 127.0.0.1; another address "
+        "needs a token)",
+        "`outbox console`",
+    ),
+    EnvironmentVariable(
+        CONSOLE_PORT, "port of the console; the default of `--port` (else 8470)", "`outbox console`"
+    ),
+    EnvironmentVariable(
+        CONSOLE_TOKEN,
+        "token every console request must carry (HTTP basic auth password or bearer token); the "
+        "default of `--auth-token`. Prefer this variable to the flag: a flag shows in `ps`",
+        "`outbox console`",
+    ),
+    EnvironmentVariable(
+        CONSOLE_READ_ONLY,
+        "`1`/`true`/`yes`/`on`: the console refuses requeue and purge; the default of "
+        "`--read-only`",
+        "`outbox console`",
+    ),
+    EnvironmentVariable(
+        CONSOLE_REFRESH,
+        "seconds between two refreshes of the console page; the default of `--refresh` (else 3)",
+        "`outbox console`",
+    ),
+    EnvironmentVariable(
+        TRANSPORT,
+        "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
         "`outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_URL,
+        "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_SCHEMA,
+        "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+    ),
+    EnvironmentVariable(
+        LOG_PARTITIONS,
+        "partitions of a log topic created on first publish; the default of `--log-partitions` "
+        "(else 8)",
+        "`outbox producer`",
+    ),
+    EnvironmentVariable(
+        LOG_RETENTION,
+        "seconds the log keeps a record that every group has read (0: forever); the default of "
+        "`--log-retention` (else 604800, 7 days)",
+        "`outbox producer`",
     ),
     EnvironmentVariable(
         LOG_LEVEL, "DEBUG, INFO, WARNING or ERROR; the default of `--log-level`", "`outbox`"

@@ -8,12 +8,54 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge
-from outbox.core.headers import CAUSATION_ID, CORRELATION_ID, validate_headers
+from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge, SerializationError
+from outbox.core.headers import (
+    CAUSATION_ID,
+    CONTENT_TYPE,
+    CORRELATION_ID,
+    CREATED_AT,
+    MESSAGE_ID,
+    validate_headers,
+)
 from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
 from outbox.core.serializers import Serializer, encode_payload
 from outbox.core.topics import validate_topic
+
+#: librdkafka's default `message.max.bytes`: the largest record a producer sends unless told.
+LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
+#: Margin for what Kafka adds around a record: librdkafka counts its worst-case record framing
+#: (36 bytes of lengths, attributes, timestamp and offset deltas) against `message.max.bytes`,
+#: and a record batch has a 61-byte header; rounded up.
+RECORD_OVERHEAD_BYTES = 128
+#: What Kafka adds per header: the lengths of its name and value (varints, at most 5 bytes each).
+HEADER_OVERHEAD_BYTES = 10
+#: The longest `outbox-created-at` value the relay writes (`2026-01-31T12:00:00.000000+00:00`).
+CREATED_AT_BYTES = 32
+#: `Broker`'s default limit of `record_size`: a message `send` accepts is deliverable with
+#: librdkafka's default settings.
+DEFAULT_MAX_MESSAGE_BYTES = LIBRDKAFKA_MESSAGE_MAX_BYTES - RECORD_OVERHEAD_BYTES
+
+
+def record_size(
+    key: bytes | None, payload: bytes, content_type: str, headers: Mapping[str, str | bytes]
+) -> int:
+    """Bytes of the Kafka record the relay will produce for a message: key, payload, and every
+    header's name and value with `HEADER_OVERHEAD_BYTES` each, outbox's own included (message
+    id, created-at, content-type; correlation, causation and trace context are in `headers`).
+    Kafka's framing of the record and its batch is the `RECORD_OVERHEAD_BYTES` margin."""
+    own = (
+        (MESSAGE_ID, 36),  # a UUID's text
+        (CREATED_AT, CREATED_AT_BYTES),
+        (CONTENT_TYPE, len(content_type.encode())),
+    )
+    size = len(key or b"") + len(payload)
+    for name, value_bytes in own:
+        size += HEADER_OVERHEAD_BYTES + len(name.encode()) + value_bytes
+    for name, value in headers.items():
+        raw = value.encode() if isinstance(value, str) else value
+        size += HEADER_OVERHEAD_BYTES + len(name.encode()) + len(raw)
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +105,7 @@ def compose(
     headers: object,
     message_id: object,
     serializer: Serializer,
-    max_payload_bytes: int,
+    max_message_bytes: int,
     correlation_id: object = None,
     causation_id: object = None,
     context_headers: Mapping[str, str] | None = None,
@@ -72,12 +114,19 @@ def compose(
 
     `context_headers` (trace context) are added unless the user's headers have the same name.
     A correlation id equal to the message's own id is not stored: absent means "own id".
+    `max_message_bytes` bounds `record_size`, the Kafka record the relay will produce.
     """
     valid_topic = validate_topic(topic)
     if key is None or isinstance(key, bytes):
         raw_key = key
     elif isinstance(key, str):
-        raw_key = key.encode()
+        try:
+            raw_key = key.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(
+                f"str key {key!r} is not valid Unicode (a lone surrogate at position "
+                f"{exc.start}) and cannot be encoded as UTF-8: use bytes for binary keys"
+            ) from None
     else:
         raise InvalidKey(f"key must be str, bytes or None, got {type(key).__name__}")
     valid_headers = validate_headers(headers)
@@ -92,11 +141,18 @@ def compose(
     causation = _uuid(causation_id, "causation_id")
     if causation is not None:
         valid_headers[CAUSATION_ID] = str(causation)
-    data, content_type = encode_payload(payload, serializer)
-    if len(data) > max_payload_bytes:
+    try:
+        data, content_type = encode_payload(payload, serializer)
+    except SerializationError as exc:
+        raise SerializationError(f"payload for topic {valid_topic!r}: {exc}") from exc
+    size = record_size(raw_key, data, content_type, valid_headers)
+    if size > max_message_bytes:
+        key_bytes = len(raw_key or b"")
         raise PayloadTooLarge(
-            f"payload for topic {valid_topic!r} is {len(data)} bytes encoded; "
-            f"the limit is {max_payload_bytes} bytes (Broker(max_payload_bytes=...))"
+            f"message for topic {valid_topic!r} would be a {size}-byte Kafka record (payload "
+            f"{len(data)} bytes encoded, key {key_bytes} bytes, headers with outbox's own "
+            f"{size - len(data) - key_bytes} bytes); the limit is {max_message_bytes} bytes "
+            "(Broker(max_message_bytes=...))"
         )
     return OutgoingMessage(
         message_id=mid,
@@ -166,3 +222,10 @@ class InboxRow:
     created_at: datetime
     partition: int
     offset: int
+    #: Why the record cannot be stored as an ordinary row (a header name PostgreSQL cannot
+    #: hold, say), or None. A quarantined row is stored dead, with its key and payload as
+    #: received, `raw_headers`, no user headers and the raw-bytes content type.
+    quarantine: str | None = None
+    #: Only with `quarantine`: every header as received, the JSON text of
+    #: `[[base64 name, base64 value or null], ...]`.
+    raw_headers: str | None = None

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from outbox.core.errors import InvalidHeaders
+from outbox.core.text import is_storable
 
 #: Header names starting with this prefix are set by outbox itself.
 RESERVED_PREFIX = "outbox-"
@@ -26,7 +27,11 @@ Headers = Mapping[str, str | bytes]
 
 
 def validate_headers(headers: object) -> dict[str, str | bytes]:
-    """Return headers as a dict, or raise `InvalidHeaders` naming the bad entry."""
+    """Return headers as a dict, or raise `InvalidHeaders` naming the bad entry.
+
+    Names are non-empty text PostgreSQL can store (no NUL, no lone surrogate); str values must
+    be storable text too, bytes values may hold anything.
+    """
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
@@ -37,22 +42,45 @@ def validate_headers(headers: object) -> dict[str, str | bytes]:
     for name, value in headers.items():
         if not isinstance(name, str) or not name:
             raise InvalidHeaders(f"header name must be a non-empty str, got {name!r}")
+        if not is_storable(name):
+            raise InvalidHeaders(
+                f"header name {name!r} contains a NUL or a lone surrogate, which cannot be "
+                "stored; header names must be text"
+            )
         if name.lower().startswith(RESERVED_PREFIX) or name.lower() == CONTENT_TYPE:
             raise InvalidHeaders(f"header name {name!r} is reserved by outbox")
         if not isinstance(value, str | bytes):
             raise InvalidHeaders(
                 f"header {name!r} must be str or bytes, got {type(value).__name__}"
             )
+        if isinstance(value, str) and not is_storable(value):
+            raise InvalidHeaders(
+                f"header {name!r} has a str value with a NUL or a lone surrogate, which cannot "
+                "be stored as text: use bytes for binary values"
+            )
         result[name] = value
     return result
 
 
 def to_json(headers: Mapping[str, str | bytes]) -> dict[str, Any]:
-    """The stored form: str values as they are, bytes values as {"b64": "..."}."""
+    """The stored form: str values as they are, bytes values as {"b64": "..."}.
+
+    Any value is storable this way: a str that PostgreSQL cannot hold as text (NUL, a lone
+    surrogate) is stored as the bytes of its UTF-8 (surrogatepass), so `from_json` gives it
+    back as bytes. Names are not checked here (the Consumer quarantines a record whose header
+    name is not storable).
+    """
     return {
-        name: value if isinstance(value, str) else {"b64": base64.b64encode(value).decode()}
+        name: value
+        if isinstance(value, str)
+        and ((value.isascii() and "\x00" not in value) or is_storable(value))
+        else {"b64": base64.b64encode(_bytes(value)).decode()}
         for name, value in headers.items()
     }
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
 
 
 def from_json(stored: Mapping[str, Any]) -> dict[str, str | bytes]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
 from outbox.core.errors import ConfigurationError
+from outbox.core.numbers import problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,8 +20,12 @@ class Backoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.initial <= 0:
-            raise ConfigurationError(f"backoff initial must be > 0, got {self.initial}")
+        for name in ("initial", "maximum"):
+            reason = problem(getattr(self, name), "seconds")
+            if reason is not None:
+                raise ConfigurationError(f"backoff {name} {reason}")
+        if not math.isfinite(self.multiplier):
+            raise ConfigurationError(f"backoff multiplier must be >= 1, got {self.multiplier}")
         if self.maximum < self.initial:
             raise ConfigurationError(
                 f"backoff maximum ({self.maximum}) must be >= initial ({self.initial})"

@@ -39,7 +39,14 @@ class JsonSerializer:
             raise SerializationError(
                 f"payload of type {type(payload).__name__} is not JSON-serializable: {exc}"
             ) from exc
-        return text.encode()
+        try:
+            return text.encode()
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"payload of type {type(payload).__name__} has a string that is not valid "
+                f"Unicode (a lone surrogate at position {exc.start}), which JSON in UTF-8 "
+                "cannot encode"
+            ) from None
 
     def loads(self, data: bytes) -> Any:
         try:
@@ -49,12 +56,31 @@ class JsonSerializer:
 
 
 def encode_payload(payload: Any, serializer: Serializer) -> tuple[bytes, str]:
-    """Encode a payload: bytes pass through, str is UTF-8 text, anything else uses `serializer`."""
+    """Encode a payload: bytes pass through, str is UTF-8 text, anything else uses `serializer`.
+
+    Raises `SerializationError` for anything that cannot be encoded: a str with a lone
+    surrogate, or a value the serializer refuses (a serializer raising TypeError, ValueError
+    or UnicodeError instead of `SerializationError` is reported the same way).
+    """
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), BYTES
     if isinstance(payload, str):
-        return payload.encode(), TEXT
-    data = serializer.dumps(payload)
+        try:
+            return payload.encode(), TEXT
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"str payload is not valid Unicode (a lone surrogate at position {exc.start}) "
+                "and cannot be encoded as UTF-8: use bytes for binary payloads"
+            ) from None
+    try:
+        data = serializer.dumps(payload)
+    except SerializationError:
+        raise
+    except (TypeError, ValueError, UnicodeError) as exc:
+        raise SerializationError(
+            f"serializer {type(serializer).__name__} cannot encode a payload of type "
+            f"{type(payload).__name__}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(data, bytes):
         raise SerializationError(
             f"serializer {type(serializer).__name__}.dumps returned "

@@ -33,7 +33,9 @@ from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.headers import from_json
+from outbox.core.numbers import check_fields
 from outbox.core.serializers import decode_payload
+from outbox.core.text import first_line, storable
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
 from outbox.observability.metrics import HandlerTallyBook
@@ -73,16 +75,21 @@ class HandlerConfig:
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
         validate_schema(self.schema)
-        if self.concurrency < 1:
-            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.dedup_window < 0:
-            raise ConfigurationError(f"dedup_window must be >= 0, got {self.dedup_window}")
-        if self.lease <= 0:
-            raise ConfigurationError(f"lease must be > 0, got {self.lease}")
-        if self.transaction_size < 1:
-            raise ConfigurationError(f"transaction_size must be >= 1, got {self.transaction_size}")
+        check_fields(
+            self,
+            {
+                "concurrency": "count",
+                "batch_size": "count",
+                "poll_interval": "seconds",
+                "rebalance_interval": "seconds",
+                "dedup_window": "seconds_or_zero",
+                "retention_interval": "seconds_or_zero",
+                "retention_batch": "count",
+                "transaction_size": "count",
+                "lease": "seconds",
+                "connect_timeout": "seconds",
+            },
+        )
 
 
 def load_handlers(path: str) -> Handlers:
@@ -252,6 +259,11 @@ class _RollBack(Exception):
 
 class _ConnectionLost(Exception):
     """The worker's database connection broke; the row stays for a later attempt."""
+
+
+class Undecodable(Exception):
+    """A message's payload cannot be decoded as its content type: no attempt can succeed, so
+    the message is dead at once (not retried); the decoder's error is the cause."""
 
 
 #: Where a handler transaction failed: (index in its rows, row, handler, claimed row, error,
@@ -760,11 +772,17 @@ class HandlerRunner(LaneRelay[Pending]):
             offset,
         ) = row
         payload = bytes(payload)
+        try:
+            decoded = decode_payload(payload, content_type, self.handlers.serializer)
+        except Exception as exc:
+            raise Undecodable(
+                f"cannot decode the payload as {content_type!r}: {first_line(exc)}"
+            ) from exc
         return InboxMessage(
             id=message_id,
             topic=topic,
             key=bytes(key) if key is not None else None,
-            payload=decode_payload(payload, content_type, self.handlers.serializer),
+            payload=decoded,
             raw_payload=payload,
             content_type=content_type,
             headers=from_json(headers),
@@ -787,8 +805,10 @@ class HandlerRunner(LaneRelay[Pending]):
         )
         return {
             "id": row.id,
-            "error": f"no handler registered for topic {row.topic!r} "
-            f"(registered: {', '.join(self.handlers.topics)})",
+            "error": storable(
+                f"no handler registered for topic {row.topic!r} "
+                f"(registered: {', '.join(self.handlers.topics)})"
+            ),
             "dead": True,
             "delay": 0.0,
         }
@@ -796,16 +816,25 @@ class HandlerRunner(LaneRelay[Pending]):
     def failure(
         self, row: Pending, spec: HandlerSpec | None, claimed: Any, exc: BaseException
     ) -> dict[str, Any]:
+        """The `handler_fail` parameters of a failed attempt, counted and logged.
+
+        Contract: the recorded error is always storable, whatever the exception's text (NUL,
+        lone surrogates, a __str__ that raises), so recording a failure cannot fail. A payload
+        that cannot be decoded (`Undecodable`) is dead at once.
+        """
         attempt = (int(claimed[9]) if claimed is not None else 0) + 1
         max_attempts = spec.max_attempts if spec is not None else 1
-        dead = attempt >= max_attempts
+        dead = attempt >= max_attempts or isinstance(exc, Undecodable)
         delay = 0.0 if dead or spec is None else spec.backoff.delay(attempt)
         with self._counts_lock:
             self.failed += 1
             if dead:
                 self.dead += 1
         self._tally.failed(row.topic, dead=dead)
-        text = "".join(traceback.format_exception(exc))
+        try:
+            text = storable("".join(traceback.format_exception(exc)))
+        except Exception:  # traceback copes with a raising __str__; this is the last resort
+            text = f"{type(exc).__name__}: {first_line(exc)}"
         message_id = str(claimed[1]) if claimed is not None and claimed[1] is not None else None
         log.warning(
             "message %s (row %d) topic %r attempt %d/%d failed%s: %s",
@@ -815,7 +844,7 @@ class HandlerRunner(LaneRelay[Pending]):
             attempt,
             max_attempts,
             " (now dead)" if dead else f" (retry in {delay:.1f}s)",
-            exc,
+            first_line(exc),
             extra={"message_id": message_id, "topic": row.topic},
         )
         return {"id": row.id, "error": text, "dead": dead, "delay": delay}

@@ -25,7 +25,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
-from outbox.core.errors import DatabaseUnavailable
+from outbox.core.errors import ConfigurationError, DatabaseUnavailable
 from outbox.core.lanes import LANES
 from outbox.observability.health import Heartbeat
 from outbox.observability.redact import redact_text
@@ -37,6 +37,8 @@ log = logging.getLogger("outbox.relay")
 #: After going idle a relay polls again after these delays (seconds) before settling on the
 #: poll interval; this bounds the delay of a row whose NOTIFY was skipped or lost.
 IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+#: The shortest sleep of an idle relay (seconds), even for a retry due in less.
+MIN_WAIT = 0.001
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 Row = TypeVar("Row")
@@ -93,6 +95,11 @@ def check_database(open_connection: Callable[[], Connection], schema: str) -> No
         check_schema(conn, schema)
 
 
+def lock_class(schema: str, table: str) -> int:
+    """The first key of the advisory locks of a queue table's lanes (the lane is the second)."""
+    return zlib.crc32(f"{schema}.{table}".encode()) & 0x7FFFFFFF
+
+
 class LaneRelay(Generic[Row]):
     """Base of the relays: subclasses say how to fetch a batch and how to process it."""
 
@@ -121,7 +128,7 @@ class LaneRelay(Generic[Row]):
         self.relay_id = relay_id
         self.sql = queries(schema)
         self.channel = channel(schema, self.table)
-        self._lock_class = zlib.crc32(f"{schema}.{self.table}".encode()) & 0x7FFFFFFF
+        self._lock_class = lock_class(schema, self.table)
         self._stop = threading.Event()
         self.lanes: set[int] = set()
         self._next_rebalance = 0.0
@@ -189,8 +196,22 @@ class LaneRelay(Generic[Row]):
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def check_lock_class(self, conn: Connection) -> None:
+        """Raise ConfigurationError if another queue table of this database has this relay's
+        lock class: their relays would take each other's lanes for their own."""
+        for schema, table in conn.execute(self.sql["relay_queue_tables"]):
+            if (schema, table) != (self.schema, self.table) and (
+                lock_class(schema, table) == self._lock_class
+            ):
+                raise ConfigurationError(
+                    f"the lanes of {self.schema}.{self.table} and {schema}.{table} would share "
+                    f"the advisory lock class {self._lock_class} (a crc32 collision): rename "
+                    "one of the schemas"
+                )
+
     def _serve(self, conn: Connection) -> None:
         relay = {"relay_id": self.relay_id, "queue": self.kind}
+        self.check_lock_class(conn)
         conn.execute(self.sql["relay_forget_dead"])
         conn.execute(self.sql["relay_register"], relay)
         conn.execute(f"LISTEN {quote_ident(self.channel)}")
@@ -231,12 +252,15 @@ class LaneRelay(Generic[Row]):
                 conn.execute(self.sql["relay_unregister"], relay)
 
     def _idle_timeout(self, conn: Connection, step: int) -> float:
+        """How long to sleep after a fetch found nothing: the idle schedule's next step, or less
+        if a retry falls due sooner. Never 0: a retry that is due already, although the fetch
+        just found nothing, is waited for on the schedule, which grows (no busy loop)."""
         timeout = IDLE_POLLS[step] if step < len(IDLE_POLLS) else self.poll_interval
         timeout = min(timeout, self.poll_interval)
         if self.lanes:
             due = self.next_due(conn, sorted(self.lanes))
-            if due is not None:
-                timeout = max(0.0, min(timeout, due))
+            if due is not None and due > 0:
+                timeout = min(timeout, max(due, MIN_WAIT))
         return timeout
 
     def _wait(self, conn: Connection, timeout: float) -> None:
@@ -261,26 +285,18 @@ class LaneRelay(Generic[Row]):
         row = conn.execute(self.sql["relay_count"], {"queue": self.kind}).fetchone()
         relays = max(1, int(row[0]) if row else 1)
         target = math.ceil(LANES / relays)
+        lock = {"lock_class": self._lock_class}
         if len(self.lanes) > target:
             for lane in sorted(self.lanes)[target:]:
-                conn.execute("SELECT pg_advisory_unlock(%s, %s)", (self._lock_class, lane))
+                conn.execute(self.sql["relay_lane_unlock"], {**lock, "lane": lane})
                 self.lanes.discard(lane)
         elif len(self.lanes) < target:
-            held = {
-                r[0]
-                for r in conn.execute(
-                    "SELECT objid::int FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND classid::int = %s AND objsubid = 2 AND granted",
-                    (self._lock_class,),
-                )
-            }
+            held = {r[0] for r in conn.execute(self.sql["relay_lanes_held"], lock)}
             free = [lane for lane in range(LANES) if lane not in held]
             random.shuffle(free)
             for lane in free:
                 if len(self.lanes) >= target:
                     break
-                got = conn.execute(
-                    "SELECT pg_try_advisory_lock(%s, %s)", (self._lock_class, lane)
-                ).fetchone()
+                got = conn.execute(self.sql["relay_lane_lock"], {**lock, "lane": lane}).fetchone()
                 if got and got[0]:
                     self.lanes.add(lane)

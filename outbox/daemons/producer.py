@@ -7,7 +7,6 @@ and reconnects are those of `LaneRelay`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,12 +20,20 @@ from psycopg.rows import RowMaker
 
 from outbox import tracing
 from outbox.core.envelope import StoredMessage
-from outbox.core.errors import ConfigurationError
-from outbox.core.headers import from_json
+from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
+from outbox.core.numbers import check_fields
 from outbox.core.retry import Backoff
+from outbox.core.text import storable
+from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
-from outbox.kafka.publisher import KafkaPublisher, QueuedRow, check_reachable, producer_config
+from outbox.kafka.publisher import (
+    KafkaPublisher,
+    QueuedRow,
+    check_reachable,
+    producer_config,
+    stored_headers,
+)
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import DeliveryFailure, Publisher
 from outbox.postgres.queries import validate_schema
@@ -59,10 +66,15 @@ class ProducerConfig:
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
         validate_schema(self.schema)
-        if self.batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.poll_interval <= 0:
-            raise ConfigurationError(f"poll_interval must be > 0, got {self.poll_interval}")
+        check_fields(
+            self,
+            {
+                "batch_size": "count",
+                "poll_interval": "seconds",
+                "rebalance_interval": "seconds",
+                "connect_timeout": "seconds",
+            },
+        )
 
 
 def _queued_rows(_cursor: Cursor[Any]) -> RowMaker[QueuedRow]:
@@ -71,7 +83,8 @@ def _queued_rows(_cursor: Cursor[Any]) -> RowMaker[QueuedRow]:
 
 
 def _stored(row: QueuedRow) -> StoredMessage:
-    """A fetched row as a `StoredMessage`, for publishers other than Kafka's and for tracing."""
+    """A fetched row as a `StoredMessage`, for publishers other than Kafka's and for tracing;
+    `InvalidHeaders` if its stored headers are not outbox's form."""
     return StoredMessage(
         id=row.id,
         message_id=UUID(row.message_id),
@@ -79,10 +92,54 @@ def _stored(row: QueuedRow) -> StoredMessage:
         key=row.key,
         payload=row.payload,
         content_type=row.content_type,
-        headers=from_json(json.loads(row.headers)) if row.headers is not None else {},
+        headers=stored_headers(row.headers) if row.headers is not None else {},
         created_at=datetime.fromisoformat(row.created_at),
         attempts=row.attempts,
     )
+
+
+def _hopeless(row: QueuedRow, failure: DeliveryFailure) -> DeliveryFailure:
+    """`failure`, made permanent if the row's topic is a name Kafka never accepts (librdkafka
+    reports an unknown topic, which a retry could fix for a legal name: it may be created)."""
+    if failure.permanent:
+        return failure
+    try:
+        validate_topic(row.topic)
+    except InvalidTopic as exc:
+        return DeliveryFailure(error=storable(f"{failure.error}; {exc}"), permanent=True)
+    return failure
+
+
+def one_topic_per_key(rows: list[QueuedRow]) -> list[QueuedRow]:
+    """`rows` less, for each key, its rows from the first one to another topic than the key's
+    first row's: within one batch a key's rows go to one topic.
+
+    Kafka keeps the order of one partition only, and a batch is produced at once: had a key's
+    row to topic B gone out in the batch in which its earlier row to topic A failed, B's would
+    have overtaken A's. The rows left out stay in the queue for the next batch. O(rows), and
+    the rows are not copied unless a key changes topic.
+    """
+    topics: dict[bytes, str] = {}
+    first_cut = -1
+    for index, row in enumerate(rows):
+        key = row.key
+        if key is not None and topics.setdefault(key, row.topic) != row.topic:
+            first_cut = index
+            break
+    if first_cut < 0:
+        return rows  # the usual case: no key changes topic in the batch
+    cut = {rows[first_cut].key}
+    kept = rows[:first_cut]
+    for row in rows[first_cut + 1 :]:
+        key = row.key
+        if key is not None:
+            if key in cut:
+                continue
+            if topics.setdefault(key, row.topic) != row.topic:
+                cut.add(key)
+                continue
+        kept.append(row)
+    return kept
 
 
 class Producer(LaneRelay[QueuedRow]):
@@ -173,11 +230,11 @@ class Producer(LaneRelay[QueuedRow]):
     def fetch(self, conn: Connection, lanes: list[int]) -> list[QueuedRow]:
         fetched, self._fetched = self._fetched, None
         if fetched is not None and fetched[0] == lanes:
-            return fetched[1]  # fetched during the previous batch, for the same lanes
+            return one_topic_per_key(fetched[1])  # fetched during the previous batch
         limit = self._limit
         rows = self._fetch(conn, lanes, limit, exclude=[]).fetchall()
         self._resize(len(rows), limit)
-        return rows
+        return one_topic_per_key(rows)
 
     def _fetch(
         self, conn: Connection, lanes: list[int], limit: int, exclude: list[int]
@@ -204,17 +261,36 @@ class Producer(LaneRelay[QueuedRow]):
         failpoint("producer.before_produce")
         started = time.monotonic()
         self._next = None
-        # Only rows with user headers can carry a trace context.
-        traced = [i for i, row in enumerate(rows) if row.headers is not None]
+        # Only rows with user headers can carry a trace context, and only they can fail to
+        # become a record before Kafka sees them (headers written by hand, not in outbox's
+        # form): such a row fails permanently, alone, and goes dead; the batch goes on.
+        traced: list[tuple[int, StoredMessage]] = []
+        unsendable: dict[int, DeliveryFailure] = {}
+        for i, row in enumerate(rows):
+            if row.headers is not None:
+                try:
+                    traced.append((i, _stored(row)))
+                except InvalidHeaders as exc:
+                    unsendable[i] = DeliveryFailure(error=storable(str(exc)), permanent=True)
+        sendable = rows
+        if unsendable:
+            sendable = [row for i, row in enumerate(rows) if i not in unsendable]
         # Pipeline mode: the next batch is fetched while this one is on its way to Kafka, and
         # the rows are deleted (below, once acknowledged) in the same round trip.
         with conn.pipeline():
-            with tracing.publish_spans([_stored(rows[i]) for i in traced]) as spans:
-                results = self._publish(conn, rows)
-                spans.outcomes([results[i] for i in traced])
+            with tracing.publish_spans([message for _, message in traced]) as spans:
+                results = self._publish(conn, sendable, exclude=[row.id for row in rows])
+                if unsendable:
+                    published = iter(results)
+                    results = [unsendable.get(i) or next(published) for i in range(len(rows))]
+                spans.outcomes([results[i] for i, _ in traced])
             failpoint("producer.after_produce")
             delivery_seconds = time.monotonic() - started
-            failed = [(row, r) for row, r in zip(rows, results, strict=True) if r is not None]
+            failed = [
+                (row, _hopeless(row, r))
+                for row, r in zip(rows, results, strict=True)
+                if r is not None
+            ]
             if not failed:
                 # One statement, atomic on its own (the connection is in autocommit).
                 conn.execute(self.sql["producer_delete"], {"ids": [row.id for row in rows]})
@@ -241,9 +317,12 @@ class Producer(LaneRelay[QueuedRow]):
             )
         self.observability.producer_batch(rows, results, delivery_seconds)
 
-    def _publish(self, conn: Connection, rows: Sequence[QueuedRow]) -> list[DeliveryFailure | None]:
-        """Publish a batch: Kafka's publisher takes the rows as they are (and the next batch is
-        fetched while they are on their way), other publishers take messages."""
+    def _publish(
+        self, conn: Connection, rows: Sequence[QueuedRow], exclude: list[int]
+    ) -> list[DeliveryFailure | None]:
+        """Publish a batch: Kafka's publisher takes the rows as they are (and the next batch,
+        less the ids in `exclude`, is fetched while they are on their way), other publishers
+        take messages."""
         publisher = self._publisher
         assert publisher is not None
         if not isinstance(publisher, KafkaPublisher):
@@ -251,7 +330,7 @@ class Producer(LaneRelay[QueuedRow]):
         publisher.produce_rows(rows)
         if not self.stopping:
             lanes, limit = sorted(self.lanes), self._limit
-            cursor = self._fetch(conn, lanes, limit, exclude=[row.id for row in rows])
+            cursor = self._fetch(conn, lanes, limit, exclude=exclude)
             self._next = (lanes, limit, cursor)
         return publisher.wait()
 
@@ -279,6 +358,7 @@ class Producer(LaneRelay[QueuedRow]):
                 delays.append(self.config.backoff.delay(message.attempts + 1))
         return {
             "ids": [m.id for m, _ in failed],
-            "errors": [f.error for _, f in failed],
+            # Errors come from outside outbox (librdkafka, a bad row): storable text only.
+            "errors": [storable(f.error) for _, f in failed],
             "delays": delays,
         }

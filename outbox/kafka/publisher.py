@@ -12,8 +12,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from outbox.core.envelope import StoredMessage
-from outbox.core.errors import ConfigurationError, KafkaUnavailable
+from outbox.core.errors import ConfigurationError, InvalidHeaders, KafkaUnavailable
 from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID, from_json
+from outbox.core.text import first_line, storable
 from outbox.ports import DeliveryFailure
 
 log = logging.getLogger("outbox.kafka")
@@ -143,20 +144,69 @@ class QueuedRow(NamedTuple):
 
 
 def row_headers(row: QueuedRow) -> KafkaHeaders:
-    """Kafka headers of a fetched row: outbox's own, then the user's."""
+    """Kafka headers of a fetched row: outbox's own, then the user's.
+
+    Raises `InvalidHeaders` when the stored headers are not outbox's form (`to_json`): a row
+    written by hand, say.
+    """
     headers: KafkaHeaders = [
         (MESSAGE_ID, row.message_id),
         (CREATED_AT, row.created_at),
         (CONTENT_TYPE, row.content_type),
     ]
     if row.headers is not None:
-        headers.extend(from_json(json.loads(row.headers)).items())
+        headers.extend(stored_headers(row.headers).items())
+    return headers
+
+
+def stored_headers(text: str) -> dict[str, str | bytes]:
+    """User headers from their stored JSON text; `InvalidHeaders` if not outbox's form."""
+    try:
+        stored = json.loads(text)
+        if not isinstance(stored, dict):
+            raise TypeError(f"a JSON object was expected, got {type(stored).__name__}")
+        headers = from_json(stored)
+    except Exception as exc:  # KeyError, TypeError, binascii.Error, ...
+        raise InvalidHeaders(
+            f"stored headers are not outbox's form ({type(exc).__name__}: {first_line(exc)})"
+        ) from None
     return headers
 
 
 def _failure(error: KafkaError) -> DeliveryFailure:
     return DeliveryFailure(
-        error=f"{error.name()}: {error.str()}", permanent=error.code() in PERMANENT
+        error=storable(f"{error.name()}: {error.str()}"), permanent=error.code() in PERMANENT
+    )
+
+
+#: A record as produce() takes it: topic, key, value, headers.
+_Record = tuple[str, bytes | None, bytes, KafkaHeaders]
+
+
+def _record(row: QueuedRow) -> _Record | DeliveryFailure:
+    """The record of a fetched row, or the permanent failure of a row that cannot be one."""
+    if row.headers is None:  # the usual case: outbox's headers only
+        headers: KafkaHeaders = [
+            (MESSAGE_ID, row.message_id),
+            (CREATED_AT, row.created_at),
+            (CONTENT_TYPE, row.content_type),
+        ]
+    else:
+        try:
+            headers = row_headers(row)
+        except InvalidHeaders as exc:
+            return DeliveryFailure(error=storable(str(exc)), permanent=True)
+    return (row.topic, row.key, row.payload, headers)
+
+
+def _produce_error(exc: Exception) -> KafkaError | DeliveryFailure:
+    """The outcome of a record whose produce() raised `exc` (not BufferError)."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    # TypeError, ValueError, ...: the record itself is wrong, trying again cannot help.
+    return DeliveryFailure(
+        error=f"produce() refused the record: {type(exc).__name__}: {first_line(exc)}",
+        permanent=True,
     )
 
 
@@ -168,8 +218,9 @@ _PENDING: Any = object()
 
 
 class _Outcomes:
-    """The outcome of each message of the batch in hand: _PENDING, None (acknowledged), or the
-    KafkaError of its delivery report (or of produce()). One per client, so that a report a
+    """The outcome of each message of the batch in hand: _PENDING, None (acknowledged), the
+    KafkaError of its delivery report (or of produce()), or the DeliveryFailure of a record that
+    could not be produced. One per client, so that a report a
     discarded client might still serve cannot land in a later batch."""
 
     __slots__ = ("slots",)
@@ -214,9 +265,10 @@ class KafkaPublisher:
         return on_delivery
 
     def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
-        self._produce(
-            ((m.topic, m.key, m.payload, kafka_headers(m)) for m in messages), len(messages)
+        records: Iterable[_Record] = (
+            (m.topic, m.key, m.payload, kafka_headers(m)) for m in messages
         )
+        self._produce(records, len(messages))
         return self.wait()
 
     def publish_rows(self, rows: Sequence[QueuedRow]) -> list[DeliveryFailure | None]:
@@ -225,45 +277,61 @@ class KafkaPublisher:
         return self.wait()
 
     def produce_rows(self, rows: Sequence[QueuedRow]) -> None:
-        """Hand a batch of fetched rows to the client; `wait` returns their outcomes."""
-        self._produce(
-            (
-                (
-                    row.topic,
-                    row.key,
-                    row.payload,
-                    [
-                        (MESSAGE_ID, row.message_id),
-                        (CREATED_AT, row.created_at),
-                        (CONTENT_TYPE, row.content_type),
-                    ]
-                    if row.headers is None
-                    else row_headers(row),
-                )
-                for row in rows
-            ),
-            len(rows),
-        )
+        """Hand a batch of fetched rows to the client; `wait` returns their outcomes. A row that
+        cannot be made a record (headers not in outbox's form) fails permanently."""
+        self._produce((_record(row) for row in rows), len(rows))
 
-    def _produce(
-        self, records: Iterable[tuple[str, bytes | None, bytes, KafkaHeaders]], count: int
-    ) -> None:
-        """Produce `count` records (topic, key, value, headers), each with its report slot."""
+    def _produce(self, records: Iterable[_Record | DeliveryFailure], count: int) -> None:
+        """Produce `count` records (topic, key, value, headers), each with its report slot; an
+        entry that is a DeliveryFailure is that record's outcome, and is not produced.
+
+        Whatever produce() raises for one record is that record's outcome (the rest of the batch
+        goes on): a KafkaError as for a delivery report, any other error a permanent failure.
+        """
         while len(self._callbacks) < count:
             self._callbacks.append(self._callback(self._outcomes, len(self._callbacks)))
         callbacks = self._callbacks
         self._outcomes.slots = outcomes = [_PENDING] * count
-        produce = self._producer.produce
-        for index, (topic, key, value, headers) in enumerate(records):
+        producer = self._producer
+        produce = producer.produce
+        # Keys of which a record failed at produce() with an error a retry may fix: their later
+        # records of the batch are not produced (they would overtake it) but fail with it.
+        held: dict[bytes, DeliveryFailure] = {}
+        for index, record in enumerate(records):
+            if isinstance(record, DeliveryFailure):
+                outcomes[index] = record
+                continue
+            topic, key, value, headers = record
+            if held and key in held:
+                outcomes[index] = held[key]
+                continue
             while True:
                 try:
                     produce(topic, value, key, on_delivery=callbacks[index], headers=headers)
                     break
                 except BufferError:
+                    if len(producer) == 0:  # nothing queued, yet no room: it can never fit
+                        outcomes[index] = DeliveryFailure(
+                            error="message larger than the producer's local queue "
+                            "(queue.buffering.max.kbytes)",
+                            permanent=True,
+                        )
+                        break
                     # The local queue is full: serve delivery reports to make room.
-                    self._producer.poll(0.05)
-                except KafkaException as exc:
-                    outcomes[index] = exc.args[0]
+                    producer.poll(0.05)
+                except Exception as exc:
+                    outcome = outcomes[index] = _produce_error(exc)
+                    if (
+                        key is not None
+                        and isinstance(outcome, KafkaError)
+                        and outcome.code() not in PERMANENT
+                    ):
+                        held[key] = DeliveryFailure(
+                            error=storable(
+                                "not produced: an earlier message of its key failed "
+                                f"({outcome.name()}: {outcome.str()})"
+                            )
+                        )
                     break
 
     def wait(self) -> list[DeliveryFailure | None]:
@@ -289,6 +357,8 @@ class KafkaPublisher:
                 results.append(None)
             elif outcome is _PENDING:  # pragma: no cover - librdkafka contract broken
                 results.append(DeliveryFailure(error="no delivery report"))
+            elif isinstance(outcome, DeliveryFailure):
+                results.append(outcome)
             else:
                 results.append(_failure(outcome))
                 if outcome.fatal() or outcome.code() in IDENTITY_LOST:

@@ -122,6 +122,14 @@ METRICS: tuple[MetricInfo, ...] = (
         ("consumer",),
     ),
     MetricInfo(
+        "outbox_consumer_messages_quarantined_total",
+        "counter",
+        ("topic",),
+        "records stored dead because they cannot be ordinary rows (a header name or content "
+        "type PostgreSQL cannot hold, data it refused); see `outbox dead-letters`",
+        ("consumer",),
+    ),
+    MetricInfo(
         "outbox_consumer_batch_size",
         "histogram",
         (),
@@ -235,9 +243,14 @@ class Metrics:
         """One Producer batch: per-topic outcomes and its produce-to-last-report time."""
 
     def consumer_batch(
-        self, size: int, received: Mapping[str, int], stored: Mapping[str, int]
+        self,
+        size: int,
+        received: Mapping[str, int],
+        stored: Mapping[str, int],
+        quarantined: Mapping[str, int],
     ) -> None:
-        """One Consumer batch: records read and new rows stored, per topic."""
+        """One Consumer batch: records read, new rows stored and new rows quarantined, per
+        topic."""
 
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         """One Handler batch: what its workers did."""
@@ -310,8 +323,9 @@ class PrometheusMetrics(Metrics):
             )
         elif kind == "consumer":
             self._counts = _counters(
-                registry, prometheus, "outbox_consumer", "messages_received", "messages_stored"
-            )
+                registry, prometheus, "outbox_consumer", "messages_received",
+                "messages_stored", "messages_quarantined",
+            )  # fmt: skip
         else:
             self._counts = _counters(
                 registry, prometheus, "outbox_handler", "messages_handled",
@@ -342,11 +356,16 @@ class PrometheusMetrics(Metrics):
         self._add("messages_dead", dead)
 
     def consumer_batch(
-        self, size: int, received: Mapping[str, int], stored: Mapping[str, int]
+        self,
+        size: int,
+        received: Mapping[str, int],
+        stored: Mapping[str, int],
+        quarantined: Mapping[str, int],
     ) -> None:
         self._batch.observe(size)
         self._add("messages_received", received)
         self._add("messages_stored", stored)
+        self._add("messages_quarantined", quarantined)
 
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         self._batch.observe(size)

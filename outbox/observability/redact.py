@@ -11,11 +11,12 @@ quotes a URL too broken for the patterns.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 #: What a secret is replaced with.
 MASK = "***"
@@ -28,17 +29,42 @@ SECRET_KEYS = frozenset({"ssl.key.pem", "sasl.oauthbearer.config", "sasl.jaas.co
 #: characters appear (a 2-letter password would otherwise mask every such pair in the logs).
 MIN_REMEMBERED = 4
 
+#: What `redact_url` prints for a connection string libpq cannot parse: never the string itself.
+UNPARSEABLE = "<unparseable connection string>"
+
+# The patterns use ASCII whitespace only (re.ASCII), as libpq does: a no-break space is part of
+# a password.
 # scheme://user:PASSWORD@host -- the password runs to the last "@" before a "/" or a space.
 _URL_PASSWORD = re.compile(
-    r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s?#\"']*:)(?P<secret>[^\s/\"']*)(?=@)"
+    r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s?#\"']*:)(?P<secret>[^\s/]*)(?=@)",
+    re.ASCII,
 )
-# key=value (libpq keyword form, URL query strings, librdkafka settings) whose key is secret.
+_SECRET_KEY = r"[\w.-]*(?:" + "|".join(SECRET_WORDS) + r")[\w.-]*"
+# ?password=VALUE or &password=VALUE in a URL's query string: the value runs to "&" or "#".
+_QUERY_SECRET = re.compile(
+    r"(?P<head>[?&]" + _SECRET_KEY + r"=)(?P<secret>[^&#\s]*)", re.IGNORECASE | re.ASCII
+)
+# key=value (libpq keyword form, librdkafka settings) whose key is secret: a quoted value, or
+# an unquoted one running to the next unescaped space (libpq's own rule). Whatever follows a
+# closing quote up to a space is masked too: in a message that escaped the string again (a
+# repr), a quote inside the password may look like the closing one.
+_UNQUOTED = r"(?:[^\s\\]|\\.)"
 _SECRET_ASSIGNMENT = re.compile(
-    r"(?P<head>(?<![\w.-])(?P<key>[\w.-]*(?:"
-    + "|".join(SECRET_WORDS)
-    + r")[\w.-]*)\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s&,;\"']+)",
-    re.IGNORECASE,
+    r"(?P<head>(?<![\w.?&-])(?P<key>"
+    + _SECRET_KEY
+    + r")\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'?"
+    + _UNQUOTED
+    + r"*|\"(?:[^\"\\]|\\.)*\"?"
+    + _UNQUOTED
+    + "*|"
+    + _UNQUOTED
+    + "+)",
+    re.IGNORECASE | re.ASCII,
 )
+# A SQLAlchemy-style scheme (postgresql+psycopg://), which libpq does not know.
+_DRIVER_SCHEME = re.compile(r"^\s*postgres(?:ql)?\+[\w.-]*://", re.IGNORECASE)
+#: The order of the well-known keywords in a masked connection string; the others follow.
+_FIRST_KEYWORDS = ("host", "hostaddr", "port", "user", "password", "dbname")
 
 _remembered: set[str] = set()
 _remembered_lock = threading.Lock()
@@ -50,9 +76,39 @@ def is_secret_key(key: str) -> bool:
     return lowered in SECRET_KEYS or any(word in lowered for word in SECRET_WORDS)
 
 
+def parse_conninfo(conninfo: str) -> dict[str, str] | None:
+    """The parameters of a libpq connection string (URL or keyword form), parsed by libpq
+    itself; None when libpq cannot parse it. A `postgresql+driver://` scheme is accepted."""
+    from psycopg import Error
+    from psycopg.conninfo import conninfo_to_dict
+
+    text = _DRIVER_SCHEME.sub("postgresql://", conninfo, count=1)
+    try:
+        params = conninfo_to_dict(text)
+    except (Error, UnicodeError, ValueError, TypeError):
+        return None
+    return {key: str(value) for key, value in params.items() if value is not None}
+
+
 def redact_url(url: str) -> str:
-    """`url` with its password masked: `postgresql://user:***@host/db`, `password=***`."""
-    return _mask_patterns(url)
+    """A database URL or connection string as libpq parses it, in keyword form, with every
+    secret parameter (password, sslpassword) masked: `host=db user=app password=*** ...`.
+
+    The string is parsed by libpq's own parser, so no quoting or percent-encoding can hide a
+    password from the mask; a string libpq cannot parse is never shown (`UNPARSEABLE`).
+    """
+    from psycopg.conninfo import make_conninfo
+
+    params = parse_conninfo(url)
+    if params is None:
+        return UNPARSEABLE
+    ordered = {key: params[key] for key in _FIRST_KEYWORDS if key in params}
+    ordered.update((key, value) for key, value in params.items() if key not in ordered)
+    masked = {key: MASK if is_secret_key(key) else value for key, value in ordered.items()}
+    try:
+        return make_conninfo("", **masked)
+    except Exception:  # a value libpq parsed but cannot write back: show no value at all
+        return " ".join(f"{key}={MASK}" for key in masked)
 
 
 def redact_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,26 +122,50 @@ def redact_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def redact_text(text: str) -> str:
-    """`text` with URL passwords, secret `key=value` pairs and remembered secrets masked."""
-    text = _mask_patterns(text)
+    """`text` with every password found masked: remembered secrets (in any of the forms they
+    are written in), URL passwords (`scheme://user:***@host`), secret query parameters
+    (`?password=***`) and secret `key=value` pairs, quoted or not (`password=***`)."""
     with _remembered_lock:
         secrets = sorted(_remembered, key=len, reverse=True)
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, MASK)
-    return text
+    return _mask_patterns(text)
 
 
 def secrets_of_url(url: str) -> set[str]:
-    """The passwords written in a database URL or key=value connection string."""
+    """The passwords of a database URL or key=value connection string, in every form they may
+    be printed in: as libpq parsed them, as written, percent-encoded, quoted and escaped."""
     found: set[str] = set()
+    params = parse_conninfo(url)
+    if params is not None:
+        found |= {value for key, value in params.items() if is_secret_key(key)}
+    # As written (also when libpq cannot parse the string, whose errors may quote it).
     for match in _URL_PASSWORD.finditer(url):
         found.add(match.group("secret"))
+    for match in _QUERY_SECRET.finditer(url):
+        found.add(match.group("secret"))
     for match in _SECRET_ASSIGNMENT.finditer(url):
-        found.add(match.group("secret").strip("'\""))
-    # The decoded form too: libpq quotes what it parsed, percent-decoded, in some errors.
-    found |= {unquote(secret) for secret in found}
-    return {secret for secret in found if secret and secret != MASK}
+        written = match.group("secret")
+        found.add(written)
+        found.add(written.strip("'\""))
+    return {form for secret in found for form in _written_forms(secret) if form and form != MASK}
+
+
+def _written_forms(secret: str) -> set[str]:
+    """`secret` and the forms a message may show it in: percent-decoded and -encoded, libpq
+    keyword-quoted, Python repr and JSON escaped."""
+    forms = {secret, unquote(secret)}
+    for plain in list(forms):
+        forms.add(quote(plain, safe=""))
+        forms.add(quote(plain))
+        escaped = plain.replace("\\", "\\\\").replace("'", "\\'")
+        forms.add(escaped)
+        forms.add(f"'{escaped}'")
+        forms.add(repr(plain)[1:-1])
+        forms.add(json.dumps(plain)[1:-1])
+        forms.add(json.dumps(plain, ensure_ascii=False)[1:-1])
+    return forms
 
 
 def secrets_of_settings(settings: Mapping[str, Any]) -> set[str]:
@@ -115,4 +195,5 @@ def forget_secrets() -> None:
 
 def _mask_patterns(text: str) -> str:
     text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    text = _QUERY_SECRET.sub(lambda m: m.group("head") + MASK, text)
     return _SECRET_ASSIGNMENT.sub(lambda m: m.group("head") + MASK, text)

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from outbox.core.errors import ConfigurationError, KafkaUnavailable
+from outbox.core.numbers import check_fields
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
 from outbox.observability.logs import topic_summary
 from outbox.observability.metrics import (
@@ -80,17 +81,22 @@ class ObservabilityConfig:
     stats_interval: float = 15.0
 
     def __post_init__(self) -> None:
-        for name in ("metrics_port", "health_port"):
-            port = getattr(self, name)
-            if port is not None and not 0 <= port <= 65535:
-                raise ConfigurationError(f"{name} must be a port number 0-65535, got {port}")
+        check_fields(
+            self,
+            {
+                "metrics_port": "port",
+                "health_port": "port",
+                "liveness_timeout": "seconds",
+                "probe_interval": "seconds",
+                "probe_timeout": "seconds",
+                "stats_interval": "seconds",
+            },
+            optional=("metrics_port", "health_port"),
+        )
         if self.metrics_port is not None and self.metrics_port == self.health_port != 0:
             raise ConfigurationError(
                 f"metrics and health need different ports, both are {self.metrics_port}"
             )
-        for name in ("liveness_timeout", "probe_interval", "probe_timeout", "stats_interval"):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def probing(self) -> bool:
@@ -283,22 +289,32 @@ class Observability:
             },
         )
 
-    def consumer_batch(self, rows: Sequence[Topical], stored: Mapping[str, int]) -> None:
-        """Report one Consumer batch (stored: new rows per topic): metrics, and its INFO line."""
+    def consumer_batch(
+        self,
+        rows: Sequence[Topical],
+        stored: Mapping[str, int],
+        quarantined: Mapping[str, int] | None = None,
+    ) -> None:
+        """Report one Consumer batch (stored: new rows per topic; quarantined: new rows stored
+        dead per topic): metrics, and its INFO line."""
         received = Counter(row.topic for row in rows)
-        self.metrics.consumer_batch(len(rows), received, stored)
+        quarantined = quarantined or {}
+        self.metrics.consumer_batch(len(rows), received, stored, quarantined)
         total = sum(stored.values())
+        dead = sum(quarantined.values())
         self._log.info(
-            "stored %d of %d records (%s)%s",
+            "stored %d of %d records (%s)%s%s",
             total,
             len(rows),
             topic_summary(dict(stored)) or "none",
-            f"; {len(rows) - total} already stored" if total < len(rows) else "",
+            f"; {dead} quarantined" if dead else "",
+            f"; {len(rows) - total - dead} already stored" if total + dead < len(rows) else "",
             extra={
                 "event": "consumer.batch",
                 "batch_size": len(rows),
                 "received": dict(received),
                 "stored": dict(stored),
+                "quarantined": dict(quarantined),
             },
         )
 

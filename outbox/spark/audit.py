@@ -4,7 +4,8 @@ handled, per topic and service, as a Spark batch job (`outbox spark audit`).
 For the messages created in a window `[since, until)`, per (topic, service):
 
 - **sent**: distinct outbox message ids on Kafka (records without an `outbox-message-id` header
-  get the id the Consumer gives them, derived from topic, partition and offset);
+  get the id the Consumer gives them, derived from topic, partition, offset, timestamp and a
+  digest of key, value and headers: docs/decisions/0008-foreign-record-identity.md);
 - **resent**: ids found at more than one Kafka offset: the relay re-sent them after a crash
   (at-least-once, normal; the inbox stores them once), reported, not a problem;
 - **received**: ids found in the service's `consumer_queue`, split into **pending**, **handled**
@@ -295,9 +296,32 @@ def canonical_uuid(text: Any) -> Any:
     )
 
 
-def foreign_id(topic: Any, partition: Any, offset: Any) -> Any:
-    """`outbox.kafka.subscriber.foreign_id` as a Spark expression (uuid5 of topic/part/offset)."""
-    name = F.concat_ws("/", topic, partition.cast("string"), offset.cast("string"))
+def _framed(data: Any) -> Any:
+    """A binary column as `<byte length>:<bytes>`, `-` when NULL (as the Consumer frames it)."""
+    length = F.encode(F.concat(F.length(data).cast("string"), F.lit(":")), "UTF-8")
+    return F.when(data.isNull(), F.lit(bytearray(b"-"))).otherwise(F.concat(length, data))
+
+
+def foreign_id(
+    topic: Any, partition: Any, offset: Any, timestamp: Any, key: Any, value: Any, headers: Any
+) -> Any:
+    """`outbox.kafka.subscriber.foreign_id` as a Spark expression: uuid5 of
+    "topic/partition/offset/timestamp ms/sha256 of the framed key, value and headers"."""
+    framed_headers = F.aggregate(
+        F.coalesce(headers, F.array().cast("array<struct<key:string,value:binary>>")),
+        F.lit(bytearray()),
+        lambda acc, h: F.concat(acc, _framed(F.encode(h["key"], "UTF-8")), _framed(h["value"])),
+    )
+    record = F.concat(_framed(key), _framed(value), framed_headers)
+    millis = F.coalesce(F.unix_millis(timestamp), F.lit(-1))
+    name = F.concat_ws(
+        "/",
+        topic,
+        partition.cast("string"),
+        offset.cast("string"),
+        millis.cast("string"),
+        F.sha2(record, 256),
+    )
     digest = F.sha1(F.concat(F.unhex(F.lit(FOREIGN_NAMESPACE.hex)), F.encode(name, "UTF-8")))
     variant = F.lower(
         F.conv(
@@ -336,7 +360,8 @@ def _session_zone(frame: DataFrame) -> str:
 
 
 def message_identities(records: DataFrame) -> DataFrame:
-    """Kafka records (topic, partition, offset, timestamp, headers) -> the inbox's view of them.
+    """Kafka records (topic, partition, offset, timestamp, key, value, headers) -> the inbox's
+    view of them.
 
     Columns: topic, partition, offset, timestamp (Kafka's), message_id (as the Consumer
     derives it), created_at (the outbox-created-at header, else the Kafka timestamp, as the
@@ -350,7 +375,16 @@ def message_identities(records: DataFrame) -> DataFrame:
         "offset",
         "timestamp",
         F.coalesce(
-            own_id, foreign_id(records["topic"], records["partition"], records["offset"])
+            own_id,
+            foreign_id(
+                records["topic"],
+                records["partition"],
+                records["offset"],
+                records["timestamp"],
+                records["key"],
+                records["value"],
+                records["headers"],
+            ),
         ).alias("message_id"),
         F.coalesce(created, records["timestamp"]).alias("created_at"),
     )

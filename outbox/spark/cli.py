@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from outbox.core.numbers import flag_type
+
 
 def add_spark_commands(commands: Any) -> None:
     """Add `spark` and its subcommands to the `outbox` subparsers."""
@@ -57,7 +59,7 @@ def _add_consumer(jobs: Any) -> None:
     )
     consumer.add_argument(
         "--trigger-interval",
-        type=float,
+        type=flag_type("seconds_or_zero"),
         default=None,
         metavar="SECONDS",
         help="start a micro-batch every SECONDS (default 1; 0: as soon as the last one ends)",
@@ -69,7 +71,7 @@ def _add_consumer(jobs: Any) -> None:
     )
     consumer.add_argument(
         "--max-offsets-per-trigger",
-        type=int,
+        type=flag_type("count"),
         default=None,
         metavar="N",
         help="read at most N records per micro-batch, shared among partitions",
@@ -89,7 +91,7 @@ def _add_consumer(jobs: Any) -> None:
     )
     consumer.add_argument(
         "--transaction-rows",
-        type=int,
+        type=flag_type("count"),
         default=10_000,
         metavar="N",
         help="store at most N records per database transaction (default 10000)",
@@ -184,14 +186,14 @@ def _add_audit(jobs: Any) -> None:
     audit.add_argument("--until", help="and before this (default: now minus --settle)")
     audit.add_argument(
         "--settle",
-        type=float,
+        type=flag_type("seconds_or_zero"),
         default=60.0,
         metavar="SECONDS",
         help="leave out messages created or put on Kafka this recently (default 60)",
     )
     audit.add_argument(
         "--dedup-window",
-        type=float,
+        type=flag_type("seconds_or_zero"),
         default=24 * 3600.0,
         metavar="SECONDS",
         help="the services' `outbox handler --dedup-window` (default 86400): older processed "
@@ -199,7 +201,7 @@ def _add_audit(jobs: Any) -> None:
     )
     audit.add_argument(
         "--list-limit",
-        type=int,
+        type=flag_type("count_or_zero"),
         default=100,
         metavar="N",
         help="list at most N missing, handled-twice and re-sent message ids each (default 100)",

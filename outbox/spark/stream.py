@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from outbox.core.errors import ConfigurationError
+from outbox.core.numbers import check_fields
 from outbox.core.topics import validate_topic
 from outbox.daemons.lanes import check_database, connect
 from outbox.spark.inbox import InboxTarget, StoreCounts, write_inbox
@@ -58,14 +59,15 @@ class StreamConfig:
             raise ConfigurationError("at least one --topic is required")
         for topic in self.topics:
             validate_topic(topic)
-        if self.trigger_interval < 0:
-            raise ConfigurationError(
-                f"trigger interval must be >= 0 seconds, got {self.trigger_interval:g}"
-            )
-        if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
-            raise ConfigurationError(
-                f"max offsets per trigger must be >= 1, got {self.max_offsets_per_trigger}"
-            )
+        check_fields(
+            self,
+            {
+                "trigger_interval": "seconds_or_zero",
+                "max_offsets_per_trigger": "count",
+                "transaction_rows": "count",
+            },
+            optional=("max_offsets_per_trigger",),
+        )
         if self.starting_offsets not in ("earliest", "latest") and not self.takeover_group:
             raise ConfigurationError(
                 "starting offsets must be earliest, latest or group:NAME, got "

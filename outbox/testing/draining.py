@@ -182,15 +182,16 @@ class _Look:
 # "now" when its relay would take it now: due, and not behind a retrying row of its key (as in
 # producer_fetch and handler_fetch); otherwise as "later".
 PRODUCER_STATE = """
-WITH blocked AS (
-    SELECT DISTINCT lane, key FROM {schema}.producer_queue
-    WHERE attempts > 0 AND dead_at IS NULL AND next_attempt_at > now()
+WITH retrying AS (
+    SELECT lane, key, min(id) AS first_id FROM {schema}.producer_queue
+    WHERE attempts > 0 AND dead_at IS NULL AND key IS NOT NULL
+    GROUP BY lane, key
 )
 SELECT count(*) FILTER (WHERE now_), count(*) FILTER (WHERE NOT now_)
 FROM (
-    SELECT q.next_attempt_at <= now() AND b.lane IS NULL AS now_
+    SELECT q.next_attempt_at <= now() AND NOT COALESCE(r.first_id < q.id, false) AS now_
     FROM {schema}.producer_queue q
-    LEFT JOIN blocked b ON b.lane = q.lane AND b.key = q.key
+    LEFT JOIN retrying r ON r.lane = q.lane AND r.key = q.key
     WHERE q.dead_at IS NULL
 ) AS rows_
 """
@@ -213,8 +214,10 @@ FROM {schema}.consumer_queue WHERE processed_at IS NULL AND dead_at IS NULL
 ORDER BY id LIMIT %(limit)s
 """
 DEAD_ROWS = """
-SELECT message_id, topic, last_error FROM {schema}.{queue} WHERE dead_at IS NOT NULL ORDER BY id
+SELECT message_id, topic, last_error FROM {schema}.{table} WHERE dead_at IS NOT NULL ORDER BY id
 """
+#: Where the dead rows of each queue are: producer_queue moves them to producer_dead.
+DEAD_TABLES = {"producer_queue": "producer_dead", "consumer_queue": "consumer_queue"}
 
 
 def _last_line(text: str | None) -> str:
@@ -283,7 +286,8 @@ class _Queues:
     def _dead(
         self, conn: psycopg.Connection[Any], queue: Literal["producer_queue", "consumer_queue"]
     ) -> list[DeadLetter]:
-        rows = conn.execute(DEAD_ROWS.format(schema=self._schema, queue=queue)).fetchall()
+        table = DEAD_TABLES[queue]
+        rows = conn.execute(DEAD_ROWS.format(schema=self._schema, table=table)).fetchall()
         return [DeadLetter(queue, mid, topic, _last_line(error)) for mid, topic, error in rows]
 
 

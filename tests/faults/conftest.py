@@ -28,6 +28,13 @@ def fault_results() -> list[FaultResult]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from .fleet import TABLES
+
+    if TABLES:
+        terminalreporter.section("topology and soak accounting")
+        for table in TABLES:
+            for line in table.splitlines():
+                terminalreporter.write_line(line)
     if not RESULTS:
         return
     header = ("fault", "sent", "handled once", "duplicates", "lost", "dead", "seconds")

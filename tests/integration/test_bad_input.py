@@ -326,3 +326,67 @@ def test_cli_conflicting_dead_letter_selections_exit_2(outbox_database_url: str)
     )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -- text PostgreSQL cannot store: refused before the INSERT, the transaction stays usable ------
+
+UNSTORABLE_SENDS: list[tuple[str, dict[str, Any], type[OutboxError], str]] = [
+    ("NUL in header name", {"headers": {"a\x00b": "v"}}, InvalidHeaders, "header name"),
+    ("surrogate in header name", {"headers": {"a\udc80": "v"}}, InvalidHeaders, "header name"),
+    ("NUL in header value", {"headers": {"h": "a\x00b"}}, InvalidHeaders, "use bytes"),
+    ("surrogate in header value", {"headers": {"h": "\ud800"}}, InvalidHeaders, "use bytes"),
+    ("surrogate in str key", {"key": "k\udc80"}, InvalidKey, "lone surrogate"),
+    ("surrogate in str payload", {"payload": "p\udc80"}, SerializationError, "'ok.topic'"),
+    (
+        "surrogate in JSON payload",
+        {"payload": {"s": "\udc80"}},
+        SerializationError,
+        "'ok.topic'",
+    ),
+    ("NaN in JSON payload", {"payload": {"x": float("nan")}}, SerializationError, "'ok.topic'"),
+]
+
+
+def _send_in(tx: object, override: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"topic": "ok.topic", "payload": {"a": 1}, **override}
+    broker.send(tx, args.pop("topic"), args.pop("payload"), **args)
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "fragment"),
+    [case[1:] for case in UNSTORABLE_SENDS],
+    ids=[case[0] for case in UNSTORABLE_SENDS],
+)
+@pytest.mark.parametrize("handle", ["psycopg", "sqlalchemy-session"])
+def test_unstorable_text_is_refused_and_the_same_transaction_commits_a_good_send(
+    seeded: str,
+    handle: str,
+    override: dict[str, Any],
+    error: type[OutboxError],
+    fragment: str,
+) -> None:
+    before = _rows(seeded)
+    good = {"headers": {"h": "fine", "blob": b"\x00\xff"}, "key": "k"}
+    if handle == "psycopg":
+        with psycopg.connect(seeded) as conn:
+            with conn.transaction():
+                with pytest.raises(error) as info:
+                    _send_in(conn, override)
+                good_id = broker.send(conn, "ok.topic", {"good": True}, **good)
+    else:
+        from sqlalchemy.orm import Session
+
+        engine = create_engine(sqlalchemy_url(seeded))
+        try:
+            with Session(engine) as session:
+                with pytest.raises(error) as info:
+                    _send_in(session, override)
+                good_id = broker.send(session, "ok.topic", {"good": True}, **good)
+                session.commit()
+        finally:
+            engine.dispose()
+    assert fragment in str(info.value)
+    assert not isinstance(info.value, UnicodeError)
+    after = _rows(seeded)
+    assert after[: len(before)] == before
+    assert [row[1] for row in after[len(before) :]] == [good_id]

@@ -315,10 +315,48 @@ def test_foreign_records_get_a_deterministic_id_and_raw_payload(
             "FROM outbox.consumer_queue"
         ).fetchone()
     mid, partition, offset, content_type, payload, headers = row
-    assert mid == foreign_id(outbox_topic, partition, offset)
+    millis = round(row_created_at(outbox_database_url).timestamp() * 1000)  # the record's
+    headers_sent = [("h", b"v")]
+    assert mid == foreign_id(
+        outbox_topic, partition, offset, millis, None, b"\x00not json", headers_sent
+    )
     assert content_type == "application/octet-stream"
     assert bytes(payload) == b"\x00not json"
     assert headers == {"h": "v"}
+
+
+def row_created_at(url: str) -> Any:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT created_at FROM outbox.consumer_queue").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_foreign_records_are_not_lost_when_the_topic_is_re_created(
+    outbox_database_url: str, outbox_kafka_bootstrap: str, outbox_topic: str
+) -> None:
+    # defect 4: the id was uuid5(topic/partition/offset), so the first record of a re-created
+    # topic met the id of the old topic's first record and was dropped as a duplicate
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    url, bootstrap = outbox_database_url, outbox_kafka_bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = len(admin.list_topics(timeout=5).topics[outbox_topic].partitions)
+    _produce_raw(bootstrap, outbox_topic, [(b"k", b"before", [])])
+    with consumer_thread(url, bootstrap, [outbox_topic], group="g-before") as c:
+        wait_for(lambda: c.stored == 1, 30, "the first record")
+    admin.delete_topics([outbox_topic], operation_timeout=10)[outbox_topic].result(10)
+    wait_for(lambda: outbox_topic not in admin.list_topics(timeout=5).topics, 10, "deletion")
+    admin.create_topics([NewTopic(outbox_topic, partitions)])[outbox_topic].result(10)
+    _produce_raw(bootstrap, outbox_topic, [(b"k", b"after", [])])
+    with consumer_thread(url, bootstrap, [outbox_topic], group="g-after") as c:
+        wait_for(lambda: c.received == 1, 30, "the record of the re-created topic")
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT source_offset, payload FROM outbox.consumer_queue ORDER BY id"
+        ).fetchall()
+    # Same key, so the same partition: the same offset, and both stored.
+    assert [(offset, bytes(payload)) for offset, payload in rows] == [(0, b"before"), (0, b"after")]
 
 
 def test_dedup_window_retention_forgets_processed_rows(outbox_database_url: str) -> None:

@@ -445,3 +445,106 @@ def _insert_inbox(url: str, topic: str, bodies: list[dict[str, Any]]) -> list[An
     from .test_inbox import put
 
     return put(url, topic, bodies, [f"key-{i}" for i in range(len(bodies))])
+
+
+# -- every character a password may hold, on every start-up and error path -----------------------
+
+#: Every printable ASCII character (space, both quotes, backslash, &;,@/#?%=...) and some
+#: non-ASCII ones, between markers that appear nowhere else: a partial leak shows a marker.
+_LEFT, _RIGHT, _MARKER = "QzXl", "QzXr", "QzX"
+_PASSWORD = _LEFT + "".join(chr(c) for c in range(0x20, 0x7F)) + "éü€密🙂\u00a0" + _RIGHT
+
+
+def _url_form(password: str, host: str, port: str, user: str, dbname: str) -> str:
+    """Every character percent-encoded."""
+    from urllib.parse import quote
+
+    return f"postgresql://{user}:{quote(password, safe='')}@{host}:{port}/{dbname}"
+
+
+def _raw_url_form(password: str, host: str, port: str, user: str, dbname: str) -> str:
+    """Only what libpq needs percent-encoded (space % / @): & ; , ' " ? # stay as they are."""
+    encoded = "".join(f"%{ord(c):02X}" if c in " %/@" else c for c in password)
+    return f"postgresql://{user}:{encoded}@{host}:{port}/{dbname}"
+
+
+def _keyword_form(password: str, host: str, port: str, user: str, dbname: str) -> str:
+    """Quoted, with quote and backslash escaped."""
+    escaped = password.replace("\\", "\\\\").replace("'", "\\'")
+    return f"host={host} port={port} user={user} password='{escaped}' dbname={dbname}"
+
+
+def _unquoted_keyword_form(password: str, host: str, port: str, user: str, dbname: str) -> str:
+    """Unquoted, only space and backslash escaped (libpq's rule for unquoted values)."""
+    escaped = password.replace("\\", "\\\\").replace(" ", "\\ ")
+    return f"host={host} port={port} user={user} password={escaped} dbname={dbname}"
+
+
+_FORMS = (_url_form, _raw_url_form, _keyword_form, _unquoted_keyword_form)
+
+
+def _fatal_line(daemon: Daemon, log_format: str) -> str:
+    assert daemon.wait(60) == 1, daemon.output()
+    output = daemon.output()
+    assert "Traceback" not in output, output
+    if log_format == "text":
+        return _one_error_line(daemon)
+    fatal = [e for e in _json_lines(output) if e.get("event") == "fatal"]
+    assert len(fatal) == 1, output
+    return str(fatal[0]["message"])
+
+
+def test_no_character_of_a_password_reaches_the_startup_line_or_any_error(
+    outbox_database_url: str, outbox_empty_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    real = conninfo_to_dict(outbox_database_url)
+    host, port = str(real.get("host", "127.0.0.1")), str(real.get("port", "5432"))
+    empty = str(conninfo_to_dict(outbox_empty_database_url)["dbname"])
+    # The test server trusts every connection, so the password is ignored where it connects.
+    paths = {
+        "cannot connect to PostgreSQL": ("127.0.0.1", str(_closed_port()), "app", "app", "x:9"),
+        'role "no_such_role" does not exist': (host, port, "no_such_role", "app", "x:9"),
+        'database "no_such_db" does not exist': (host, port, "postgres", "no_such_db", "x:9"),
+        "run `outbox migrate": (host, port, "postgres", empty, outbox_kafka_bootstrap),
+        "no Kafka broker answered": (
+            host,
+            port,
+            "postgres",
+            str(real["dbname"]),
+            f"127.0.0.1:{_closed_port()}",
+        ),
+    }
+    for expected, (h, p, user, dbname, bootstrap) in paths.items():
+        daemons: dict[tuple[str, str], Daemon] = {}
+        try:
+            for index, form in enumerate(_FORMS):
+                conninfo = form(_PASSWORD, h, p, user, dbname)
+                assert conninfo_to_dict(conninfo)["password"] == _PASSWORD, conninfo
+                # Every form in both formats where nothing answers; else each format twice.
+                if expected == "cannot connect to PostgreSQL":
+                    formats = ["text", "json"]
+                else:
+                    formats = ["text" if index % 2 else "json"]
+                for log_format in formats:
+                    daemons[form.__name__, log_format] = Daemon(
+                        "--log-format",
+                        log_format,
+                        "producer",
+                        "--database-url",
+                        conninfo,
+                        "--kafka-bootstrap",
+                        bootstrap,
+                        "--kafka-config",
+                        "socket.connection.setup.timeout.ms=1000",
+                    )
+            for (form_name, log_format), daemon in daemons.items():
+                error = _fatal_line(daemon, log_format)
+                output = daemon.output()
+                assert expected in error, (form_name, log_format, output)
+                assert _MARKER not in output, (form_name, log_format, output)
+                assert "producer starting:" in output, output
+        finally:
+            for daemon in daemons.values():
+                daemon.close()

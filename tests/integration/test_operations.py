@@ -92,22 +92,45 @@ def insert(
     params = {**columns, "age": age, "dead": state == "dead", "processed": state == "processed"}
     with psycopg.connect(url) as conn:
         row = conn.execute(sql, params).fetchone()
-    assert row is not None
+        assert row is not None
+        if queue == "producer" and state == "dead":
+            # Where the relay keeps a dead producer row.
+            conn.execute(MOVE_TO_DEAD.format(schema=quote_ident(schema)), (row[0],))
     return int(row[0]), columns["message_id"]
+
+
+MOVE_TO_DEAD = (
+    "WITH moved AS (DELETE FROM {schema}.producer_queue WHERE id = %s RETURNING *) "
+    "INSERT INTO {schema}.producer_dead (id, message_id, topic, key, payload, headers, "
+    "content_type, lane, created_at, attempts, next_attempt_at, last_error, dead_at) "
+    "SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, "
+    "attempts, next_attempt_at, last_error, dead_at FROM moved"
+)
+
+
+def _tables(queue: str) -> list[str]:
+    """The tables a queue's rows live in: a dead producer row is in producer_dead."""
+    return ["producer_queue", "producer_dead"] if queue == "producer" else [f"{queue}_queue"]
 
 
 def row_of(url: str, queue: str, id_: int) -> dict[str, Any]:
     with psycopg.connect(url) as conn, conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(f"SELECT * FROM outbox.{queue}_queue WHERE id = %s", (id_,)).fetchone()
-    assert row is not None, f"{queue}_queue has no row {id_}"
-    return row
+        for table in _tables(queue):
+            row = cur.execute(f"SELECT * FROM outbox.{table} WHERE id = %s", (id_,)).fetchone()
+            if row is not None:
+                return row
+    raise AssertionError(f"{queue}_queue has no row {id_}")
 
 
 def all_rows(url: str, queue: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
-        return conn.execute(
-            f"SELECT id, attempts, dead_at, last_error FROM outbox.{queue}_queue ORDER BY id"
-        ).fetchall()
+        return sorted(
+            row
+            for table in _tables(queue)
+            for row in conn.execute(
+                f"SELECT id, attempts, dead_at, last_error FROM outbox.{table} ORDER BY id"
+            ).fetchall()
+        )
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -421,7 +444,8 @@ def test_an_unknown_or_live_id_changes_nothing(outbox_database_url: str, action:
     # The same dead row is fine by id and by uuid at once.
     dead_uuid = row_of(url, "consumer", dead)["message_id"]
     out = _ok("dead-letters", action, str(dead), str(dead_uuid), "--database-url", url)
-    assert out.strip() == f"{action}d 1 row of consumer_queue"
+    # (requeue may add a warning line: a later message of the key was handled meanwhile)
+    assert out.strip().splitlines()[0] == f"{action}d 1 row of consumer_queue"
 
 
 # -- purge ----------------------------------------------------------------------------------
@@ -526,3 +550,31 @@ def test_selection_and_error_summary() -> None:
     assert ops.parse_row_id(" 12 ") == 12
     mid = uuid.uuid4()
     assert ops.parse_row_id(str(mid)) == mid
+
+
+def test_requeue_of_a_dead_producer_row_whose_message_id_is_queued_again_is_refused(
+    outbox_database_url: str,
+) -> None:
+    """A requeued producer row goes back to producer_queue with its id; if its message id was
+    sent again meanwhile, the unique message_id would refuse it: a clear error, no change."""
+    url = outbox_database_url
+    dead, message_id = insert(url, "producer", "dead", topic="orders")
+    other, _ = insert(url, "producer", "dead", topic="orders")
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "INSERT INTO outbox.producer_queue (message_id, topic, payload, content_type, lane) "
+            "VALUES (%s, 'orders', 'x', 'text/plain', 0) RETURNING id",
+            (message_id,),
+        ).fetchone()
+    assert row is not None
+    result = _cli("dead-letters", "requeue", "--all", "--queue", "producer", "--database-url", url)
+    _one_line_error(result, 1, f"dead row {dead} (message {message_id}) clashes with queued row")
+    assert row_of(url, "producer", dead)["dead_at"] is not None
+    assert row_of(url, "producer", other)["dead_at"] is not None  # nothing was requeued
+    assert (
+        _ok(
+            "dead-letters", "requeue", str(other), "--queue", "producer", "--database-url", url
+        ).strip()
+        == "requeued 1 row of producer_queue"
+    )
+    assert row_of(url, "producer", other)["dead_at"] is None

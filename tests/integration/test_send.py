@@ -169,3 +169,30 @@ def test_send_does_not_commit_or_open_a_connection(outbox_database_url: str) -> 
         assert conn.info.backend_pid == pid
         conn.rollback()
     assert count(outbox_database_url) == 0
+
+
+def test_the_largest_message_send_accepts_is_delivered_and_one_byte_more_is_refused(
+    outbox_database_url: str, outbox_kafka_bootstrap: str, outbox_topic: str
+) -> None:
+    """With librdkafka's default message.max.bytes, every message `send` accepts is deliverable."""
+    from outbox import PayloadTooLarge
+    from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, record_size
+    from outbox.core.serializers import BYTES
+
+    url, broker = outbox_database_url, Broker()
+    assert broker.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
+    key, headers = "big-key", {"h": "value", "blob": b"\x00\x01"}
+    empty = broker._compose(outbox_topic, b"", key, headers, None)
+    room = DEFAULT_MAX_MESSAGE_BYTES - record_size(empty.key, b"", BYTES, empty.headers)
+    payload = bytes(range(256)) * (room // 256) + b"x" * (room % 256)
+    with psycopg.connect(url) as conn, conn.transaction():
+        with pytest.raises(PayloadTooLarge, match=f"{DEFAULT_MAX_MESSAGE_BYTES + 1}-byte"):
+            broker.send(conn, outbox_topic, payload + b"x", key=key, headers=headers)
+        sent = broker.send(conn, outbox_topic, payload, key=key, headers=headers)
+    relay_until_empty(url, outbox_kafka_bootstrap)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.producer_dead").fetchone() == (0,)
+    [message] = consume(outbox_kafka_bootstrap, outbox_topic, 1)
+    assert message.value() == payload and message.key() == key.encode()
+    assert header(message, "outbox-message-id") == str(sent).encode()
+    assert header(message, "blob") == b"\x00\x01"

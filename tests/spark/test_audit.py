@@ -71,10 +71,29 @@ def test_ids_and_times_are_derived_as_the_consumer_derives_them(spark: Any) -> N
     got = [r[0] for r in frame.select(audit.canonical_uuid(F.col("t"))).collect()]
     assert got == [str(mid)] * 5 + [None, None]
 
-    cases = [("orders.created", p, o) for p in (0, 2) for o in (0, 7, 123_456_789_012)]
-    frame = spark.createDataFrame(cases, "topic string, p int, o long")
-    got = frame.select(audit.foreign_id(F.col("topic"), F.col("p"), F.col("o"))).collect()
-    assert [r[0] for r in got] == [str(python_foreign_id(*c)) for c in cases]
+    stamp = datetime(2026, 11, 27, 10, 0, 0, 250_000, tzinfo=UTC)
+    headers = [[], [("h", b"1"), ("n", None), ("\u00e9", b"")], None]
+    cases = [
+        ("orders.created", p, o, stamp, key, value, h)
+        for p in (0, 2)
+        for o in (0, 7, 123_456_789_012)
+        for key, value, h in ((b"k", b"v", headers[0]), (None, b"", headers[1]), (b"", None, None))
+    ]
+    frame = spark.createDataFrame(
+        [
+            (*c[:6], None if c[6] is None else [{"key": k, "value": v} for k, v in c[6]])
+            for c in cases
+        ],
+        "topic string, p int, o long, ts timestamp, key binary, value binary, "
+        "headers array<struct<key:string,value:binary>>",
+    )
+    got = frame.select(
+        audit.foreign_id(*(F.col(c) for c in ("topic", "p", "o", "ts", "key", "value", "headers")))
+    ).collect()
+    millis = round(stamp.timestamp() * 1000)
+    assert [r[0] for r in got] == [
+        str(python_foreign_id(t, p, o, millis, k, v, h or [])) for t, p, o, _, k, v, h in cases
+    ]
 
     times = [
         "2026-11-27T10:00:00.250000+01:00",
@@ -155,7 +174,17 @@ def test_aggregation_counts_each_case_once(spark: Any) -> None:
             ("payments", 0, 0, foreign_created, None, foreign_created),  # no outbox id
         ],
     )
-    foreign = str(python_foreign_id("payments", 0, 0))
+    foreign = str(
+        python_foreign_id(
+            "payments",
+            0,
+            0,
+            round(foreign_created.timestamp() * 1000),
+            b"k",
+            b"{}",
+            [(h["key"], h["value"]) for h in _headers(None, foreign_created)],
+        )
+    )
     done = lambda created, ms_: created + timedelta(milliseconds=ms_)  # noqa: E731
 
     def row(
@@ -370,7 +399,7 @@ def test_the_default_window_stays_inside_the_dedup_window() -> None:
             ["--topic", "t", "--service", "s=h", "--service", "s=h2"],
             "a --service name is given twice",
         ),
-        (["--topic", "t", "--service", "s=h", "--settle", "-1"], "--settle must be >= 0"),
+        # A bad --settle is a usage error (exit 2): tests/unit/test_numeric_settings.py.
         (["--topic", "t", "--service", "s=h", "--chart", "out.svg"], "name it *.png"),
         (["--topic", "t", "--service", "s=h", "--json", "/no/such/dir/a.json"], "does not exist"),
         (

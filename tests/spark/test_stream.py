@@ -247,11 +247,7 @@ def test_cli_consumer_streams_until_sigterm_then_exits_cleanly(
             ],
             "give --trigger-interval or --available-now, not both",
         ),
-        (
-            ["--topic", "t", "--checkpoint", "/tmp/x", "--max-offsets-per-trigger", "0"],
-            "max offsets per trigger must be >= 1",
-        ),
-        (["--topic", "t", "--checkpoint", "/tmp/x", "--trigger-interval", "-1"], ">= 0 seconds"),
+        # Bad numbers are usage errors (exit 2): tests/unit/test_numeric_settings.py.
         (["--topic", "no spaces", "--checkpoint", "/tmp/x"], "'no spaces' contains"),
         (["--topic", "t", "--checkpoint", "/tmp/x", "--schema", "Bad-Schema"], "schema"),
     ],

@@ -1,7 +1,8 @@
 """The transports under test: every contract test runs against each (watermill's pattern).
 
 `memory` needs no server; `kafka` is the session's real broker (Tansu locally, or Kafka from
-OUTBOX_TEST_KAFKA_BOOTSTRAP / testcontainers), through the same adapters the daemons use.
+OUTBOX_TEST_KAFKA_BOOTSTRAP / testcontainers), through the same adapters the daemons use;
+`postgres` is the PostgreSQL log (outbox.pglog) in a fresh database of the session's server.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 from outbox.kafka.publisher import KafkaPublisher, producer_config
 from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
 from outbox.memory import InMemoryTransport
+from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber
+from outbox.pglog.log import upgrade as upgrade_log
 from outbox.ports import Publisher, Subscriber
 from outbox.testing.plugin import TANSU_CONSUMER_SETTINGS, TopicFactory
 from outbox.testing.servers import TansuBroker
@@ -93,12 +96,38 @@ class Kafka(TransportUnderTest):
         return self._keep(KafkaSubscriber(config, topics))  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=["memory", "kafka"])
+class PostgresLog(TransportUnderTest):
+    name = "postgres"
+    settle = 0.3
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.log = PgLog(url)
+        self._names = itertools.count()
+
+    def topic(self, partitions: int = 3) -> str:
+        name = f"topic-{next(self._names)}"
+        self.log.create_topic(name, partitions)
+        return name
+
+    def publisher(self) -> Publisher:
+        return self._keep(PgLogPublisher(self.url))  # type: ignore[no-any-return]
+
+    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
+        return self._keep(PgLogSubscriber(self.url, topics, group))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["memory", "kafka", "postgres"])
 def transport(request: pytest.FixtureRequest) -> Iterator[TransportUnderTest]:
     """Each transport in turn."""
     under_test: TransportUnderTest
     if request.param == "memory":
         under_test = Memory()
+    elif request.param == "postgres":
+        url = request.getfixturevalue("outbox_database_factory")(migrated=False)
+        upgrade_log(url)
+        under_test = PostgresLog(url)
     else:
         servers = request.getfixturevalue("outbox_servers")
         settings = TANSU_CONSUMER_SETTINGS if isinstance(servers.kafka, TansuBroker) else {}

@@ -7,7 +7,12 @@ import uuid
 from datetime import UTC, datetime
 
 from outbox.daemons.consumer import insert_params
-from outbox.kafka.subscriber import KafkaBatch, decode_record
+from outbox.kafka.subscriber import (
+    KafkaBatch,
+    decode_record,
+    quarantine_params,
+    quarantined_row,
+)
 
 ID = "0196f3a2-4b1c-7d2e-8f3a-9b4c5d6e7f80"
 VALUES: list[bytes | str | None] = [
@@ -26,6 +31,9 @@ EXTRA: list[list[tuple[str, bytes | str | None]]] = [
     [],
     [("x-user", b"\xff"), ("x-text", "s"), ("x-none", None)],
     [("content-type", b"text/plain")],
+    [("x-nul", b"\x00\x01"), ("x-nul-text", "a\x00b"), ("x-surrogate", "\udc80")],
+    [("bad\x00name", b"v")],
+    [("content-type", b"text\x00plain")],
 ]
 
 
@@ -63,7 +71,15 @@ def test_every_column_matches_the_rows_of_decode_record() -> None:
         taken_now = abs((now - want).total_seconds()) < 60
         assert got == want or (taken_now and abs((got - want).total_seconds()) < 5)
     assert len(batch) == len(rows)
-    assert [t.topic for t in batch.topical()] == [r.topic for r in rows]
+    assert sorted(t.topic for t in batch.topical()) == sorted(r.topic for r in rows)
+    # Quarantined records: the same rows either way, and some of each kind were met.
+    marked = [quarantined_row(r) for r in rows if r.quarantine is not None]
+    got, want = quarantine_params(batch.quarantined), quarantine_params(marked)
+    for name in want.keys() - {"created_ats"}:  # now() for the times, as above
+        assert got[name] == want[name], name
+    reasons = {q.reason.split(" ")[0] for q in batch.quarantined}
+    assert reasons == {"header", "content-type"}
+    assert batch.ordinary + len(batch.quarantined) == len(rows)
 
 
 def test_offsets_to_commit_are_the_last_of_each_partition_plus_one() -> None:
@@ -74,3 +90,23 @@ def test_offsets_to_commit_are_the_last_of_each_partition_plus_one() -> None:
         ("t", 0, 7),
         ("t", 1, 8),
     ]
+
+
+def test_a_foreign_id_is_the_same_for_the_same_record_only() -> None:
+    from outbox.kafka.subscriber import foreign_id
+
+    record = ("t", 0, 5, 1_700_000_000_000, b"k", b"v", [("h", b"1"), ("n", None)])
+    same = foreign_id(*record)
+    assert same == foreign_id(*record) and same.version == 5
+    others = [
+        ("t", 0, 5, 1_700_000_000_001, b"k", b"v", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, None, b"v", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, b"", b"v", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, b"k", b"w", [("h", b"1"), ("n", None)]),
+        ("t", 0, 5, 1_700_000_000_000, b"k", b"v", [("h", b"1"), ("n", b"")]),
+        ("t", 0, 5, 1_700_000_000_000, b"k", b"v", [("n", None), ("h", b"1")]),
+        ("t", 0, 5, None, b"k", b"v", [("h", b"1"), ("n", None)]),
+        ("t", 1, 5, 1_700_000_000_000, b"k", b"v", [("h", b"1"), ("n", None)]),
+    ]
+    ids = {foreign_id(*other) for other in others}  # type: ignore[arg-type]
+    assert len(ids) == len(others) and same not in ids

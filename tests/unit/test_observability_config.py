@@ -94,7 +94,7 @@ def test_the_startup_description_masks_secrets() -> None:
         observability=ObservabilityConfig(metrics_port=9100),
     )
     described = describe(config)
-    assert described["database_url"] == "postgresql://app:***@db/app"
+    assert described["database_url"] == "host=db user=app password=*** dbname=app"
     assert described["kafka_config"] == {"sasl.password": "***", "sasl.username": "bob"}
     assert described["metrics_port"] == 9100
     assert "s3cret" not in json.dumps(described, default=str)

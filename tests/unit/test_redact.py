@@ -6,12 +6,14 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from outbox.observability.logs import JsonFormatter, RedactingFormatter, configure_logging
 from outbox.observability.redact import (
     MASK,
+    UNPARSEABLE,
     forget_secrets,
     is_secret_key,
     redact_settings,
@@ -33,23 +35,49 @@ def _no_remembered_secrets() -> Iterator[None]:
 @pytest.mark.parametrize(
     ("url", "masked"),
     [
+        (
+            "postgresql://app:s3cret@db:5432/app",
+            "host=db port=5432 user=app password=*** dbname=app",
+        ),
+        ("postgresql+psycopg://app:s3cret@db/app", "host=db user=app password=*** dbname=app"),
+        # libpq ends the user info at the first "@": the password is "p", the host "ss@db".
+        ("postgresql://app:p@ss@db/app", "host=ss@db user=app password=*** dbname=app"),
+        ("postgresql://:s3cret@db/app", "host=db password=*** dbname=app"),
+        ("postgresql://db/app?user=u&password=s3cret", "host=db user=u password=*** dbname=app"),
+        ("host=db user=app password=s3cret dbname=app", "host=db user=app password=*** dbname=app"),
+        ("host=db password='s3 cret' dbname=app", "host=db password=*** dbname=app"),
+        ("host=db sslpassword=s3cret", "host=db sslpassword=***"),
+        # Nothing secret: the parameters as libpq reads them.
+        ("postgresql://app@db:5432/app", "host=db port=5432 user=app dbname=app"),
+        ("postgresql://db:5432/app?options=a@b", "host=db port=5432 dbname=app options=a@b"),
+        # libpq cannot parse these: never shown, whatever they hold.
+        ("postgresql://db/app?user=u&password=s3cret&x=1", UNPARSEABLE),
+        ("postgresql://app:pa%zzword@db/app", UNPARSEABLE),
+        ("host=db password='s3cret", UNPARSEABLE),
+    ],
+)
+def test_redact_url_parses_with_libpq_and_masks_only_the_password(url: str, masked: str) -> None:
+    assert redact_url(url) == masked
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
         ("postgresql://app:s3cret@db:5432/app", "postgresql://app:***@db:5432/app"),
         ("postgresql+psycopg://app:s3cret@db/app", "postgresql+psycopg://app:***@db/app"),
         ("postgresql://app:p@ss@db/app", "postgresql://app:***@db/app"),
-        ("postgresql://:s3cret@db/app", "postgresql://:***@db/app"),
+        ("postgresql://app:it's\"x@db/app", "postgresql://app:***@db/app"),
         (
             "postgresql://db/app?user=u&password=s3cret&x=1",
             "postgresql://db/app?user=u&password=***&x=1",
         ),
-        ("host=db user=app password=s3cret dbname=app", "host=db user=app password=*** dbname=app"),
-        ("host=db password='s3 cret' dbname=app", "host=db password=*** dbname=app"),
-        # Nothing secret: unchanged.
+        ("host=db password='s3 \\'cret' dbname=app", "host=db password=*** dbname=app"),
+        ("host=db password=s3\\ cr;e&t,x dbname=app", "host=db password=*** dbname=app"),
         ("postgresql://app@db:5432/app", "postgresql://app@db:5432/app"),
-        ("postgresql://db:5432/app?options=a@b", "postgresql://db:5432/app?options=a@b"),
     ],
 )
-def test_redact_url_masks_only_the_password(url: str, masked: str) -> None:
-    assert redact_url(url) == masked
+def test_redact_text_masks_passwords_in_every_form(text: str, masked: str) -> None:
+    assert redact_text(text) == masked
 
 
 def test_redact_text_masks_urls_and_secret_assignments_inside_messages() -> None:
@@ -79,11 +107,9 @@ def test_short_secrets_are_not_remembered() -> None:
 
 
 def test_secrets_of_url_finds_raw_and_decoded_passwords() -> None:
-    assert secrets_of_url("postgresql://app:p%40ss%2Fword@db/app") == {
-        "p%40ss%2Fword",
-        "p@ss/word",
-    }
-    assert secrets_of_url("host=db password='s3 cret'") == {"s3 cret"}
+    assert {"p%40ss%2Fword", "p@ss/word"} <= secrets_of_url("postgresql://app:p%40ss%2Fword@db/app")
+    assert {"s3 cret", "'s3 cret'", "s3%20cret"} <= secrets_of_url("host=db password='s3 cret'")
+    assert {"it's", "it\\'s"} <= secrets_of_url("host=db password='it\\'s'")
     assert secrets_of_url("postgresql://app@db/app") == set()
 
 
@@ -124,7 +150,7 @@ def test_redact_settings_masks_secret_values_and_urls() -> None:
         "sasl.oauthbearer.token.endpoint.url": "https://id:***@idp/token",
         "linger.ms": 5,
     }
-    assert secrets_of_settings(settings) == {"pw1", "pw2", "pw3"}
+    assert {"pw1", "pw2", "pw3"} <= secrets_of_settings(settings)
 
 
 def _record(message: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -190,3 +216,121 @@ def test_configure_logging_writes_json_lines_at_the_level_asked() -> None:
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1
     assert json.loads(lines[0])["topic"] == "t"
+
+
+# -- every password libpq accepts, in URL and keyword form ---------------------------------------
+
+#: Printable ASCII (space, quotes and backslash included) and some non-ASCII characters; NUL is
+#: the one character a libpq connection string cannot carry.
+PASSWORD_CHARACTERS = [chr(c) for c in range(0x20, 0x7F)] + list("éü߀密码🙂\u00a0")
+#: Around every generated password, so that even a one-character password is recognisable and
+#: a partial leak (the start or the end of it) is caught.
+LEFT, RIGHT = "QzXl", "QzXr"
+MARKER = "QzX"
+
+
+def url_form(password: str) -> str:
+    """A URL carrying `password`, percent-encoded as libpq needs."""
+    from urllib.parse import quote
+
+    return f"postgresql://app:{quote(password, safe='')}@127.0.0.1:1/app?connect_timeout=1"
+
+
+def keyword_form(password: str) -> str:
+    """A keyword connection string carrying `password`, quoted and escaped as libpq needs."""
+    escaped = password.replace("\\", "\\\\").replace("'", "\\'")
+    return f"host=127.0.0.1 port=1 user=app password='{escaped}' dbname=app connect_timeout=1"
+
+
+def raw_url_form(password: str) -> str:
+    """A URL with only what libpq needs percent-encoded (space % / @)."""
+    encoded = "".join(f"%{ord(c):02X}" if c in " %/@" else c for c in password)
+    return f"postgresql://app:{encoded}@127.0.0.1:1/app"
+
+
+def unquoted_keyword_form(password: str) -> str:
+    """An unquoted keyword value, only space and backslash escaped."""
+    escaped = password.replace("\\", "\\\\").replace(" ", "\\ ")
+    return f"host=127.0.0.1 port=1 user=app password={escaped} dbname=app"
+
+
+FORMS = [url_form, raw_url_form, keyword_form, unquoted_keyword_form]
+
+
+def carried(conninfo: str) -> str:
+    """The password libpq reads from `conninfo`."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    return str(conninfo_to_dict(conninfo)["password"])
+
+
+def test_every_character_libpq_accepts_in_one_password() -> None:
+    password = LEFT + "".join(PASSWORD_CHARACTERS) + RIGHT
+    for conninfo in [form(password) for form in FORMS]:
+        assert carried(conninfo) == password
+        assert MARKER not in redact_url(conninfo)
+        assert MARKER not in redact_text(conninfo)
+        assert MARKER not in redact_text(f'cannot connect: "{conninfo}" refused')
+        remember_secrets(secrets_of_url(conninfo))
+        for written in (password, *[form(password) for form in FORMS]):
+            assert MARKER not in redact_text(f"x {written} y")
+        forget_secrets()
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
+else:
+    passwords = st.text(alphabet=st.sampled_from(PASSWORD_CHARACTERS), max_size=24).map(
+        lambda middle: LEFT + middle + RIGHT
+    )
+
+    @settings(max_examples=150, deadline=None)
+    @given(password=passwords, form=st.sampled_from(FORMS))
+    def test_generated_passwords_never_survive_the_maskers(password: str, form: Any) -> None:
+        forget_secrets()
+        conninfo = form(password)
+        assert carried(conninfo) == password  # the test string really carries it
+        # The parsed masker (the startup line), and the patterns alone (no remembered secret).
+        assert MARKER not in redact_url(conninfo)
+        assert MARKER not in redact_text(conninfo)
+        assert MARKER not in redact_text(f'missing "=" after "{conninfo}" in connection info')
+        # The remembered forms: the password as written, as libpq parsed it, and as quoted,
+        # also inside text escaped again (a repr or JSON of the whole string).
+        remember_secrets(secrets_of_url(conninfo))
+        for text in (password, repr(password), json.dumps(password), form(password)):
+            assert MARKER not in redact_text(f"said {text} here")
+        assert MARKER not in redact_text(f"error near {conninfo!r}: bad")
+        assert MARKER not in redact_text(json.dumps({"url": conninfo}))
+        forget_secrets()
+
+    @settings(max_examples=60, deadline=None)
+    @given(password=passwords, form=st.sampled_from(FORMS))
+    def test_generated_passwords_never_reach_the_startup_line(password: str, form: Any) -> None:
+        from outbox.daemons.producer import ProducerConfig
+        from outbox.observability.health import Heartbeat
+        from outbox.observability.runtime import Observability
+
+        forget_secrets()
+        config = ProducerConfig(database_url=form(password), kafka_bootstrap="127.0.0.1:9")
+        observability = Observability(
+            "producer", config, heartbeat=Heartbeat(), relay_id="test-relay"
+        )
+        forget_secrets()  # the parsed masker alone must hide it
+        for formatter in (JsonFormatter(), RedactingFormatter("%(message)s")):
+            stream = io.StringIO()
+            handler = logging.StreamHandler(stream)
+            handler.setFormatter(formatter)
+            log = logging.getLogger("outbox.producer")
+            log.addHandler(handler)
+            saved = log.level
+            log.setLevel(logging.INFO)
+            try:
+                observability._log_startup()
+            finally:
+                log.removeHandler(handler)
+                log.setLevel(saved)
+            line = stream.getvalue()
+            assert "producer starting" in line and MARKER not in line, line

@@ -163,7 +163,7 @@ def test_outside_a_handler_the_correlation_id_is_the_message_itself_unless_given
         headers=None,
         message_id=own,
         serializer=JsonSerializer(),
-        max_payload_bytes=100,
+        max_message_bytes=1000,
         correlation_id=own,
     )
     assert kept.headers == {}  # "its own id" is what an absent header means

@@ -30,7 +30,7 @@ def _compose(topic: object = "t", payload: object = b"x", **kw: object) -> objec
         topic,
         payload,
         serializer=JsonSerializer(),
-        max_payload_bytes=int(args.pop("limit", 100)),  # type: ignore[call-overload]
+        max_message_bytes=int(args.pop("limit", 1000)),  # type: ignore[call-overload]
         **args,  # type: ignore[arg-type]
     )
 
@@ -99,13 +99,52 @@ def test_unserializable_payloads_raise_serialization_error(payload: object) -> N
     assert "JSON" in str(info.value)
 
 
-def test_payload_over_the_limit_names_sizes_and_topic() -> None:
-    _compose(payload=b"x" * 100, limit=100)
+def test_the_limit_bounds_the_whole_record_and_names_the_sizes() -> None:
+    from outbox.core.envelope import HEADER_OVERHEAD_BYTES, record_size
+
+    key, headers = b"k" * 10, {"h": "v" * 20, "blob": b"\x00" * 30}
+    base = record_size(key, b"", BYTES, headers)
+    # Each header costs its name, its value and HEADER_OVERHEAD_BYTES; outbox adds three.
+    assert base == 10 + (1 + 20 + 4 + 30 + 2 * HEADER_OVERHEAD_BYTES) + record_size(
+        None, b"", BYTES, {}
+    )
+    limit = base + 100
+    message = _compose(key=key, headers=headers, payload=b"x" * 100, limit=limit)
+    assert record_size(message.key, message.payload, BYTES, message.headers) == limit  # type: ignore[attr-defined]
     with pytest.raises(PayloadTooLarge) as info:
-        _compose(topic="big.one", payload=b"x" * 101, limit=100)
-    assert "'big.one'" in str(info.value)
-    assert "101 bytes" in str(info.value)
-    assert "100 bytes" in str(info.value)
+        _compose(topic="big.one", key=key, headers=headers, payload=b"x" * 101, limit=limit)
+    text = str(info.value)
+    assert "'big.one'" in text and f"{limit + 1}-byte" in text and f"{limit} bytes" in text
+    assert "payload 101 bytes" in text and "key 10 bytes" in text
+    # Header bytes count as much as payload bytes: a big header is refused too.
+    with pytest.raises(PayloadTooLarge, match="headers"):
+        _compose(headers={"h": "v" * 2000}, payload=b"", limit=1000)
+    with pytest.raises(PayloadTooLarge):
+        _compose(key=b"k" * 2000, payload=b"", limit=1000)
+
+
+def test_the_default_limit_fits_librdkafkas_default_message_max_bytes() -> None:
+    from outbox.core.envelope import (
+        DEFAULT_MAX_MESSAGE_BYTES,
+        LIBRDKAFKA_MESSAGE_MAX_BYTES,
+        RECORD_OVERHEAD_BYTES,
+    )
+
+    assert Broker().max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
+    assert DEFAULT_MAX_MESSAGE_BYTES + RECORD_OVERHEAD_BYTES == LIBRDKAFKA_MESSAGE_MAX_BYTES
+    # librdkafka counts 36 bytes of record framing, a record batch header is 61 bytes.
+    assert RECORD_OVERHEAD_BYTES >= 36 + 61
+    with pytest.raises(PayloadTooLarge):
+        Broker()._compose("t", b"x" * DEFAULT_MAX_MESSAGE_BYTES, None, None, None)
+
+
+def test_max_payload_bytes_is_an_alias_of_max_message_bytes() -> None:
+    assert Broker(max_payload_bytes=5000).max_message_bytes == 5000
+    assert Broker(max_message_bytes=5000).max_payload_bytes == 5000
+    with pytest.raises(ConfigurationError, match="not both"):
+        Broker(max_message_bytes=5000, max_payload_bytes=5000)
+    with pytest.raises(ConfigurationError, match="max_message_bytes"):
+        Broker(max_message_bytes=0)
 
 
 def test_keys_and_message_ids() -> None:
@@ -160,3 +199,52 @@ def test_message_ids_are_uuid7_and_ordered_by_time() -> None:
     assert len(set(ids)) == 1000
     assert all(first < i for i in ids)  # a later millisecond sorts later
     assert abs(int(ids[0].int >> 80) - time.time() * 1000) < 5000
+
+
+@pytest.mark.parametrize(
+    ("headers", "fragment"),
+    [
+        ({"a\x00": "v"}, "header name"),
+        ({"\udcff": "v"}, "header name"),
+        ({"h": "\x00"}, "use bytes for binary values"),
+        ({"h": "x\ud83d"}, "use bytes for binary values"),
+    ],
+)
+def test_headers_postgresql_cannot_store_are_rejected(headers: object, fragment: str) -> None:
+    with pytest.raises(InvalidHeaders) as info:
+        validate_headers(headers)
+    assert fragment in str(info.value)
+
+
+def test_bytes_header_values_may_hold_anything() -> None:
+    assert validate_headers({"h": b"\x00\xed\xb0\x80"}) == {"h": b"\x00\xed\xb0\x80"}
+
+
+def test_unencodable_keys_and_payloads_name_the_problem() -> None:
+    with pytest.raises(InvalidKey, match="lone surrogate"):
+        _compose(key="k\udc80")
+    for payload in ["\udc80", {"a": ["\ud800"]}, float("inf")]:
+        with pytest.raises(SerializationError, match=r"'the\.topic'"):
+            _compose(topic="the.topic", payload=payload, limit=1000)
+
+
+def test_a_serializer_raising_its_own_error_type_becomes_serialization_error() -> None:
+    class Strict:
+        content_type = "application/x-strict"
+
+        def dumps(self, payload: object) -> bytes:
+            raise TypeError("no thanks")
+
+        def loads(self, data: bytes) -> object:
+            return data
+
+    with pytest.raises(SerializationError, match=r"Strict.*no thanks"):
+        compose(
+            "t",
+            {"a": 1},
+            key=None,
+            headers=None,
+            message_id=None,
+            serializer=Strict(),
+            max_message_bytes=1000,
+        )

@@ -3,22 +3,28 @@
 -- and are always bound, never interpolated. Every name starts with `ops_`.
 --
 -- Row states, as the operator commands define them:
---   producer_queue: pending (dead_at NULL, attempts = 0), retrying (dead_at NULL,
---                   attempts > 0), dead (dead_at NOT NULL).
+--   producer_queue: pending (attempts = 0), retrying (attempts > 0); a dead producer row
+--                   (it can never be delivered) is in producer_dead, moved there by the
+--                   relay, and requeue moves it back with its id.
 --   consumer_queue: processed (processed_at NOT NULL; kept for the dedup window), and among
 --                   the rows not processed: pending, retrying, dead as above.
 -- A processed consumer row is never dead here, even if dead_at were set: it is the dedup
 -- record of a message that was handled, and requeue/purge must never touch it.
 
 -- name: ops_status_producer
--- Per topic and state: rows and the age (seconds) of the oldest by created_at.
-SELECT topic,
-       CASE WHEN dead_at IS NOT NULL THEN 'dead'
-            WHEN attempts > 0 THEN 'retrying'
-            ELSE 'pending' END AS state,
-       count(*) AS rows,
+-- Per topic and state: rows and the age (seconds) of the oldest by created_at. (A row of
+-- producer_queue with dead_at set would be one a relay older than migration 0004 marked.)
+SELECT topic, state, count(*) AS rows,
        GREATEST(0, EXTRACT(EPOCH FROM now() - min(created_at)))::float8 AS oldest_age
-FROM {schema}.producer_queue
+FROM (
+    SELECT topic, created_at,
+           CASE WHEN dead_at IS NOT NULL THEN 'dead'
+                WHEN attempts > 0 THEN 'retrying'
+                ELSE 'pending' END AS state
+    FROM {schema}.producer_queue
+    UNION ALL
+    SELECT topic, created_at, 'dead' FROM {schema}.producer_dead
+) AS rows_
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
@@ -37,17 +43,25 @@ ORDER BY 1, 2;
 
 -- name: ops_status_processes
 -- The relay and handler processes that registered themselves. `alive` is false for a row left
--- behind by a process whose database session is gone (the daemons clean those up themselves).
+-- behind by a process whose database session is gone (the daemons clean those up themselves),
+-- by the rule of relay_forget_dead: its pid connected to this database, with its
+-- backend_start when both are known.
 -- updated_at changes when a process registers, goes to sleep or wakes up: it is not a
 -- heartbeat, so a busy process can show a large age.
 SELECT r.relay_id,
        r.queue,
        r.backend_pid,
        r.sleeping,
-       EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.backend_pid) AS alive,
+       EXISTS (SELECT 1 FROM pg_stat_activity a
+               WHERE a.pid = r.backend_pid
+                 AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND (r.backend_start IS NULL OR a.backend_start IS NULL
+                      OR a.backend_start = r.backend_start)) AS alive,
        GREATEST(0, EXTRACT(EPOCH FROM now() - r.updated_at))::float8 AS since_update,
        (SELECT count(*) FROM pg_locks l
-        WHERE l.pid = r.backend_pid AND l.locktype = 'advisory' AND l.granted) AS lanes
+        WHERE l.pid = r.backend_pid AND l.locktype = 'advisory' AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       ) AS lanes
 FROM {schema}.relay_state r
 ORDER BY r.queue, r.relay_id;
 
@@ -55,31 +69,47 @@ ORDER BY r.queue, r.relay_id;
 SELECT now();
 
 -- name: ops_producer_dead_list
--- Dead rows, oldest id first; `total` counts every match before the LIMIT.
+-- Dead rows, oldest id first; `total` counts every match before the LIMIT. %(text)s, when not
+-- NULL, keeps the rows whose id, message id, key or error contains it (case-insensitive).
 SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
-FROM {schema}.producer_queue
-WHERE dead_at IS NOT NULL
-  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+FROM {schema}.producer_dead
+WHERE (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+  AND (CAST(%(text)s AS text) IS NULL
+       OR strpos(lower(concat_ws(' ', id::text, message_id::text, encode(key, 'escape'),
+                                 last_error)), lower(%(text)s)) > 0)
 ORDER BY id
 LIMIT %(limit)s;
 
 -- name: ops_consumer_dead_list
-SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
+-- As ops_producer_dead_list, with `quarantined`: the record could not be stored as an ordinary
+-- row (raw_headers holds its headers as received).
+SELECT id, message_id, topic, key, attempts, dead_at, last_error,
+       raw_headers IS NOT NULL AS quarantined, count(*) OVER () AS total
 FROM {schema}.consumer_queue
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+  AND (CAST(%(text)s AS text) IS NULL
+       OR strpos(lower(concat_ws(' ', id::text, message_id::text, encode(key, 'escape'),
+                                 last_error)), lower(%(text)s)) > 0)
 ORDER BY id
 LIMIT %(limit)s;
 
 -- name: ops_producer_show
--- One row by id or message id (whichever parameter is not NULL), in any state.
+-- One row by id or message id (whichever parameter is not NULL), in any state: from
+-- producer_queue, else from producer_dead.
 SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
        next_attempt_at, last_error, dead_at,
        CASE WHEN dead_at IS NOT NULL THEN 'dead'
             WHEN attempts > 0 THEN 'retrying'
             ELSE 'pending' END AS state
 FROM {schema}.producer_queue
-WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid);
+WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid)
+UNION ALL
+SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
+       next_attempt_at, last_error, dead_at, 'dead'
+FROM {schema}.producer_dead
+WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid)
+LIMIT 1;
 
 -- name: ops_consumer_show
 SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
@@ -88,22 +118,27 @@ SELECT id, message_id, topic, key, payload, headers, content_type, lane, created
             WHEN dead_at IS NOT NULL THEN 'dead'
             WHEN attempts > 0 THEN 'retrying'
             ELSE 'pending' END AS state,
-       source_partition, source_offset, received_at, processed_at
+       source_partition, source_offset, received_at, processed_at, raw_headers
 FROM {schema}.consumer_queue
 WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid);
 
 -- name: ops_producer_lock
--- The rows named by id or message id, locked until the end of the transaction, with whether
--- each is dead; requeue and purge check every named row before changing any.
-SELECT id, message_id,
-       CASE WHEN dead_at IS NOT NULL THEN 'dead'
-            WHEN attempts > 0 THEN 'retrying'
-            ELSE 'pending' END AS state
+-- The rows named by id or message id, with whether each is dead; requeue and purge check every
+-- named row before changing any. The dead ones (of producer_dead) are locked until the end of
+-- the transaction; the others are only reported.
+WITH dead AS (
+    SELECT id, message_id FROM {schema}.producer_dead
+    WHERE id = ANY(CAST(%(ids)s AS bigint[]))
+       OR message_id = ANY(CAST(%(message_ids)s AS uuid[]))
+    FOR UPDATE
+)
+SELECT id, message_id, 'dead' AS state FROM dead
+UNION ALL
+SELECT id, message_id, CASE WHEN attempts > 0 THEN 'retrying' ELSE 'pending' END
 FROM {schema}.producer_queue
 WHERE id = ANY(CAST(%(ids)s AS bigint[]))
    OR message_id = ANY(CAST(%(message_ids)s AS uuid[]))
-ORDER BY id
-FOR UPDATE;
+ORDER BY id;
 
 -- name: ops_consumer_lock
 SELECT id, message_id,
@@ -117,14 +152,34 @@ WHERE id = ANY(CAST(%(ids)s AS bigint[]))
 ORDER BY id
 FOR UPDATE;
 
+-- name: ops_producer_requeue_clashes
+-- Dead rows, selected as for requeue, that cannot go back to producer_queue because a row
+-- there has their message id (sent again meanwhile) or their id: (id, message_id, clashing
+-- row's id).
+SELECT d.id, d.message_id, q.id
+FROM {schema}.producer_dead d
+JOIN {schema}.producer_queue q ON q.message_id = d.message_id OR q.id = d.id
+WHERE (CAST(%(ids)s AS bigint[]) IS NULL OR d.id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR d.topic = %(topic)s)
+ORDER BY d.id;
+
 -- name: ops_producer_requeue
--- Give dead rows a fresh start. The dead rows are narrowed to %(ids)s and to %(topic)s, each
--- when not NULL; with both NULL every dead row matches. Only dead rows ever match.
-UPDATE {schema}.producer_queue
-SET dead_at = NULL, attempts = 0, next_attempt_at = now(), last_error = NULL
-WHERE dead_at IS NOT NULL
-  AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
-  AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
+-- Give dead rows a fresh start: move them from producer_dead back to producer_queue with their
+-- id, so each keeps its place among its key's rows (ids are the send order). The dead rows are
+-- narrowed to %(ids)s and to %(topic)s, each when not NULL; with both NULL every dead row
+-- matches. Only dead rows ever match.
+WITH moved AS (
+    DELETE FROM {schema}.producer_dead
+    WHERE (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
+      AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
+    RETURNING id, message_id, topic, key, payload, headers, content_type, lane, created_at
+)
+INSERT INTO {schema}.producer_queue
+    (id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
+     next_attempt_at, last_error, dead_at)
+SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, 0, now(),
+       NULL, NULL
+FROM moved;
 
 -- name: ops_consumer_requeue
 UPDATE {schema}.consumer_queue
@@ -133,11 +188,26 @@ WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
 
+-- name: ops_consumer_overtaken
+-- For each of the dead rows %(ids)s (as requeue selects them, before it changes them): how
+-- many later rows of the same key (id greater, any topic) were already handled. The Handler
+-- holds a key back only behind a message that waits for a retry, never behind a dead one, so
+-- these ran before the requeued message will. Processed rows older than the dedup window are
+-- forgotten: the count is a lower bound then. Rows without a key have no order.
+SELECT d.id, d.key, count(*) AS later
+FROM {schema}.consumer_queue d
+JOIN {schema}.consumer_queue l
+  ON l.lane = d.lane AND l.key = d.key AND l.id > d.id AND l.processed_at IS NOT NULL
+WHERE d.dead_at IS NOT NULL AND d.processed_at IS NULL AND d.key IS NOT NULL
+  AND (CAST(%(ids)s AS bigint[]) IS NULL OR d.id = ANY(CAST(%(ids)s AS bigint[])))
+  AND (CAST(%(topic)s AS text) IS NULL OR d.topic = %(topic)s)
+GROUP BY d.id, d.key
+ORDER BY d.id;
+
 -- name: ops_producer_purge
 -- Delete dead rows, selected as for requeue. Only dead rows ever match.
-DELETE FROM {schema}.producer_queue
-WHERE dead_at IS NOT NULL
-  AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
+DELETE FROM {schema}.producer_dead
+WHERE (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
 
 -- name: ops_consumer_purge
@@ -163,3 +233,17 @@ WHERE datname = current_database()
   AND xact_start IS NOT NULL
   AND pid <> pg_backend_pid()
 ORDER BY xact_start;
+
+-- name: ops_throughput
+-- Counters the console samples to chart throughput: rows written to and removed from
+-- producer_queue (a relayed row is deleted) and rows received into consumer_queue, as
+-- PostgreSQL's statistics count them (cumulative, flushed within about a second), and the rows
+-- handled since %(since)s (processed_at is set when a message is handled).
+SELECT now(),
+       COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'producer_queue'), 0)::bigint,
+       COALESCE(sum(s.n_tup_del) FILTER (WHERE s.relname = 'producer_queue'), 0)::bigint,
+       COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'consumer_queue'), 0)::bigint,
+       (SELECT count(*) FROM {schema}.consumer_queue
+        WHERE processed_at IS NOT NULL AND processed_at > COALESCE(CAST(%(since)s AS timestamptz), 'infinity'))
+FROM pg_stat_user_tables s
+WHERE s.schemaname = %(schema)s AND s.relname IN ('producer_queue', 'consumer_queue');

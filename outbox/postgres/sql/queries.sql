@@ -43,16 +43,52 @@ LIMIT 1;
 SELECT version_num FROM {schema}.alembic_version;
 
 -- name: relay_register
-INSERT INTO {schema}.relay_state (relay_id, queue, backend_pid, sleeping)
-VALUES (%(relay_id)s, %(queue)s, pg_backend_pid(), false)
-ON CONFLICT (relay_id) DO UPDATE SET backend_pid = pg_backend_pid(), sleeping = false,
-    updated_at = now();
+-- backend_start with backend_pid names this session exactly (a pid may be reused later); a
+-- session always sees its own backend_start.
+INSERT INTO {schema}.relay_state (relay_id, queue, backend_pid, sleeping, backend_start)
+VALUES (%(relay_id)s, %(queue)s, pg_backend_pid(), false,
+        (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))
+ON CONFLICT (relay_id) DO UPDATE SET backend_pid = EXCLUDED.backend_pid, sleeping = false,
+    backend_start = EXCLUDED.backend_start, updated_at = now();
 
 -- name: relay_forget_dead
 -- Relays whose database session is gone (killed, crashed) leave their row behind; drop it so
--- that a dead relay that was sleeping does not make every send pay for a NOTIFY.
-DELETE FROM {schema}.relay_state
-WHERE backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL);
+-- that a dead relay neither keeps a share of the lanes nor, if it was sleeping, makes every
+-- send pay for a NOTIFY. A row is alive only while pg_stat_activity shows its pid connected
+-- to this database with its backend_start. A NULL backend_start on either side means unknown,
+-- never dead: rows registered before migration 0004 have none, and pg_stat_activity hides it
+-- for sessions of other roles unless this role has pg_read_all_stats; then the pid and the
+-- database decide.
+DELETE FROM {schema}.relay_state r
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.pid = r.backend_pid
+      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (r.backend_start IS NULL OR a.backend_start IS NULL
+           OR a.backend_start = r.backend_start)
+);
+
+-- name: relay_lanes_held
+-- Lanes of one lock class held by any session of this database. Advisory locks belong to a
+-- database (pg_locks.database), but pg_locks lists those of the whole cluster: without the
+-- filter a relay in another database on the same cluster seemed to hold every lane.
+SELECT objid::int FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 2
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = CAST(%(lock_class)s AS bigint)::oid;
+
+-- name: relay_lane_lock
+-- Take a lane for this session, without waiting: true if it was free.
+SELECT pg_try_advisory_lock(CAST(%(lock_class)s AS int), CAST(%(lane)s AS int));
+
+-- name: relay_lane_unlock
+SELECT pg_advisory_unlock(CAST(%(lock_class)s AS int), CAST(%(lane)s AS int));
+
+-- name: relay_queue_tables
+-- Every queue table of this database, in any schema: (schema, table), for the check that no
+-- two of them share a lane lock class (LaneRelay.check_lock_class).
+SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname IN ('producer_queue', 'consumer_queue') AND c.relkind IN ('r', 'p');
 
 -- name: relay_unregister
 DELETE FROM {schema}.relay_state WHERE relay_id = %(relay_id)s;
@@ -65,15 +101,25 @@ WHERE relay_id = %(relay_id)s;
 SELECT count(*) FROM {schema}.relay_state WHERE queue = %(queue)s;
 
 -- name: producer_fetch
--- The next rows of the lanes this relay owns, in id order. A key with a row waiting for a
--- retry is held back entirely, so that no later message of that key overtakes it. `exclude`
+-- The next rows of the lanes this relay owns, in id order, that may go out now:
+--   * due (next_attempt_at <= now()), and
+--   * not behind a retrying row of their key: while a key (lane, key) has rows that failed
+--     retriably (attempts > 0), only the earliest of them (the lowest id) is fetched, once it
+--     is due; the key's later rows wait until it is delivered. Rows of the key before it (a
+--     requeued row keeps its old id) go first, in id order. Rows without a key have no order
+--     and are never held.
+-- Dead rows are not here (producer_fail moves them to producer_dead), so they hold nothing.
+-- That a key's rows of one batch go to one topic is the relay's part (Producer.fetch). `exclude`
 -- holds the ids of the batch still on its way to Kafka (the relay fetches the next batch
--- meanwhile; those rows are not deleted yet), or nothing.
-WITH blocked AS (
-    SELECT DISTINCT lane, key
+-- meanwhile; those rows are not deleted yet, so a retrying row in flight still holds its key),
+-- or nothing.
+WITH retrying AS (
+    -- One row per key in retry: a hash table the scan below probes (the relay plans without
+    -- sorts). Reads the partial index of retrying rows.
+    SELECT lane, key, min(id) AS first_id
     FROM {schema}.producer_queue
-    WHERE attempts > 0 AND dead_at IS NULL AND next_attempt_at > now()
-      AND lane = ANY(%(lanes)s)
+    WHERE attempts > 0 AND dead_at IS NULL AND lane = ANY(%(lanes)s) AND key IS NOT NULL
+    GROUP BY lane, key
 )
 -- The columns of outbox.kafka.publisher.QueuedRow. The server formats what goes into the Kafka
 -- headers (the message id's text, the creation time in ISO 8601, UTC), so the relay converts
@@ -85,7 +131,9 @@ FROM {schema}.producer_queue q
 WHERE q.lane = ANY(%(lanes)s)
   AND q.dead_at IS NULL
   AND q.next_attempt_at <= now()
-  AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key)
+  AND NOT EXISTS (
+      SELECT 1 FROM retrying r WHERE r.lane = q.lane AND r.key = q.key AND r.first_id < q.id
+  )
   -- A filter, not an anti-join: it keeps the scan in id order, and PostgreSQL 15+ hashes the
   -- array when it is a constant of the plan (the relay plans each execution: Producer.
   -- planner_settings). The cast matters: psycopg sends small ints as int2[], and a cross-type
@@ -95,30 +143,55 @@ ORDER BY q.id
 LIMIT %(limit)s;
 
 -- name: producer_next_retry
--- Seconds until the earliest scheduled retry in the owned lanes, or NULL when none waits.
-SELECT EXTRACT(EPOCH FROM min(next_attempt_at) - now())
-FROM {schema}.producer_queue
-WHERE attempts > 0 AND dead_at IS NULL AND lane = ANY(%(lanes)s);
+-- Seconds until the earliest moment a row of the owned lanes that waits for a retry can be
+-- fetched (see producer_fetch), or NULL when none waits: per key, only its earliest retrying
+-- row counts, since the key's later rows wait for that one whatever their own time says. A
+-- negative value means due already.
+SELECT EXTRACT(EPOCH FROM min(q.next_attempt_at) - now())
+FROM {schema}.producer_queue q
+WHERE q.attempts > 0 AND q.dead_at IS NULL AND q.lane = ANY(%(lanes)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM {schema}.producer_queue e
+      WHERE e.lane = q.lane AND e.key = q.key AND e.attempts > 0 AND e.dead_at IS NULL
+        AND e.id < q.id
+  );
 
 -- name: producer_delete
 -- The ids are bound in binary form (the b placeholder): cheaper to build than text.
 DELETE FROM {schema}.producer_queue WHERE id = ANY(CAST(%(ids)b AS bigint[]));
 
 -- name: producer_fail
--- Record a failed delivery: count it, keep the error, and schedule the next attempt (or, with
--- a NULL delay, mark the row dead so it stays for an operator).
-UPDATE {schema}.producer_queue AS q
-SET attempts = q.attempts + 1,
-    last_error = f.error,
-    next_attempt_at = CASE WHEN f.delay IS NULL THEN q.next_attempt_at
-                           ELSE now() + make_interval(secs => f.delay) END,
-    dead_at = CASE WHEN f.delay IS NULL THEN now() ELSE NULL END
-FROM unnest(
-    CAST(%(ids)s AS bigint[]),
-    CAST(%(errors)s AS text[]),
-    CAST(%(delays)s AS float8[])
-) AS f(id, error, delay)
-WHERE q.id = f.id;
+-- Record failed deliveries in one statement: a row with a delay is counted, keeps its error
+-- and is retried after `delay` seconds; a row with a NULL delay can never be delivered and is
+-- moved to producer_dead (same id and columns, attempts counted, dead_at now) for an operator,
+-- out of the way of the relay's fetch. The errors must be storable text (outbox.core.text).
+WITH f AS (
+    SELECT *
+    FROM unnest(
+        CAST(%(ids)s AS bigint[]),
+        CAST(%(errors)s AS text[]),
+        CAST(%(delays)s AS float8[])
+    ) AS f(id, error, delay)
+), retried AS (
+    UPDATE {schema}.producer_queue AS q
+    SET attempts = q.attempts + 1,
+        last_error = f.error,
+        next_attempt_at = now() + make_interval(secs => f.delay)
+    FROM f
+    WHERE q.id = f.id AND f.delay IS NOT NULL
+), moved AS (
+    DELETE FROM {schema}.producer_queue AS q
+    USING f
+    WHERE q.id = f.id AND f.delay IS NULL
+    RETURNING q.id, q.message_id, q.topic, q.key, q.payload, q.headers, q.content_type, q.lane,
+              q.created_at, q.attempts, q.next_attempt_at, f.error
+)
+INSERT INTO {schema}.producer_dead
+    (id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
+     next_attempt_at, last_error, dead_at)
+SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at,
+       attempts + 1, next_attempt_at, error, now()
+FROM moved;
 
 -- name: inbox_insert
 -- Store a batch of Kafka records, once per message id: a record delivered again (by Kafka, by a
@@ -154,6 +227,35 @@ SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken),
        (SELECT json_object_agg(topic, n)
         FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic);
 
+-- name: inbox_quarantine
+-- Store records that cannot be ordinary rows (outbox.kafka.subscriber.Quarantined) as dead
+-- rows, once per message id: key and payload as received, every header base64-encoded in
+-- raw_headers, no user headers, the raw-bytes content type, the reason in last_error and
+-- attempts 0. Only uuid, bytea, base64 and `storable` text are bound: PostgreSQL cannot refuse
+-- it for its data. Returns the rows stored per topic ({"topic": n}, NULL when none; metrics).
+WITH inserted AS (
+    INSERT INTO {schema}.consumer_queue
+        (message_id, topic, key, payload, headers, content_type, lane, created_at,
+         source_partition, source_offset, raw_headers, last_error, attempts, dead_at)
+    SELECT m, t, k, p, '{}'::jsonb, 'application/octet-stream', l, c, sp, so, r, e, 0, now()
+    FROM unnest(
+        CAST(%(message_ids)s AS uuid[]),
+        CAST(%(topics)s AS text[]),
+        CAST(%(keys)s AS bytea[]),
+        CAST(%(payloads)s AS bytea[]),
+        CAST(%(lanes)s AS smallint[]),
+        CAST(%(created_ats)s AS timestamptz[]),
+        CAST(%(partitions)s AS integer[]),
+        CAST(%(offsets)s AS bigint[]),
+        CAST(%(raw_headers)s AS jsonb[]),
+        CAST(%(errors)s AS text[])
+    ) AS q(m, t, k, p, l, c, sp, so, r, e)
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING topic
+)
+SELECT json_object_agg(topic, n)
+FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic;
+
 -- name: handler_fetch
 -- The next pending rows of the owned lanes, in id order; a key whose earlier row waits for a
 -- retry is held back, so a handler sees each key's messages in order (except on the topics
@@ -176,9 +278,26 @@ ORDER BY q.id
 LIMIT %(limit)s;
 
 -- name: handler_next_retry
-SELECT EXTRACT(EPOCH FROM min(next_attempt_at) - now())
-FROM {schema}.consumer_queue
-WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL AND lane = ANY(%(lanes)s);
+-- Seconds until the earliest moment a row of the owned lanes that waits for a retry can be
+-- fetched, or NULL when none waits. handler_fetch holds a key while any of its retrying rows
+-- is not due, so a key is free at the latest next_attempt_at of its retrying rows, not the
+-- earliest (that row is due but held: waking for it fetched nothing, at once, in a loop). A
+-- row without a key is never held: its own time counts. Rows of the topics whose handler is
+-- unordered are not held either but count with their key here (the statement does not know
+-- those topics): they wait at most for the Handler's next poll. Negative: due already.
+SELECT EXTRACT(EPOCH FROM min(free_at) - now())
+FROM (
+    SELECT max(next_attempt_at) AS free_at
+    FROM {schema}.consumer_queue
+    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL AND lane = ANY(%(lanes)s)
+      AND key IS NOT NULL
+    GROUP BY lane, key
+    UNION ALL
+    SELECT next_attempt_at
+    FROM {schema}.consumer_queue
+    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL AND lane = ANY(%(lanes)s)
+      AND key IS NULL
+) AS keys;
 
 -- name: handler_claim
 -- Lock one pending row for the handler's transaction. SKIP LOCKED: a row another process is

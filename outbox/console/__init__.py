@@ -1,0 +1,10 @@
+"""`outbox console`: an operator's web page per service database.
+
+Queues by topic and state, the live processes, each consumer group's lag, throughput sampled
+by the console itself, and the dead letters (filter, open, requeue, purge). Standard library
+only (`http.server`); see docs/how-to/console.md.
+"""
+
+from outbox.console.server import Console, ConsoleConfig, Database, serve
+
+__all__ = ["Console", "ConsoleConfig", "Database", "serve"]

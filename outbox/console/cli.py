@@ -1,0 +1,116 @@
+"""The `outbox console` command: its flags, and running it until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from outbox import settings
+from outbox.cli_arguments import ENV_DATABASE_URL, ENV_SCHEMA, add_groups, add_kafka, env_groups
+from outbox.core.errors import ConfigurationError
+from outbox.core.numbers import flag_type
+
+
+def env_flag(name: str) -> bool:
+    """True when the environment variable `name` is 1, true, yes or on."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `outbox console` to the `outbox` command's subparsers."""
+    console = commands.add_parser(
+        "console",
+        help="serve an operator's web page: queues, processes, lag, throughput, dead letters",
+        description="A web page per service database, refreshing on its own. Binds 127.0.0.1 "
+        "unless an auth token is set. See docs/how-to/console.md.",
+    )
+    console.add_argument(
+        "--database-url",
+        dest="database_urls",
+        action="append",
+        default=None,
+        metavar="[NAME=]URL",
+        help="a service database, named NAME in the page (else after its database); "
+        f"repeatable (env {ENV_DATABASE_URL}: one database)",
+    )
+    console.add_argument(
+        "--schema",
+        default=os.environ.get(ENV_SCHEMA, "outbox"),
+        help=f"schema of the outbox tables in every database (env {ENV_SCHEMA}; default outbox)",
+    )
+    add_kafka(console)
+    add_groups(console)
+    console.add_argument(
+        "--host",
+        default=os.environ.get(settings.CONSOLE_HOST, "127.0.0.1"),
+        help=f"address to bind (env {settings.CONSOLE_HOST}; default 127.0.0.1; any other "
+        "address needs --auth-token)",
+    )
+    console.add_argument(
+        "--port",
+        type=flag_type("port", settings.CONSOLE_PORT),
+        default=os.environ.get(settings.CONSOLE_PORT, "8470"),
+        help=f"port to listen on, 0 for any free one (env {settings.CONSOLE_PORT}; default 8470)",
+    )
+    console.add_argument(
+        "--auth-token",
+        default=os.environ.get(settings.CONSOLE_TOKEN),
+        help=f"token every request must carry: the password of HTTP basic auth (any user) or "
+        f"`Authorization: Bearer TOKEN` (env {settings.CONSOLE_TOKEN}, preferred: a flag "
+        "shows in ps)",
+    )
+    console.add_argument(
+        "--read-only",
+        action="store_true",
+        default=env_flag(settings.CONSOLE_READ_ONLY),
+        help=f"hide and refuse requeue and purge (env {settings.CONSOLE_READ_ONLY})",
+    )
+    console.add_argument(
+        "--refresh",
+        type=flag_type("seconds", settings.CONSOLE_REFRESH),
+        default=os.environ.get(settings.CONSOLE_REFRESH, "3"),
+        help=f"seconds between refreshes of the page (env {settings.CONSOLE_REFRESH}; default 3)",
+    )
+
+
+def run_console(args: argparse.Namespace) -> int:
+    """Serve the console until SIGTERM or SIGINT."""
+    import signal
+    from types import FrameType
+
+    from outbox.console.server import Console, ConsoleConfig, Database, parse_database
+    from outbox.observability.redact import remember_secrets, secrets_of_url
+
+    urls = args.database_urls or (
+        [os.environ[ENV_DATABASE_URL]] if os.environ.get(ENV_DATABASE_URL) else []
+    )
+    if not urls:
+        raise ConfigurationError(f"--database-url is required (or set {ENV_DATABASE_URL})")
+    databases = []
+    for index, text in enumerate(urls):
+        remember_secrets(secrets_of_url(text))
+        name, url = parse_database(text, index)
+        databases.append(Database(name, url, args.schema))
+    if args.auth_token:
+        remember_secrets([args.auth_token])
+    config = ConsoleConfig(
+        databases=tuple(databases),
+        host=args.host,
+        port=args.port,
+        auth_token=args.auth_token or None,
+        read_only=args.read_only,
+        refresh=args.refresh,
+        kafka_bootstrap=args.kafka_bootstrap or None,
+        kafka_config=dict(args.kafka_config),
+        groups=tuple(args.groups if args.groups is not None else env_groups()),
+    )
+    console = Console(config)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        console.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"outbox console: {console.url}", flush=True)
+    console.run()
+    return 0

@@ -1,0 +1,290 @@
+"""HTML fragments of the console, from the dataclasses of `outbox.operations` and the lag.
+
+Every value that comes from a database or a broker (topics, keys, payloads, headers, errors,
+relay ids) goes through `esc`, which escapes HTML and shows control characters as `\\xNN`
+escapes; bytes that are not UTF-8 are shown as hex (`outbox.cli_operations._bytes_text`). The
+page's Content-Security-Policy allows no inline script either, so an escaping slip would still
+not run a script.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+
+from outbox import operations as ops
+from outbox.cli_operations import (
+    PAYLOAD_PREVIEW_BYTES,
+    _age,
+    _key_cell,
+    _payload,
+    _when,
+)
+from outbox.console.throughput import Rate
+from outbox.kafka.lag import GroupLag
+
+
+def esc(value: object) -> str:
+    """`value` as text safe inside HTML elements and quoted attributes.
+
+    Control characters other than newline and tab become `\\xNN` escapes (a NUL cannot reach
+    the page), then `&<>"'` are escaped.
+    """
+    text = str(value)
+    if not all(ch.isprintable() or ch in "\n\t" for ch in text):
+        text = "".join(
+            ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii")
+            for ch in text
+        )
+    return html.escape(text, quote=True)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], css: str = "") -> str:
+    """A table; `header` is plain text, each cell already HTML."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    cls = f' class="{esc(css)}"' if css else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _count(count: ops.Count, state: str) -> str:
+    if count.rows == 0:
+        return '<span class="zero">-</span>'
+    warn = " bad" if state == "dead" else ""
+    return (
+        f'<span class="n{warn}">{count.rows}</span> '
+        f'<span class="age" title="age of the oldest row">{esc(_age(count.oldest_age))}</span>'
+    )
+
+
+def queues(status: ops.Status) -> str:
+    """One table per queue: rows by topic and state, with the age of the oldest."""
+    parts = []
+    for q in status.queues:
+        rows = [
+            [esc(topic), *(_count(per_state[s], s) for s in q.states)]
+            for topic, per_state in q.topics.items()
+        ]
+        rows.append(["<b>total</b>", *(_count(q.totals[s], s) for s in q.states)])
+        parts.append(
+            f"<h3>{esc(q.table)} <small>rows (age of the oldest by {esc(q.age_column)})</small>"
+            f"</h3>" + _table(["topic", *q.states], rows, "queue")
+        )
+    return "".join(parts)
+
+
+def processes(status: ops.Status) -> str:
+    """The registered daemons: host, own pid, backend pid, state, lanes; then the claims."""
+    if not status.processes:
+        return '<p class="none">No process registered in relay_state.</p>'
+    rows = [
+        [
+            esc(p.host or "-"),
+            esc(p.pid if p.pid is not None else "-"),
+            esc(p.queue),
+            esc(p.backend_pid),
+            esc(("sleeping" if p.sleeping else "busy") if p.alive else "gone"),
+            esc(p.lanes),
+            esc(_age(p.since_update)),
+            f"<code>{esc(p.relay_id)}</code>",
+        ]
+        for p in status.processes
+    ]
+    html_ = _table(
+        ["host", "pid", "queue", "backend pid", "state", "lanes", "since", "relay id"],
+        rows,
+        "processes",
+    )
+    if status.claims:
+        claims = [[esc(c.backend_pid), esc(c.state), esc(_age(c.age))] for c in status.claims]
+        html_ += "<h3>handler transactions in flight</h3>" + _table(
+            ["backend pid", "state", "age"], claims
+        )
+    return html_
+
+
+def lag(groups: Sequence[GroupLag] | None, note: str | None = None) -> str:
+    """Each group's lag per topic and partition, with the totals."""
+    if groups is None:
+        return f'<p class="none">{esc(note or "Lag needs --kafka-bootstrap.")}</p>'
+    if not groups:
+        return f'<p class="none">{esc(note or "No consumer group.")}</p>'
+    parts = []
+    for g in groups:
+        if g.error is not None:
+            parts.append(f'<h3>{esc(g.group)}</h3><p class="bad">{esc(g.error)}</p>')
+            continue
+        rows = [
+            [esc(p.topic), esc(p.partition), esc(p.committed), esc(p.end), esc(p.lag)]
+            for p in g.partitions
+        ]
+        for topic, total in g.topics().items():
+            rows.append([f"<b>{esc(topic)}</b>", "all", "", "", f"<b>{esc(total)}</b>"])
+        parts.append(
+            f'<h3>group {esc(g.group)} <small>total lag <span class="n">{g.total}</span>'
+            "</small></h3>"
+            + (
+                _table(["topic", "partition", "committed", "end", "lag"], rows, "lag")
+                if g.partitions
+                else '<p class="none">No committed offsets.</p>'
+            )
+        )
+    if note:
+        parts.append(f'<p class="none">{esc(note)}</p>')
+    return "".join(parts)
+
+
+#: Series of the throughput chart: (attribute of Rate, label, colour).
+SERIES = (
+    ("written", "written to producer_queue", "#6c8ebf"),
+    ("relayed", "relayed to Kafka", "#2f9e44"),
+    ("received", "received into consumer_queue", "#e8590c"),
+    ("handled", "handled", "#9c36b5"),
+)
+
+
+def chart(rates: Sequence[Rate], *, width: int = 720, height: int = 180) -> str:
+    """Rows per second over the sampled minutes, as an inline SVG (numbers only)."""
+    if len(rates) < 2:
+        return '<p class="none">Sampling: the chart appears after two samples.</p>'
+    left, bottom, top, right = 48, 22, 8, 8
+    span = max((rates[-1].at - rates[0].at), 1e-9)
+    peak = max((getattr(r, name) for r in rates for name, _, _ in SERIES), default=0.0)
+    peak = max(peak, 1.0)
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def x(at: float) -> float:
+        return left + (at - rates[0].at) / span * plot_w
+
+    def y(value: float) -> float:
+        return top + plot_h - value / peak * plot_h
+
+    lines = []
+    for name, label, colour in SERIES:
+        points = " ".join(f"{x(r.at):.1f},{y(getattr(r, name)):.1f}" for r in rates)
+        lines.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}">'
+            f"<title>{esc(label)}</title></polyline>"
+        )
+    minutes = span / 60
+    axis = (
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}" '
+        f'stroke="#888"/><line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" '
+        f'stroke="#888"/>'
+        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end" font-size="11">{peak:.0f}/s</text>'
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" font-size="11">0</text>'
+        f'<text x="{left}" y="{height - 4}" font-size="11">-{minutes:.1f} min</text>'
+        f'<text x="{width - right}" y="{height - 4}" text-anchor="end" font-size="11">now</text>'
+    )
+    legend = "".join(
+        f'<span class="legend"><svg width="10" height="10" aria-hidden="true">'
+        f'<rect width="10" height="10" fill="{colour}"/></svg> '
+        f"{esc(label)}: {getattr(rates[-1], name):.1f}/s</span>"
+        for name, label, colour in SERIES
+    )
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="throughput" '
+        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}">'
+        f"{axis}{''.join(lines)}</svg>"
+    )
+    return f'<div class="chart">{svg}<div class="legends">{legend}</div></div>'
+
+
+def dead_letters(page: ops.DeadLetterPage, *, read_only: bool) -> str:
+    """The dead rows of the filter, each with a button to open it."""
+    where = f" of topic {page.topic}" if page.topic else ""
+    if page.total == 0:
+        return f'<p class="none" id="dead-count">No dead rows in {esc(page.table)}{esc(where)}.</p>'
+    shown = "" if len(page.rows) == page.total else f", showing the first {len(page.rows)}"
+    rows = [
+        [
+            esc(r.id),
+            f"<code>{esc(r.message_id)}</code>",
+            esc(r.topic),
+            esc(_key_cell(r.key)),
+            esc(r.attempts),
+            esc(_when(r.dead_at)),
+            f'<span class="error">{esc(r.error_summary)}</span>',
+            f'<button type="button" class="open" data-queue="{esc(page.queue)}" '
+            f'data-id="{esc(r.id)}">open</button>',
+        ]
+        for r in page.rows
+    ]
+    del read_only  # the actions are on the opened row
+    return (
+        f'<p id="dead-count">{page.total} dead row{"s" if page.total != 1 else ""} in '
+        f"{esc(page.table)}{esc(where)}{esc(shown)}</p>"
+        + _table(
+            ["id", "message id", "topic", "key", "attempts", "dead at", "error", ""], rows, "dead"
+        )
+    )
+
+
+def row_detail(row: ops.QueueRow, *, read_only: bool) -> str:
+    """Everything about one row: fields, headers, the whole error, a payload preview."""
+    fields: list[tuple[str, str]] = [
+        ("table", row.table),
+        ("id", str(row.id)),
+        ("message id", str(row.message_id)),
+        ("state", row.state),
+        ("topic", row.topic),
+        ("key", _key_cell(row.key)),
+        ("content type", row.content_type),
+        ("lane", str(row.lane)),
+        ("attempts", str(row.attempts)),
+        ("created at", _when(row.created_at)),
+        ("next attempt at", _when(row.next_attempt_at)),
+        ("dead at", _when(row.dead_at)),
+    ]
+    if row.queue == "consumer":
+        fields += [
+            ("received at", _when(row.received_at)),
+            (
+                "source partition",
+                "-" if row.source_partition is None else str(row.source_partition),
+            ),
+            ("source offset", "-" if row.source_offset is None else str(row.source_offset)),
+            ("processed at", _when(row.processed_at)),
+        ]
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in fields)
+    headers = json.dumps(row.headers, ensure_ascii=True, sort_keys=True, indent=2)
+    payload, encoding, truncated = _payload(row)
+    size = f"{len(row.payload)} bytes"
+    what = "UTF-8" if encoding == "utf-8" else "not UTF-8 text: hex"
+    cut = f", showing the first {PAYLOAD_PREVIEW_BYTES}" if truncated else ""
+    actions = ""
+    if row.state == "dead" and not read_only:
+        actions = (
+            '<div class="actions">'
+            f'<button type="button" class="act requeue" data-action="requeue" '
+            f'data-queue="{esc(row.queue)}" data-id="{esc(row.id)}">requeue</button> '
+            f'<button type="button" class="act purge" data-action="purge" '
+            f'data-queue="{esc(row.queue)}" data-id="{esc(row.id)}">purge</button></div>'
+        )
+    elif row.state == "dead":
+        actions = '<p class="none">Read-only console: requeue and purge are disabled.</p>'
+    return (
+        f'<h3 id="detail-title">{esc(row.table)} row {esc(row.id)} '
+        f'<span class="state {esc(row.state)}">{esc(row.state)}</span></h3>'
+        f'{actions}<table class="fields">{table}</table>'
+        f"<h4>headers</h4><pre>{esc(headers)}</pre>"
+        f'<h4>error</h4><pre class="error">{esc(row.last_error or "(none)")}</pre>'
+        f'<h4>payload <small id="payload-size">{esc(size)}, {esc(what)}{esc(cut)}</small></h4>'
+        f'<pre class="payload">{esc(payload)}</pre>'
+    )
+
+
+def databases(names: Sequence[str], current: str, described: dict[str, str]) -> str:
+    """The database selector: one link per database, with its redacted connection string."""
+    return "".join(
+        f'<a class="db{" current" if n == current else ""}" href="/?db={esc(_q(n))}" '
+        f'title="{esc(described[n])}">{esc(n)}</a>'
+        for n in names
+    )
+
+
+def _q(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")

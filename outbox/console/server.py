@@ -1,0 +1,609 @@
+"""The console's HTTP server: the standard library's `http.server`, one thread per request.
+
+Safe by default:
+
+- it binds 127.0.0.1; any other address is refused unless an auth token is configured, and
+  then every request must carry it (HTTP basic auth with the token as password, or
+  `Authorization: Bearer <token>`);
+- without a token, a request whose Host header is not a loopback name is refused (a DNS
+  rebinding page cannot read the console);
+- a state-changing request is a POST with the CSRF token of its session (an HMAC of the
+  session cookie) in `X-CSRF-Token`, and an `Origin` of the console's own host;
+- `read_only` refuses requeue and purge (and the page shows no such buttons);
+- database URLs are shown only through `redact_url`, errors through `redact_text`;
+- every page has a Content-Security-Policy that allows no inline script.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import psycopg
+
+from outbox import operations as ops
+from outbox.cli_operations import LOCK_TIMEOUT_SECONDS, _status_json
+from outbox.console import assets, render
+from outbox.console.throughput import Throughput
+from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.kafka.lag import GroupLag, LagReader, lag_json
+from outbox.observability.redact import redact_text, redact_url
+from outbox.postgres.migrate import check_schema
+from outbox.postgres.queries import validate_schema
+
+log = logging.getLogger("outbox.console")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8470
+COOKIE = "outbox_console_session"
+#: Dead rows listed at most per filter.
+DEAD_LIMIT = 200
+_SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    """A service database the console shows: its name in the page, URL and schema."""
+
+    name: str
+    url: str
+    schema: str = "outbox"
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """Settings of `outbox console`; validated at construction."""
+
+    databases: tuple[Database, ...]
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    auth_token: str | None = None
+    read_only: bool = False
+    #: Seconds between two refreshes of the page.
+    refresh: float = 3.0
+    #: Seconds between two throughput and lag samples.
+    sample_interval: float = 5.0
+    kafka_bootstrap: str | None = None
+    kafka_config: Mapping[str, str] = field(default_factory=dict)
+    #: Consumer groups whose lag is shown; empty: every group of the cluster.
+    groups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.databases:
+            raise ConfigurationError("the console needs at least one --database-url")
+        names = [d.name for d in self.databases]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"database names must differ, got {names}")
+        for d in self.databases:
+            validate_schema(d.schema)
+        if not is_loopback(self.host) and not self.auth_token:
+            raise ConfigurationError(
+                f"refusing to serve the console on {self.host}: it binds 127.0.0.1 unless an "
+                "auth token is configured (--auth-token or OUTBOX_CONSOLE_TOKEN)"
+            )
+        if self.refresh <= 0 or self.sample_interval <= 0:
+            raise ConfigurationError("refresh and sample interval must be > 0 seconds")
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or the name localhost."""
+    if host.strip("[]").lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_database(text: str, index: int = 0) -> tuple[str, str]:
+    """(name, url) of a `--database-url`: `NAME=URL`, or a URL named after its database.
+
+    A string libpq parses as a whole (a URL, or `host=... dbname=...`) has no NAME.
+    """
+    from outbox.observability.redact import parse_conninfo
+
+    whole = parse_conninfo(text)
+    if whole is not None:
+        return whole.get("dbname") or f"database{index + 1}", text
+    name, sep, url = text.partition("=")
+    name = name.strip()
+    if sep and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+        return name, url.strip()
+    raise ConfigurationError(
+        "--database-url must be a PostgreSQL URL or NAME=URL "
+        f"(got {redact_url(text) if parse_conninfo(text) else 'an unparseable string'})"
+    )
+
+
+class Console:
+    """The console: its sampler thread and its HTTP server."""
+
+    def __init__(self, config: ConsoleConfig) -> None:
+        self.config = config
+        self._by_name = {d.name: d for d in config.databases}
+        self._described = {d.name: redact_url(d.url) for d in config.databases}
+        self._throughput = {d.name: Throughput() for d in config.databases}
+        self._secret = secrets.token_bytes(32)
+        self._lag: list[GroupLag] | None = None
+        self._lag_note: str | None = None
+        self._lag_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._server = _Server((config.host, config.port), _Handler)
+        self._server.console = self
+
+    @property
+    def url(self) -> str:
+        """The console's address, e.g. http://127.0.0.1:8470/."""
+        address = self._server.server_address
+        host, port = str(address[0]), int(address[1])
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/"
+
+    def start(self) -> None:
+        """Serve and sample in background threads."""
+        for target in (self._sample_forever, self._server.serve_forever):
+            thread = threading.Thread(target=target, daemon=True, name="outbox-console")
+            thread.start()
+            self._threads.append(thread)
+
+    def run(self) -> None:
+        """Serve until `stop` (from a signal handler)."""
+        self.start()
+        log.info(
+            "outbox console on %s (%s; %s)",
+            self.url,
+            "read-only" if self.config.read_only else "requeue and purge allowed",
+            "auth token required" if self.config.auth_token else "no auth token: loopback only",
+        )
+        self._stop.wait()
+        self.close()
+
+    def stop(self) -> None:
+        """Ask `run` to return."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop serving and sampling."""
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        for thread in self._threads:
+            thread.join(10)
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def _sample_forever(self) -> None:
+        reader: LagReader | None = None
+        connections: dict[str, psycopg.Connection[Any]] = {}
+        try:
+            while not self._stop.is_set():
+                for d in self.config.databases:
+                    self._sample(d, connections)
+                if self.config.kafka_bootstrap:
+                    reader = self._sample_lag(reader)
+                self._stop.wait(self.config.sample_interval)
+        finally:
+            for conn in connections.values():
+                conn.close()
+            if reader is not None:
+                reader.close()
+
+    def _sample(self, d: Database, connections: dict[str, psycopg.Connection[Any]]) -> None:
+        throughput = self._throughput[d.name]
+        try:
+            conn = connections.get(d.name)
+            if conn is None or conn.closed:
+                conn = connections[d.name] = _connect(d.url)
+            last = throughput.since
+            throughput.add(ops.counters(conn, d.schema, last.taken_at if last else None))
+        except psycopg.Error as exc:
+            log.warning("sampling %s: %s", d.name, redact_text(_first_line(exc)))
+            broken = connections.pop(d.name, None)
+            if broken is not None:
+                broken.close()
+
+    def _sample_lag(self, reader: LagReader | None) -> LagReader | None:
+        assert self.config.kafka_bootstrap
+        try:
+            if reader is None:
+                reader = LagReader(
+                    self.config.kafka_bootstrap, self.config.kafka_config, timeout=5.0
+                )
+            groups = reader.lag(self.config.groups or None)
+            note = None
+        except Exception as exc:  # the broker's errors have many types; the page says why
+            groups, note = None, f"cannot read lag: {redact_text(_first_line(exc))}"
+        with self._lag_lock:
+            if groups is not None:
+                self._lag = groups
+            self._lag_note = note
+        return reader
+
+    def lag(self) -> tuple[list[GroupLag] | None, str | None]:
+        """The last lag read (None before the first, or without Kafka) and a note."""
+        if not self.config.kafka_bootstrap:
+            return None, "Lag needs --kafka-bootstrap (and optionally --group)."
+        with self._lag_lock:
+            if self._lag is None and self._lag_note is None:
+                return [], "Reading the lag…"
+            return self._lag, self._lag_note
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def database(self, name: str | None) -> Database:
+        """The database called `name` (the first when None)."""
+        if name is None:
+            return self.config.databases[0]
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise _Refused(HTTPStatus.NOT_FOUND, "no such database") from None
+
+    def csrf_token(self, session: str) -> str:
+        """The CSRF token of a session: an HMAC of its id with the console's secret."""
+        return hmac.new(self._secret, session.encode(), hashlib.sha256).hexdigest()
+
+    def page(self, d: Database, session: str) -> str:
+        """The page shell of database `d`."""
+        names = [x.name for x in self.config.databases]
+        return assets.PAGE.format(
+            db=render.esc(d.name),
+            csrf=render.esc(self.csrf_token(session)),
+            refresh=render.esc(self.config.refresh),
+            databases=render.databases(names, d.name, self._described),
+            described=render.esc(self._described[d.name]),
+            schema=render.esc(d.schema),
+            read_only='<span class="ro">read-only</span>' if self.config.read_only else "",
+        )
+
+    def view(self, d: Database, query: Mapping[str, str]) -> dict[str, Any]:
+        """The fragments of the page: queues, processes, lag, chart, dead letters."""
+        queue = _queue(query.get("queue"))
+        topic = query.get("topic", "").strip() or None
+        text = query.get("text", "").strip() or None
+        with _connection(d) as conn:
+            status = ops.status(conn, d.schema)
+            page = ops.list_dead_letters(
+                conn, d.schema, queue, topic=topic, limit=DEAD_LIMIT, text=text
+            )
+        groups, note = self.lag()
+        return {
+            "db": d.name,
+            "taken_at": render.esc(status.taken_at.strftime("%H:%M:%S")),
+            "queues": render.queues(status),
+            "processes": render.processes(status),
+            "lag": render.lag(groups, note),
+            "chart": render.chart(self._throughput[d.name].rates()),
+            "dead": render.dead_letters(page, read_only=self.config.read_only),
+            "error": None,
+        }
+
+    def status_document(self, d: Database) -> dict[str, Any]:
+        """`outbox status --json`'s document, with the lag and the sampled rates."""
+        with _connection(d) as conn:
+            status = ops.status(conn, d.schema)
+        groups, note = self.lag()
+        return {
+            **_status_json(status),
+            "database": d.name,
+            "lag": None if groups is None else lag_json(groups),
+            "lag_note": note,
+            "throughput": [
+                {
+                    "at": r.at,
+                    "written": r.written,
+                    "relayed": r.relayed,
+                    "received": r.received,
+                    "handled": r.handled,
+                }
+                for r in self._throughput[d.name].rates()
+            ],
+        }
+
+    def row(self, d: Database, query: Mapping[str, str]) -> dict[str, Any]:
+        """One row's detail fragment."""
+        queue = _queue(query.get("queue"))
+        row_id = _row_id(query.get("id"))
+        with _connection(d) as conn:
+            row = ops.show_row(conn, d.schema, queue, row_id)
+        return {"html": render.row_detail(row, read_only=self.config.read_only)}
+
+    def change(self, d: Database, action: str, form: Mapping[str, str]) -> dict[str, Any]:
+        """Requeue or purge one dead row."""
+        if self.config.read_only:
+            raise _Refused(HTTPStatus.FORBIDDEN, "the console is read-only")
+        queue = _queue(form.get("queue"))
+        row_id = _row_id(form.get("id"))
+        selection = ops.Selection(ids=(row_id,))
+        with _connection(d) as conn:
+            if action == "requeue":
+                count = ops.requeue(conn, d.schema, queue, selection)
+            else:
+                count = ops.purge(conn, d.schema, queue, selection)
+        log.info("console: %sd row %s of %s in %s", action, row_id, ops.TABLES[queue], d.name)
+        rows = "row" if count == 1 else "rows"
+        return {"changed": count, "message": f"{action}d {count} {rows} of {ops.TABLES[queue]}"}
+
+
+class _Refused(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _queue(text: str | None) -> ops.Queue:
+    if text in (None, "", "consumer"):
+        return "consumer"
+    if text == "producer":
+        return "producer"
+    raise _Refused(HTTPStatus.BAD_REQUEST, "queue must be consumer or producer")
+
+
+def _row_id(text: str | None) -> ops.RowId:
+    try:
+        return ops.parse_row_id(text or "")
+    except ValueError as exc:
+        raise _Refused(HTTPStatus.BAD_REQUEST, str(exc)) from None
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        url, autocommit=True, connect_timeout=5, application_name="outbox-console"
+    )
+
+
+@contextmanager
+def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
+    try:
+        conn = _connect(d.url)
+    except psycopg.Error as exc:
+        raise _Refused(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            f"cannot connect to PostgreSQL ({d.name}): {_first_line(exc)}",
+        ) from None
+    with conn:
+        try:
+            conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+            check_schema(conn, d.schema)
+            yield conn
+        except psycopg.errors.LockNotAvailable:
+            raise _Refused(
+                HTTPStatus.CONFLICT,
+                "the row is locked by a running daemon; nothing was changed, try again",
+            ) from None
+        except psycopg.Error as exc:
+            raise _Refused(
+                HTTPStatus.SERVICE_UNAVAILABLE, f"PostgreSQL ({d.name}): {_first_line(exc)}"
+            ) from None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    console: Console
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "outbox-console"
+    sys_version = ""
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), redact_text(format % args))
+
+    @property
+    def console(self) -> Console:
+        return self.server.console
+
+    def _send(
+        self,
+        status: HTTPStatus,
+        body: bytes,
+        content_type: str,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("X-Frame-Options", "DENY")
+        self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header(
+            "Content-Security-Policy",
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        )
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: HTTPStatus, doc: Any, headers: Sequence[tuple[str, str]] = ()) -> None:
+        # ensure_ascii and "<" escaped: the JSON is inert even if a browser sniffed it as HTML.
+        text = json.dumps(doc, ensure_ascii=True, default=str).replace("<", "\\u003c")
+        self._send(status, text.encode("ascii"), "application/json", headers)
+
+    def _query(self) -> dict[str, str]:
+        query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        return {k: v[-1] for k, v in query.items()}
+
+    def _session(self) -> str | None:
+        raw = self.headers.get("Cookie")
+        if not raw:
+            return None
+        try:
+            cookie = SimpleCookie(raw)
+        except CookieError:
+            return None
+        morsel = cookie.get(COOKIE)
+        if morsel is None or not _SESSION_RE.fullmatch(morsel.value):
+            return None
+        return morsel.value
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _check_host(self) -> None:
+        """Without a token, only loopback Host names (no DNS rebinding)."""
+        if self.console.config.auth_token:
+            return
+        host = self.headers.get("Host", "")
+        name = urlsplit(f"//{host}").hostname or ""
+        if not is_loopback(name):
+            raise _Refused(HTTPStatus.FORBIDDEN, "the console answers loopback host names only")
+
+    def _check_auth(self) -> bool:
+        token = self.console.config.auth_token
+        if not token:
+            return True
+        given = self.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        candidate = ""
+        if scheme.lower() == "bearer":
+            candidate = value.strip()
+        elif scheme.lower() == "basic":
+            try:
+                decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                decoded = ""
+            candidate = decoded.partition(":")[2]
+        if candidate and hmac.compare_digest(candidate.encode(), token.encode()):
+            return True
+        body = b"authentication required: the console's token as the password"
+        self._send(
+            HTTPStatus.UNAUTHORIZED,
+            body,
+            "text/plain; charset=utf-8",
+            [("WWW-Authenticate", 'Basic realm="outbox console", charset="UTF-8"')],
+        )
+        return False
+
+    def _check_post(self) -> None:
+        """Same-origin, with the CSRF token of the session."""
+        origin = self.headers.get("Origin")
+        host = self.headers.get("Host", "")
+        if not origin or urlsplit(origin).netloc != host:
+            raise _Refused(HTTPStatus.FORBIDDEN, "cross-origin request refused")
+        if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin"):
+            raise _Refused(HTTPStatus.FORBIDDEN, "cross-site request refused")
+        session = self._session()
+        token = self.headers.get("X-CSRF-Token", "")
+        if session is None or not hmac.compare_digest(
+            token.encode(), self.console.csrf_token(session).encode()
+        ):
+            raise _Refused(HTTPStatus.FORBIDDEN, "missing or wrong CSRF token; reload the page")
+
+    # -- methods ----------------------------------------------------------------------------
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        self._handle(self._get)
+
+    def do_POST(self) -> None:
+        self._handle(self._post)
+
+    def _handle(self, method: Any) -> None:
+        try:
+            self._check_host()
+            if not self._check_auth():
+                return
+            method()
+        except _Refused as exc:
+            self._json(exc.status, {"error": redact_text(exc.message)})
+        except OutboxError as exc:
+            status = (
+                HTTPStatus.NOT_FOUND
+                if isinstance(exc, ops.NoSuchDeadLetter)
+                else HTTPStatus.CONFLICT
+                if isinstance(exc, ops.RequeueConflict)
+                else HTTPStatus.BAD_REQUEST
+            )
+            self._json(status, {"error": redact_text(_first_line(exc))})
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:
+            log.warning("console request failed", exc_info=True)
+            self._json(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                {"error": f"unexpected {type(exc).__name__}: {redact_text(_first_line(exc))}"},
+            )
+
+    def _get(self) -> None:
+        path = urlsplit(self.path).path
+        query = self._query()
+        if path == "/static/console.js":
+            self._send(HTTPStatus.OK, assets.JS.encode(), "text/javascript; charset=utf-8")
+        elif path == "/static/console.css":
+            self._send(HTTPStatus.OK, assets.CSS.encode(), "text/css; charset=utf-8")
+        elif path == "/":
+            d = self.console.database(query.get("db"))
+            session = self._session()
+            headers = []
+            if session is None:
+                session = secrets.token_urlsafe(32)
+                headers.append(
+                    ("Set-Cookie", f"{COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict")
+                )
+            body = self.console.page(d, session).encode()
+            self._send(HTTPStatus.OK, body, "text/html; charset=utf-8", headers)
+        elif path == "/api/view":
+            d = self.console.database(query.get("db"))
+            self._json(HTTPStatus.OK, self.console.view(d, query))
+        elif path == "/api/status":
+            d = self.console.database(query.get("db"))
+            self._json(HTTPStatus.OK, self.console.status_document(d))
+        elif path == "/api/row":
+            d = self.console.database(query.get("db"))
+            self._json(HTTPStatus.OK, self.console.row(d, query))
+        elif path == "/favicon.ico":
+            self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+        else:
+            raise _Refused(HTTPStatus.NOT_FOUND, "not found")
+
+    def _post(self) -> None:
+        path = urlsplit(self.path).path
+        action = {"/api/requeue": "requeue", "/api/purge": "purge"}.get(path)
+        if action is None:
+            raise _Refused(HTTPStatus.NOT_FOUND, "not found")
+        self._check_post()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > 65536:
+            raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
+        raw = self.rfile.read(length).decode("utf-8", "replace")
+        form = {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+        d = self.console.database(form.get("db"))
+        self._json(HTTPStatus.OK, self.console.change(d, action, form))
+
+
+def serve(config: ConsoleConfig) -> Console:
+    """A started console (for tests and embedding); `close()` it when done."""
+    console = Console(config)
+    console.start()
+    return console

@@ -1,0 +1,169 @@
+"""Consumer-group lag: each group's committed offsets against the end of their partitions.
+
+Used by `outbox status --kafka-bootstrap ...` and `outbox console`. The committed offsets come
+from the group coordinator (AdminClient `list_consumer_group_offsets`, one group per request as
+librdkafka requires), the ends of the partitions from `get_watermark_offsets` of a consumer that
+never joins a group (it only asks the partition leaders). Nothing here commits or changes a
+group.
+
+Lag of a partition = end (high watermark) - committed offset. A partition the group has no
+commit for (a committed offset < 0) is not reported: the group has never read it, and its
+start position decides what it will read.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+log = logging.getLogger("outbox.lag")
+
+#: Seconds a lag read waits for the cluster, per request.
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """One partition of a group: committed offset, end of the partition, and the difference."""
+
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        """Records after the committed offset (never negative)."""
+        return max(0, self.end - self.committed)
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """The lag of one consumer group; `error` says why it could not be read (then no rows)."""
+
+    group: str
+    partitions: tuple[PartitionLag, ...] = ()
+    error: str | None = None
+
+    @property
+    def total(self) -> int:
+        """Lag summed over every partition."""
+        return sum(p.lag for p in self.partitions)
+
+    def topics(self) -> dict[str, int]:
+        """Lag summed per topic, topics in name order."""
+        totals: dict[str, int] = {}
+        for p in self.partitions:
+            totals[p.topic] = totals.get(p.topic, 0) + p.lag
+        return dict(sorted(totals.items()))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class LagReader:
+    """Reads consumer-group lag from one Kafka cluster; `close` when done."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        extra: Mapping[str, str] | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        base: dict[str, Any] = {"bootstrap.servers": bootstrap, **dict(extra or {})}
+        self._timeout = timeout
+        self._admin = AdminClient(dict(base))
+        # A consumer that never subscribes never joins its group; the id is only required.
+        self._watermarks = Consumer(
+            {
+                **base,
+                "group.id": f"outbox-lag-reader-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+            }
+        )
+
+    def list_groups(self) -> list[str]:
+        """The ids of the cluster's consumer groups, in name order."""
+        result = self._admin.list_consumer_groups(request_timeout=self._timeout).result()
+        for error in getattr(result, "errors", None) or ():
+            log.warning("listing consumer groups: %s", error)
+        return sorted(g.group_id for g in result.valid)
+
+    def group_lag(self, group: str) -> GroupLag:
+        """The lag of `group` on every partition it has committed offsets for."""
+        try:
+            request = [ConsumerGroupTopicPartitions(group)]
+            futures = self._admin.list_consumer_group_offsets(
+                request, request_timeout=self._timeout
+            )
+            answer = futures[group].result()
+            committed = [
+                tp
+                for tp in (answer.topic_partitions or [])
+                if tp.error is None and tp.offset is not None and tp.offset >= 0
+            ]
+            partitions = []
+            for tp in sorted(committed, key=lambda t: (t.topic, t.partition)):
+                _low, high = self._watermarks.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=self._timeout, cached=False
+                )
+                partitions.append(PartitionLag(tp.topic, tp.partition, tp.offset, int(high)))
+        except (KafkaException, RuntimeError, ValueError) as exc:
+            return GroupLag(group, error=_first_line(exc))
+        return GroupLag(group, tuple(partitions))
+
+    def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
+        """The lag of each of `groups` (every group of the cluster when None)."""
+        names = self.list_groups() if groups is None else list(dict.fromkeys(groups))
+        return [self.group_lag(g) for g in names]
+
+    def close(self) -> None:
+        """Close the watermark consumer (the admin client has nothing to close)."""
+        self._watermarks.close()
+
+
+def read_lag(
+    bootstrap: str,
+    groups: Sequence[str] | None = None,
+    extra: Mapping[str, str] | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> list[GroupLag]:
+    """The lag of `groups` (every group when None or empty) in one short-lived reader."""
+    reader = LagReader(bootstrap, extra, timeout=timeout)
+    try:
+        return reader.lag(groups or None)
+    finally:
+        reader.close()
+
+
+def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
+    """The lag as JSON-ready dicts: group, total, per-topic totals, partitions, error."""
+    return [
+        {
+            "group": g.group,
+            "total": g.total,
+            "topics": g.topics(),
+            "partitions": [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "committed": p.committed,
+                    "end": p.end,
+                    "lag": p.lag,
+                }
+                for p in g.partitions
+            ],
+            "error": g.error,
+        }
+        for g in groups
+    ]

@@ -1,0 +1,28 @@
+"""A Kafka-like log kept in PostgreSQL: the second transport, for teams without Kafka.
+
+`PgLogPublisher` and `PgLogSubscriber` implement the `Publisher` and `Subscriber` ports over a
+log database migrated by `outbox migrate --log-url URL` (schema `outbox_log` by default) and
+pass the same contract suite as Kafka (tests/transport/). Records carry outbox's wire headers,
+so the inbox rows are those Kafka would give. docs/decisions/0009-postgres-log.md says why it
+is built the way it is.
+"""
+
+from __future__ import annotations
+
+from outbox.pglog.log import (
+    DEFAULT_PARTITIONS,
+    DEFAULT_SCHEMA,
+    PgLog,
+    check_log,
+)
+from outbox.pglog.publisher import PgLogPublisher
+from outbox.pglog.subscriber import PgLogSubscriber
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_SCHEMA",
+    "PgLog",
+    "PgLogPublisher",
+    "PgLogSubscriber",
+    "check_log",
+]

@@ -1,0 +1,343 @@
+"""What the log's publisher and subscriber share: statements, connections, the schema check,
+the header codec, topic lookups, and `PgLog` for administration (topics, retention, groups)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import struct
+import zlib
+from collections.abc import Iterable, Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from outbox.core.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    SchemaNotMigrated,
+    SchemaTooNew,
+)
+from outbox.core.topics import validate_topic
+from outbox.observability.redact import redact_text
+from outbox.postgres.migrate import sqlalchemy_url
+from outbox.postgres.queries import channel, quote_ident, validate_schema
+
+log = logging.getLogger("outbox.pglog")
+
+#: The log schema when none is given (`--log-schema`).
+DEFAULT_SCHEMA = "outbox_log"
+#: Partitions of a topic created on first publish (`--log-partitions`), as a broker's
+#: `num.partitions`.
+DEFAULT_PARTITIONS = 8
+#: Largest record (key, value and headers) the log stores: librdkafka's default
+#: `message.max.bytes`, so that what one transport accepts the other does too.
+DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
+#: The newest revision of the log's migrations (outbox/pglog/migrations/versions).
+HEAD_REVISION = "log0001"
+KNOWN_REVISIONS = frozenset({HEAD_REVISION})
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def _raw() -> dict[str, str]:
+    text = resources.files("outbox.pglog").joinpath("sql", "log.sql").read_text()
+    parts = _NAME.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+@cache
+def queries(schema: str) -> dict[str, str]:
+    """The log's statements with `{schema}` replaced by the quoted, validated schema name."""
+    quoted = quote_ident(validate_schema(schema))
+    return {name: body.replace("{schema}", quoted) for name, body in _raw().items()}
+
+
+def wake_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel publishers wake the subscribers of a log schema on."""
+    return channel(schema, "log")
+
+
+def connect(url: str, *, timeout: float, application_name: str) -> Connection:
+    """An autocommit connection to the log database."""
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        row_factory=tuple_row,
+        connect_timeout=max(1, int(timeout)),
+        application_name=application_name,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_schema(conn: Connection, schema: str) -> None:
+    """Raise unless the log schema is migrated to exactly the revision this code expects."""
+    try:
+        with conn.transaction():
+            row = conn.execute(queries(schema)["log_schema_version"]).fetchone()
+    except psycopg.errors.UndefinedTable:
+        raise SchemaNotMigrated(
+            f"the log database has no log schema {schema!r}: run "
+            f"`outbox migrate --log-url URL --log-schema {schema}`"
+        ) from None
+    version = row[0] if row else None
+    if version == HEAD_REVISION:
+        return
+    if version is None or version in KNOWN_REVISIONS:
+        raise SchemaNotMigrated(
+            f"log schema {schema!r} is at revision {version}, this outbox needs "
+            f"{HEAD_REVISION}: run `outbox migrate --log-url URL --log-schema {schema}`"
+        )
+    raise SchemaTooNew(
+        f"log schema {schema!r} is at revision {version!r}, which this version of outbox does "
+        "not know: it was migrated by a newer outbox; upgrade this service's outbox"
+    )
+
+
+def check_log(url: str, schema: str = DEFAULT_SCHEMA, *, timeout: float = 10.0) -> None:
+    """One clear error if the log database is unreachable or its schema not migrated."""
+    validate_schema(schema)
+    try:
+        conn = connect(url, timeout=timeout, application_name="outbox-check")
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(
+            redact_text(f"cannot connect to the log database: {_first_line(exc)}")
+        ) from None
+    with conn:
+        check_schema(conn, schema)
+
+
+# -- migrations ---------------------------------------------------------------------------------
+
+
+def migrations_dir() -> Path:
+    """The log's own Alembic script directory (inside the package)."""
+    return Path(__file__).resolve().parent / "migrations"
+
+
+def _alembic_config(url: str, schema: str, **attributes: Any) -> Any:
+    from alembic.config import Config
+
+    cfg = Config(output_buffer=attributes.pop("output_buffer", None))
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.attributes["schema"] = validate_schema(schema)
+    cfg.attributes["url"] = sqlalchemy_url(url)
+    cfg.attributes.update(attributes)
+    return cfg
+
+
+def upgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> None:
+    """Create or upgrade the log schema."""
+    from alembic import command
+
+    command.upgrade(_alembic_config(url, schema), revision)
+
+
+def downgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
+    """Take the log schema down to `revision` (default: drop every log table)."""
+    from alembic import command
+
+    command.downgrade(_alembic_config(url, schema), revision)
+
+
+def upgrade_sql(schema: str = DEFAULT_SCHEMA) -> str:
+    """The SQL `upgrade` would run on an empty database, for a DBA to review."""
+    from alembic import command
+
+    buffer = io.StringIO()
+    command.upgrade(
+        _alembic_config("postgresql+psycopg://", schema, output_buffer=buffer), "head", sql=True
+    )
+    return buffer.getvalue()
+
+
+# -- records ------------------------------------------------------------------------------------
+
+_NAME_LENGTH = struct.Struct(">H")
+_VALUE_LENGTH = struct.Struct(">i")
+
+#: A record's headers as the wire has them: (name, value) in order, a value None for null.
+WireHeaders = Sequence[tuple[str, bytes | None]]
+
+
+def encode_headers(headers: Iterable[tuple[str, str | bytes | None]]) -> bytes:
+    """Headers in the log's binary form, as Kafka's record headers: in order, duplicates and
+    null values kept (name length u16, name UTF-8, value length i32 or -1, value)."""
+    out = bytearray()
+    for name, value in headers:
+        raw_name = name.encode()
+        out += _NAME_LENGTH.pack(len(raw_name))
+        out += raw_name
+        if value is None:
+            out += _VALUE_LENGTH.pack(-1)
+            continue
+        raw = value.encode() if isinstance(value, str) else value
+        out += _VALUE_LENGTH.pack(len(raw))
+        out += raw
+    return bytes(out)
+
+
+def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
+    """The headers `encode_headers` wrote."""
+    headers: list[tuple[str, bytes | None]] = []
+    if not data:
+        return headers
+    view = memoryview(data)
+    at = 0
+    while at < len(view):
+        (name_length,) = _NAME_LENGTH.unpack_from(view, at)
+        at += 2
+        name = bytes(view[at : at + name_length]).decode()
+        at += name_length
+        (value_length,) = _VALUE_LENGTH.unpack_from(view, at)
+        at += 4
+        if value_length < 0:
+            headers.append((name, None))
+            continue
+        headers.append((name, bytes(view[at : at + value_length])))
+        at += value_length
+    return headers
+
+
+def lock_class(schema: str, group_id: int) -> int:
+    """The upper 32 bits of the advisory lock keys of a group's partitions (the lower 32 bits
+    are the partition id): 7 bits of the schema's crc32, then the group id (24 bits). bigint
+    keys (objsubid 1 in pg_locks) never meet the lanes' (int, int) keys (objsubid 2)."""
+    if not 0 < group_id < 1 << 24:
+        raise ConfigurationError(f"log group id {group_id} is out of range (at most 2^24 groups)")
+    return ((zlib.crc32(schema.encode()) & 0x7F) << 24) | group_id
+
+
+def lock_key(lock_class_: int, partition_id: int) -> int:
+    """The advisory lock key of one partition of a group."""
+    return (lock_class_ << 32) | partition_id
+
+
+class Topics:
+    """A cache of the partitions of topics: topic -> partition ids (index = partition)."""
+
+    def __init__(self, schema: str) -> None:
+        self.sql = queries(schema)
+        self.partitions: dict[str, list[int]] = {}
+        #: partition id -> (topic, partition)
+        self.names: dict[int, tuple[str, int]] = {}
+
+    def load(self, conn: Connection, topics: Iterable[str]) -> None:
+        """Read the partitions of `topics` that exist (the others stay unknown)."""
+        found: dict[str, list[int]] = {}
+        for name, partition, partition_id in conn.execute(
+            self.sql["log_topics"], {"names": list(topics)}
+        ):
+            found.setdefault(name, []).append(partition_id)
+            self.names[partition_id] = (name, partition)
+        self.partitions.update(found)
+
+    def create(self, conn: Connection, topic: str, partitions: int) -> None:
+        """Create `topic` with `partitions` unless it exists, then cache its partitions."""
+        validate_topic(topic)
+        conn.execute(self.sql["log_create_topic"], {"name": topic, "partitions": partitions})
+        self.load(conn, [topic])
+
+
+class PgLog:
+    """Administration of a log schema: topics, retention, group positions (tests, operators)."""
+
+    def __init__(self, url: str, schema: str = DEFAULT_SCHEMA) -> None:
+        self.url = url
+        self.schema = validate_schema(schema)
+        self.sql = queries(schema)
+
+    def _connect(self) -> Connection:
+        return connect(self.url, timeout=10, application_name="outbox-log-admin")
+
+    def create_topic(self, name: str, partitions: int = DEFAULT_PARTITIONS) -> None:
+        """Create a topic; ValueError if it exists (as Kafka's TOPIC_ALREADY_EXISTS)."""
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        with self._connect() as conn:
+            topics = Topics(self.schema)
+            topics.load(conn, [name])
+            if name in topics.partitions:
+                raise ValueError(f"topic {name!r} already exists")
+            topics.create(conn, name, partitions)
+
+    def partitions(self, topic: str) -> int:
+        """The number of partitions of `topic`; KeyError if it does not exist."""
+        with self._connect() as conn:
+            topics = Topics(self.schema)
+            topics.load(conn, [topic])
+            return len(topics.partitions[topic])
+
+    def count(self, topic: str | None = None) -> int:
+        """How many records the log keeps (of `topic`, or of all topics)."""
+        s = quote_ident(self.schema)
+        with self._connect() as conn:
+            if topic is None:
+                row = conn.execute(f"SELECT count(*) FROM {s}.log_records").fetchone()
+            else:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {s}.log_records r JOIN {s}.log_partitions p "
+                    f"ON p.id = r.partition_id JOIN {s}.log_topics t ON t.id = p.topic_id "
+                    "WHERE t.name = %s",
+                    (topic,),
+                ).fetchone()
+        return int(row[0]) if row else 0
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """The next offset of `group` in each partition of `topic` it has a position in."""
+        s = quote_ident(self.schema)
+        with self._connect() as conn:
+            return {
+                int(p): int(o)
+                for p, o in conn.execute(
+                    f"SELECT p.partition, o.next_offset FROM {s}.log_group_offsets o "
+                    f"JOIN {s}.log_groups g ON g.id = o.group_id "
+                    f"JOIN {s}.log_partitions p ON p.id = o.partition_id "
+                    f"JOIN {s}.log_topics t ON t.id = p.topic_id "
+                    "WHERE g.name = %s AND t.name = %s",
+                    (group, topic),
+                )
+            }
+
+    def apply_retention(self, retention: float, *, batch: int = 10_000) -> int:
+        """Delete records older than `retention` seconds that every group has read; how many."""
+        with self._connect() as conn:
+            return apply_retention(conn, self.schema, retention, batch=batch)
+
+    def forget_group(self, group: str) -> bool:
+        """Forget a consumer group (its offsets no longer hold back retention); True if known."""
+        with self._connect() as conn:
+            row = conn.execute(self.sql["log_forget_group"], {"name": group}).fetchone()
+            return row is not None
+
+
+def apply_retention(conn: Connection, schema: str, retention: float, *, batch: int = 10_000) -> int:
+    """One retention pass over every partition, in statements of at most `batch` deletions (so
+    that no statement holds many row locks or runs long); how many records it deleted."""
+    sql = queries(schema)
+    deleted = 0
+    for (partition_id,) in conn.execute(sql["log_partition_ids"]).fetchall():
+        while True:
+            row = conn.execute(
+                sql["log_retention"],
+                {"partition_id": partition_id, "batch": batch, "retention": retention},
+            ).fetchone()
+            n = int(row[0]) if row else 0
+            deleted += n
+            if n < batch:
+                break
+    if deleted:
+        log.info("log retention deleted %d records", deleted)
+    return deleted

@@ -1,0 +1,192 @@
+-- The statements of the PostgreSQL log transport (outbox.pglog); `{schema}` is the log schema.
+-- docs/decisions/0009-postgres-log.md explains the tables.
+
+-- name: log_schema_version
+SELECT version_num FROM {schema}.log_alembic_version;
+
+-- name: log_topics
+-- Every topic with its partitions: (topic, partition, partition id), for the clients' caches.
+SELECT t.name, p.partition, p.id
+FROM {schema}.log_topics t JOIN {schema}.log_partitions p ON p.topic_id = t.id
+WHERE t.name = ANY(%(names)s)
+ORDER BY t.name, p.partition;
+
+-- name: log_create_topic
+-- Create a topic and its partitions unless it exists (as Kafka's auto-create); a concurrent
+-- creator wins, and both then read the same partitions.
+WITH topic AS (
+    INSERT INTO {schema}.log_topics (name, partitions) VALUES (%(name)s, %(partitions)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING id, partitions
+)
+INSERT INTO {schema}.log_partitions (topic_id, partition)
+SELECT topic.id, p FROM topic, generate_series(0, topic.partitions - 1) AS p;
+
+-- name: log_lock_partitions
+-- The counter rows of a batch's partitions, locked in id order, so that two publishers whose
+-- batches share partitions never deadlock (publish_append then updates them).
+SELECT id FROM {schema}.log_partitions WHERE id = ANY(%(partition_ids)s) ORDER BY id FOR UPDATE;
+
+-- name: log_append
+-- Reserve gapless offsets per partition through its counter row and insert the batch there.
+-- The counter row stays locked until commit, so a partition's offsets commit in order: a
+-- reader that sees offset n committed sees every offset before it (no keyset trap). Within a
+-- partition the records keep their order in the batch (`ord`). Wakes the subscribers that
+-- announced a nap (log_members.sleeping); the notification is delivered at commit.
+WITH batch AS (
+    SELECT *
+    FROM unnest(
+        %(partition_ids)s::int[], %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::bytea[]
+    ) WITH ORDINALITY AS b(partition_id, key, value, headers, ord)
+), counts AS (
+    SELECT partition_id, count(*) AS n FROM batch GROUP BY partition_id
+), reserved AS (
+    UPDATE {schema}.log_partitions p SET next_offset = p.next_offset + c.n
+    FROM counts c WHERE p.id = c.partition_id
+    RETURNING p.id, p.next_offset - c.n AS first_offset
+), appended AS (
+    INSERT INTO {schema}.log_records (partition_id, log_offset, key, value, headers)
+    SELECT b.partition_id,
+           r.first_offset + row_number() OVER (PARTITION BY b.partition_id ORDER BY b.ord) - 1,
+           b.key, b.value, b.headers
+    FROM batch b JOIN reserved r ON r.id = b.partition_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM appended),
+       (SELECT pg_notify(%(channel)s, '')
+        WHERE EXISTS (SELECT 1 FROM {schema}.log_members WHERE sleeping)) IS NOT NULL;
+
+-- name: log_fetch
+-- The next records of the partitions a member reads, from its positions, in offset order per
+-- partition, at most `limit` in all (the partitions in the order given).
+SELECT p.partition_id, r.log_offset, r.key, r.value, r.headers, r.created_at
+FROM unnest(%(partition_ids)s::int[], %(positions)s::bigint[]) WITH ORDINALITY
+     AS p(partition_id, position, ord)
+CROSS JOIN LATERAL (
+    SELECT log_offset, key, value, headers, created_at
+    FROM {schema}.log_records r
+    WHERE r.partition_id = p.partition_id AND r.log_offset >= p.position
+    ORDER BY r.log_offset
+    LIMIT %(limit)s
+) r
+ORDER BY p.ord, r.log_offset
+LIMIT %(limit)s;
+
+-- name: log_group
+-- The id of a consumer group, created on first use.
+WITH created AS (
+    INSERT INTO {schema}.log_groups (name) VALUES (%(name)s)
+    ON CONFLICT (name) DO NOTHING RETURNING id
+)
+SELECT id FROM created UNION ALL SELECT id FROM {schema}.log_groups WHERE name = %(name)s;
+
+-- name: log_member_register
+-- backend_start with backend_pid names this session exactly (as relay_register).
+INSERT INTO {schema}.log_members (member_id, group_id, topics, backend_pid, backend_start)
+VALUES (%(member_id)s, %(group_id)s, %(topics)s, pg_backend_pid(),
+        (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))
+ON CONFLICT (member_id) DO UPDATE SET backend_pid = EXCLUDED.backend_pid,
+    backend_start = EXCLUDED.backend_start, sleeping = false, updated_at = now();
+
+-- name: log_member_unregister
+DELETE FROM {schema}.log_members WHERE member_id = %(member_id)s;
+
+-- name: log_member_sleeping
+UPDATE {schema}.log_members SET sleeping = %(sleeping)s, updated_at = now()
+WHERE member_id = %(member_id)s;
+
+-- name: log_members_forget_dead
+-- Members whose session is gone (killed, crashed) leave their row behind: drop it, so that it
+-- neither keeps a share of the partitions nor makes every publish NOTIFY (as relay_forget_dead).
+DELETE FROM {schema}.log_members m
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.pid = m.backend_pid
+      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (a.backend_start = m.backend_start OR a.backend_start IS NULL
+           OR m.backend_start IS NULL)
+);
+
+-- name: log_members_per_topic
+-- How many live members of a group read each topic.
+SELECT topic, count(*) FROM {schema}.log_members, unnest(topics) AS topic
+WHERE group_id = %(group_id)s GROUP BY topic;
+
+-- name: log_partitions_held
+-- Partition ids of one group held by any session of this database: the advisory locks whose
+-- bigint key has the group's upper half (pg_locks shows a bigint key as classid = upper 32
+-- bits, objid = lower 32 bits, objsubid = 1).
+SELECT objid::bigint FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = CAST(%(lock_class)s AS bigint)::oid;
+
+-- name: log_partition_lock
+SELECT pg_try_advisory_lock(%(key)s::bigint);
+
+-- name: log_partition_unlock
+SELECT pg_advisory_unlock(%(key)s::bigint);
+
+-- name: log_start_position
+-- Where the group reads a partition it just took: after its last committed record, else (a
+-- new group) at the earliest record retained, else after the last record ever (all deleted).
+-- A new group's start is committed at once, so retention never deletes what it has not read.
+WITH start AS (
+    SELECT p.id AS partition_id, COALESCE(
+        (SELECT o.next_offset FROM {schema}.log_group_offsets o
+         WHERE o.group_id = %(group_id)s AND o.partition_id = p.id),
+        (SELECT min(r.log_offset) FROM {schema}.log_records r WHERE r.partition_id = p.id),
+        p.next_offset
+    ) AS next_offset
+    FROM {schema}.log_partitions p WHERE p.id = %(partition_id)s
+), registered AS (
+    INSERT INTO {schema}.log_group_offsets (group_id, partition_id, next_offset)
+    SELECT %(group_id)s, partition_id, next_offset FROM start
+    ON CONFLICT (group_id, partition_id) DO NOTHING
+)
+SELECT next_offset FROM start;
+
+-- name: log_commit
+-- Store a group's next offsets; never backwards (a late commit of a member that lost the
+-- partition meanwhile must not make the group read again what its successor stored).
+INSERT INTO {schema}.log_group_offsets (group_id, partition_id, next_offset)
+SELECT %(group_id)s, partition_id, next_offset
+FROM unnest(%(partition_ids)s::int[], %(next_offsets)s::bigint[]) AS c(partition_id, next_offset)
+ON CONFLICT (group_id, partition_id) DO UPDATE
+SET next_offset = GREATEST({schema}.log_group_offsets.next_offset, EXCLUDED.next_offset),
+    updated_at = now();
+
+-- name: log_partition_ids
+SELECT id FROM {schema}.log_partitions ORDER BY id;
+
+-- name: log_retention
+-- Delete the oldest records of one partition, a prefix of at most `batch` of them: those
+-- older than `retention` seconds and read by every group that reads the partition (below the
+-- least committed offset). Returns how many were deleted. A prefix keeps the rule "a new group
+-- starts at the least offset retained".
+WITH head AS (
+    SELECT log_offset, created_at FROM {schema}.log_records
+    WHERE partition_id = %(partition_id)s ORDER BY log_offset LIMIT %(batch)s
+), read_by_all AS (
+    SELECT COALESCE(
+        (SELECT min(next_offset) FROM {schema}.log_group_offsets
+         WHERE partition_id = %(partition_id)s),
+        (SELECT next_offset FROM {schema}.log_partitions WHERE id = %(partition_id)s)
+    ) AS bound
+), stop AS (
+    SELECT COALESCE(
+        (SELECT min(h.log_offset) FROM head h, read_by_all b
+         WHERE h.created_at >= now() - make_interval(secs => %(retention)s)
+            OR h.log_offset >= b.bound),
+        (SELECT max(log_offset) + 1 FROM head)
+    ) AS upto
+), deleted AS (
+    DELETE FROM {schema}.log_records r USING stop
+    WHERE r.partition_id = %(partition_id)s AND r.log_offset < stop.upto
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
+-- name: log_forget_group
+-- Forget a consumer group: its offsets no longer hold back retention.
+DELETE FROM {schema}.log_groups WHERE name = %(name)s RETURNING id;

@@ -1,0 +1,382 @@
+"""The PostgreSQL log transport (outbox.pglog) with the daemons: end to end, groups, retention."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import Broker, Handlers, InboxMessage
+from outbox.cli import main
+from outbox.core.envelope import StoredMessage
+from outbox.core.ids import uuid7
+from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber, check_log
+from outbox.pglog.log import upgrade as upgrade_log
+from outbox.testing.plugin import DatabaseFactory
+
+from .relay_helpers import Daemon, count, handler_thread, running, wait_for
+
+broker = Broker()
+
+
+@pytest.fixture
+def log_url(outbox_database_factory: DatabaseFactory) -> str:
+    """A fresh database holding a migrated log (schema outbox_log)."""
+    url = outbox_database_factory(migrated=False)
+    upgrade_log(url)
+    return url
+
+
+def message(topic: str, n: int, key: bytes | None = None) -> StoredMessage:
+    return StoredMessage(
+        id=n,
+        message_id=uuid7(),
+        topic=topic,
+        key=key,
+        payload=str(n).encode(),
+        content_type="application/json",
+        headers={},
+        created_at=datetime.now(UTC),
+        attempts=0,
+    )
+
+
+def publish(url: str, topic: str, start: int, stop: int, keys: int = 16) -> None:
+    publisher = PgLogPublisher(url)
+    try:
+        batch = [message(topic, n, f"k{n % keys}".encode()) for n in range(start, stop)]
+        assert publisher.publish(batch) == [None] * len(batch)
+    finally:
+        publisher.close()
+
+
+def log_consumer(
+    inbox_url: str, log_url: str, topic: str, group: str, members: list[PgLogSubscriber]
+) -> Consumer:
+    """A Consumer daemon reading the log; its subscriber is appended to `members`."""
+
+    def subscribe() -> PgLogSubscriber:
+        subscriber = PgLogSubscriber(log_url, [topic], group, rebalance_interval=0.2)
+        members.append(subscriber)
+        return subscriber
+
+    config = ConsumerConfig(
+        database_url=inbox_url, kafka_bootstrap="", topics=[topic], group=group, batch_size=100
+    )
+    return Consumer(config, subscriber_factory=subscribe)
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+
+def test_service_a_to_service_b_through_the_log_keeps_order_per_key(
+    outbox_database_factory: DatabaseFactory, log_url: str
+) -> None:
+    service_a, service_b = outbox_database_factory(), outbox_database_factory()
+    topic = "orders.created"
+    keys = [f"order-{i}" for i in range(7)]
+    sent = 0
+    with psycopg.connect(service_a) as conn:
+        for round_ in range(30):
+            with conn.transaction():
+                for key in keys:
+                    broker.send(conn, topic, {"key": key, "n": round_}, key=key)
+                    sent += 1
+
+    handlers = Handlers()
+    seen: dict[str, list[int]] = defaultdict(list)
+    partitions: dict[str, set[int | None]] = defaultdict(set)
+    lock = threading.Lock()
+
+    @handlers.handler(topic)
+    def on_order(message: InboxMessage, conn: psycopg.Connection[Any]) -> None:
+        with lock:
+            seen[message.payload["key"]].append(message.payload["n"])
+            partitions[message.payload["key"]].add(message.partition)
+
+    producer = Producer(
+        ProducerConfig(database_url=service_a, batch_size=50),
+        publisher_factory=lambda: PgLogPublisher(log_url, partitions=4),
+    )
+    members: list[PgLogSubscriber] = []
+    consumer = log_consumer(service_b, log_url, topic, "shipping", members)
+    with running(producer), running(consumer), handler_thread(service_b, handlers):
+        wait_for(
+            lambda: sum(len(v) for v in seen.values()) >= sent, 60, "every order to be handled"
+        )
+    assert count(service_a) == 0
+    assert count(service_b, "consumer_queue") == sent
+    assert consumer.received == consumer.stored == sent  # nothing read twice
+    for key in keys:
+        assert seen[key] == list(range(30)), key
+        assert len(partitions[key]) == 1, key  # a key stays in one partition
+    assert PgLog(log_url).partitions(topic) == 4
+
+
+# -- a group's members ----------------------------------------------------------------------------
+
+
+def test_two_members_share_the_partitions_and_read_no_record_twice(
+    outbox_database_factory: DatabaseFactory, log_url: str
+) -> None:
+    inbox = outbox_database_factory()
+    topic = "shared"
+    PgLog(log_url).create_topic(topic, 8)
+    members: list[PgLogSubscriber] = []
+    first = log_consumer(inbox, log_url, topic, "g", members)
+    second = log_consumer(inbox, log_url, topic, "g", members)
+    total = 0
+    with running(first):
+        for start in range(0, 1000, 100):  # a steady stream while the second member joins
+            publish(log_url, topic, start, start + 100)
+            total += 100
+            time.sleep(0.05)
+        with running(second):
+            for start in range(1000, 3000, 100):
+                publish(log_url, topic, start, start + 100)
+                total += 100
+                time.sleep(0.05)
+            wait_for(lambda: count(inbox, "consumer_queue") == total, 60, "every record stored")
+            wait_for(lambda: all(len(m.partitions) == 4 for m in members), 10, "an even share each")
+            held = [set(m.partitions) for m in members]
+    assert held[0].isdisjoint(held[1]) and len(held[0] | held[1]) == 8
+    # Every record was read by exactly one member: no duplicate from double reading.
+    assert first.received + second.received == total
+    assert first.stored + second.stored == total
+    assert first.received > 0 and second.received > 0
+
+
+def test_a_closed_members_partitions_are_taken_over(log_url: str) -> None:
+    topic = "takeover"
+    PgLog(log_url).create_topic(topic, 6)
+    a = PgLogSubscriber(log_url, [topic], "g", rebalance_interval=0.1)
+    b = PgLogSubscriber(log_url, [topic], "g", rebalance_interval=0.1)
+    try:
+        deadline = time.monotonic() + 10
+        while not (len(a.partitions) == len(b.partitions) == 3):
+            assert time.monotonic() < deadline, (a.partitions, b.partitions)
+            a.poll(10, 0.05)
+            b.poll(10, 0.05)
+        a.close()
+        deadline = time.monotonic() + 10
+        while len(b.partitions) < 6:
+            assert time.monotonic() < deadline, b.partitions
+            b.poll(10, 0.05)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_killed_consumer_process_partitions_are_taken_over(
+    outbox_database_factory: DatabaseFactory, log_url: str
+) -> None:
+    inbox = outbox_database_factory()
+    topic = "survivor"
+    PgLog(log_url).create_topic(topic, 4)
+    args = [
+        "consumer",
+        "--database-url",
+        inbox,
+        "--transport",
+        "postgres",
+        "--log-url",
+        log_url,
+        "--topic",
+        topic,
+        "--group",
+        "g",
+    ]
+    with Daemon(*args) as doomed, Daemon(*args) as survivor:
+        wait_for(lambda: _holders(log_url) == 2, 30, "both members to hold partitions")
+        publish(log_url, topic, 0, 400)
+        wait_for(lambda: count(inbox, "consumer_queue") == 400, 60, "the first 400 stored")
+        doomed.signal(signal.SIGKILL)
+        doomed.wait(10)
+        publish(log_url, topic, 400, 800)
+        wait_for(lambda: count(inbox, "consumer_queue") == 800, 60, "the survivor to take over")
+        assert _holders(log_url) == 1
+        assert survivor.process.poll() is None, survivor.output()
+        survivor.signal(signal.SIGTERM)
+        assert survivor.wait(30) == 0, survivor.output()
+    assert PgLog(log_url).committed("g", topic) == {p: n for p, n in _ends(log_url).items()}
+
+
+def _holders(url: str) -> int:
+    """How many sessions hold bigint advisory locks (the log's partition locks)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND objsubid = 1 AND granted"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _ends(url: str) -> dict[int, int]:
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT partition, next_offset FROM outbox_log.log_partitions"))
+
+
+def test_the_subscriber_and_publisher_survive_a_lost_connection(log_url: str) -> None:
+    topic = "outage"
+    publisher = PgLogPublisher(log_url)
+    subscriber = PgLogSubscriber(log_url, [topic], "g", rebalance_interval=0.1)
+    try:
+        assert publisher.publish([message(topic, 0, b"k")]) == [None]
+        assert [r.payload for r in _receive(subscriber, 1)] == [b"0"]
+        _terminate(log_url, "outbox-log-%")
+        failed = publisher.publish([message(topic, 1, b"k")])
+        assert failed[0] is not None and not failed[0].permanent, failed
+        assert publisher.publish([message(topic, 2, b"k")]) == [None]
+        # The subscriber lost its position with its session: it starts again from the group's
+        # committed offset (nothing committed: offset 0), a redelivery the inbox absorbs.
+        assert [r.payload for r in _receive(subscriber, 2)] == [b"0", b"2"]
+    finally:
+        publisher.close()
+        subscriber.close()
+
+
+def _receive(subscriber: PgLogSubscriber, expected: int) -> list[Any]:
+    rows: list[Any] = []
+    deadline = time.monotonic() + 20
+    while len(rows) < expected and time.monotonic() < deadline:
+        rows.extend(subscriber.poll(100, 0.1))
+    return rows
+
+
+def _terminate(url: str, application: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE %s AND pid <> pg_backend_pid()",
+            (application,),
+        )
+
+
+# -- retention ------------------------------------------------------------------------------------
+
+
+def _age(url: str, seconds: int) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE outbox_log.log_records SET created_at = created_at - make_interval(secs => %s)",
+            (seconds,),
+        )
+
+
+def _commit_first(url: str, topic: str, group: str, n: int) -> None:
+    subscriber = PgLogSubscriber(url, [topic], group)
+    try:
+        rows = _receive(subscriber, n)
+        subscriber.commit(rows[:n])
+    finally:
+        subscriber.close()
+
+
+def test_retention_removes_old_records_every_group_has_read(log_url: str) -> None:
+    topic = "retained"
+    log = PgLog(log_url)
+    log.create_topic(topic, 1)
+    publish(log_url, topic, 0, 10)
+    _commit_first(log_url, topic, "fast", 10)
+    _commit_first(log_url, topic, "slow", 6)
+    assert log.apply_retention(3600) == 0  # read by all, but young
+    _age(log_url, 7200)
+    assert log.apply_retention(3600) == 6  # old, but "slow" has not read 6..9
+    assert log.count(topic) == 4
+    # A new group starts at the earliest record retained.
+    fresh = PgLogSubscriber(log_url, [topic], "new")
+    try:
+        assert [r.offset for r in _receive(fresh, 4)] == [6, 7, 8, 9]
+    finally:
+        fresh.close()
+    assert log.forget_group("slow") and log.forget_group("new")
+    assert log.apply_retention(3600) == 4
+    assert log.count(topic) == 0
+    # Offsets go on after the deleted ones; a new group starts after them.
+    publish(log_url, topic, 10, 12)
+    fresh = PgLogSubscriber(log_url, [topic], "newer")
+    try:
+        assert [r.offset for r in _receive(fresh, 2)] == [10, 11]
+    finally:
+        fresh.close()
+
+
+def test_the_publisher_applies_retention_in_the_background(log_url: str) -> None:
+    topic = "background"
+    PgLog(log_url).create_topic(topic, 2)
+    publish(log_url, topic, 0, 50)
+    _commit_first(log_url, topic, "g", 50)
+    _age(log_url, 7200)
+    publisher = PgLogPublisher(log_url, retention=3600, retention_interval=0.1)
+    try:
+        wait_for(lambda: PgLog(log_url).count(topic) == 0, 10, "retention to delete")
+    finally:
+        publisher.close()
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_migrate_creates_the_log_and_the_daemons_refuse_a_log_not_there(
+    outbox_database_factory: DatabaseFactory,
+    outbox_database_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = outbox_database_factory(migrated=False)
+    common = ["--database-url", outbox_database_url, "--transport", "postgres"]
+    consumer = ["consumer", *common, "--topic", "t", "--group", "g"]
+    assert main(["producer", *common, "--log-url", url]) == 1
+    assert "no log schema 'outbox_log': run `outbox migrate --log-url" in capsys.readouterr().err
+    assert main(["migrate", "--log-url", url, "--log-schema", "my_log"]) == 0
+    assert "log schema 'my_log' is at revision" in capsys.readouterr().out
+    assert main(["migrate", "--log-url", url, "--log-schema", "my_log"]) == 0  # idempotent
+    check_log(url, "my_log")
+    assert main([*consumer, "--log-url", url]) == 1
+    assert "run `outbox migrate --log-url URL --log-schema outbox_log`" in capsys.readouterr().err
+    assert main(["producer", *common]) == 1
+    assert "--log-url is required (or set OUTBOX_LOG_URL)" in capsys.readouterr().err
+    unreachable = "postgresql://nobody:hunter2@127.0.0.1:1/none"
+    assert main([*consumer, "--log-url", unreachable]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("outbox: error: cannot connect to the log database:"), err
+    assert len(err.strip().splitlines()) == 1 and "hunter2" not in err
+
+
+def test_the_transport_comes_from_the_environment(
+    outbox_database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("OUTBOX_TRANSPORT", "rabbit")
+    assert main(["producer", "--database-url", outbox_database_url]) == 1
+    assert "--transport must be one of kafka, postgres" in capsys.readouterr().err
+
+
+def test_the_log_migration_goes_down_and_up_again(
+    outbox_database_factory: DatabaseFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from outbox.pglog.log import downgrade
+
+    url = outbox_database_factory(migrated=False)
+    upgrade_log(url, "a_log")
+    check_log(url, "a_log")
+    downgrade(url, "a_log")
+    with psycopg.connect(url) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'a_log' AND tablename <> "
+            "'log_alembic_version'"
+        ).fetchone()
+    assert tables == (0,)
+    upgrade_log(url, "a_log")
+    check_log(url, "a_log")
+    assert main(["migrate", "--sql", "--log-url", url, "--log-schema", "b_log"]) == 0
+    sql = capsys.readouterr().out
+    assert 'CREATE TABLE "b_log".log_records' in sql and "producer_queue" not in sql
