@@ -1,7 +1,7 @@
 """Every environment variable outbox reads, in one registry.
 
 The code reads each variable through the constant named here, and the configuration reference
-(`python -m outbox.cli_reference`) lists `ENVIRONMENT`; a test fails when the package mentions an
+(`python -m outbox.cli.reference`) lists `ENVIRONMENT`; a test fails when the package mentions an
 `OUTBOX_*` variable that is not registered.
 """
 

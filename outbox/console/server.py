@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 import psycopg
 
 from outbox import operations as ops
-from outbox.cli_operations import LOCK_TIMEOUT_SECONDS, _status_json
+from outbox.cli.operations import LOCK_TIMEOUT_SECONDS, _status_json
 from outbox.console import assets, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError

@@ -14,7 +14,7 @@ import pytest
 
 from outbox import Backoff, Broker, ConfigurationError
 from outbox.cli import build_parser, main
-from outbox.cli_reference import walk
+from outbox.cli.reference import walk
 from outbox.core.numbers import INTEGER_RULES, Rule, check, parse
 from outbox.daemons.consumer import ConsumerConfig
 from outbox.daemons.handler import HandlerConfig

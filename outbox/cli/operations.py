@@ -46,8 +46,8 @@ import psycopg
 
 from outbox import operations as ops
 from outbox import settings
-from outbox.cli_arguments import ENV_DATABASE_URL, add_groups, add_kafka, env_groups
-from outbox.cli_arguments import add_database as _add_database
+from outbox.cli.arguments import ENV_DATABASE_URL, add_groups, add_kafka, env_groups
+from outbox.cli.arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, InvalidTopic, OutboxError
 from outbox.core.numbers import flag_type
 from outbox.core.topics import validate_topic

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from outbox import settings
-from outbox.cli_arguments import (
+from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     ENV_KAFKA_BOOTSTRAP,
     ENV_LOG_URL,
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "message retried (default 300)",
     )
 
-    from outbox.cli_operations import add_operator_commands
+    from outbox.cli.operations import add_operator_commands
 
     add_operator_commands(commands)
 
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_spark_command(args)
         if args.command not in handlers:
-            from outbox.cli_operations import run_operator_command
+            from outbox.cli.operations import run_operator_command
 
             code = run_operator_command(args)
             if code is not None:

@@ -1,6 +1,6 @@
 """The configuration reference, generated from the code: `docs/reference/configuration.md`.
 
-    python -m outbox.cli_reference > docs/reference/configuration.md
+    python -m outbox.cli.reference > docs/reference/configuration.md
 
 Walks `outbox.cli.build_parser()` (every command and nested command), `outbox.settings.ENVIRONMENT`,
 the librdkafka settings of `outbox.kafka`, and the signatures and config objects of the Python API.
@@ -22,13 +22,13 @@ from typing import Any
 
 from outbox import settings
 
-COMMAND = "python -m outbox.cli_reference > docs/reference/configuration.md"
+COMMAND = "python -m outbox.cli.reference > docs/reference/configuration.md"
 
 INTRO = f"""\
 # Configuration reference
 
 <!-- Generated from the code by `{COMMAND}`.
-     Do not edit by hand: change the code, or the prose in outbox/cli_reference.py. -->
+     Do not edit by hand: change the code, or the prose in outbox/cli/reference.py. -->
 
 Every flag of the `outbox` command, every environment variable outbox reads, the librdkafka
 settings the daemons force or default, and the options of the Python API. A flag with an
