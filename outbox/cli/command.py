@@ -33,6 +33,12 @@ from outbox.cli.arguments import (
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import flag_type
 
+#: What `outbox demo` says: the demo runs the example services, which the package does not ship.
+DEMO_ELSEWHERE = (
+    "the demo runs the example services of the source repository, not part of the installed "
+    "package: in a checkout of pg-kafka-outbox, run `./run demo` (or `python -m examples.demo`)"
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `outbox` command."""
@@ -158,11 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_spark_commands(commands)
 
     demo = commands.add_parser(
-        "demo", help="start local servers and show messages travelling end to end"
+        "demo",
+        help="say where the two-service demo runs: a source checkout (./run demo)",
+        description="The two-service demo runs the example services of the source repository, "
+        "which the installed package does not ship: run `./run demo` (or `python -m "
+        "examples.demo`) in a checkout. `outbox demo` says so on stderr and exits 1.",
     )
-    demo.add_argument(
-        "--messages", type=flag_type("count"), default=10, help="orders to place, one message each"
-    )
+    # Accepted, so that `outbox demo --messages 5` also gets the pointer, not a usage error.
+    demo.add_argument("--messages", help=argparse.SUPPRESS)
     return parser
 
 
@@ -328,9 +337,7 @@ def _handler(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from outbox.demo import run_demo
-
-    return run_demo(messages=args.messages)
+    raise ConfigurationError(DEMO_ELSEWHERE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -83,7 +83,6 @@ def test_the_table_sees_every_numeric_flag() -> None:
         "dead-letters list --limit",
         "spark consumer --trigger-interval",
         "spark audit --settle",
-        "demo --messages",
     ]:
         assert expected in names, sorted(names)
 
