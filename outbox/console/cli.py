@@ -6,7 +6,7 @@ import argparse
 import os
 
 from outbox import settings
-from outbox.cli_arguments import ENV_DATABASE_URL, ENV_SCHEMA, add_groups, add_kafka, env_groups
+from outbox.cli.arguments import ENV_DATABASE_URL, ENV_SCHEMA, add_groups, add_kafka, env_groups
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
 

@@ -2,7 +2,7 @@
 
 Every value that comes from a database or a broker (topics, keys, payloads, headers, errors,
 relay ids) goes through `esc`, which escapes HTML and shows control characters as `\\xNN`
-escapes; bytes that are not UTF-8 are shown as hex (`outbox.cli_operations._bytes_text`). The
+escapes; bytes that are not UTF-8 are shown as hex (`outbox.cli.operations._bytes_text`). The
 page's Content-Security-Policy allows no inline script either, so an escaping slip would still
 not run a script.
 """
@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 
 from outbox import operations as ops
-from outbox.cli_operations import (
+from outbox.cli.operations import (
     PAYLOAD_PREVIEW_BYTES,
     _age,
     _key_cell,

@@ -37,10 +37,11 @@ from urllib.parse import parse_qs, urlsplit
 import psycopg
 
 from outbox import operations as ops
-from outbox.cli_operations import LOCK_TIMEOUT_SECONDS, _status_json
+from outbox.cli.operations import LOCK_TIMEOUT_SECONDS, _status_json
 from outbox.console import assets, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.text import first_line
 from outbox.kafka.lag import GroupLag, LagReader, lag_json
 from outbox.observability.redact import redact_text, redact_url
 from outbox.postgres.migrate import check_schema
@@ -214,7 +215,7 @@ class Console:
             last = throughput.since
             throughput.add(ops.counters(conn, d.schema, last.taken_at if last else None))
         except psycopg.Error as exc:
-            log.warning("sampling %s: %s", d.name, redact_text(_first_line(exc)))
+            log.warning("sampling %s: %s", d.name, redact_text(first_line(exc)))
             broken = connections.pop(d.name, None)
             if broken is not None:
                 broken.close()
@@ -229,7 +230,7 @@ class Console:
             groups = reader.lag(self.config.groups or None)
             note = None
         except Exception as exc:  # the broker's errors have many types; the page says why
-            groups, note = None, f"cannot read lag: {redact_text(_first_line(exc))}"
+            groups, note = None, f"cannot read lag: {redact_text(first_line(exc))}"
         with self._lag_lock:
             if groups is not None:
                 self._lag = groups
@@ -349,11 +350,6 @@ class _Refused(Exception):
         self.message = message
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _queue(text: str | None) -> ops.Queue:
     if text in (None, "", "consumer"):
         return "consumer"
@@ -382,7 +378,7 @@ def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
     except psycopg.Error as exc:
         raise _Refused(
             HTTPStatus.SERVICE_UNAVAILABLE,
-            f"cannot connect to PostgreSQL ({d.name}): {_first_line(exc)}",
+            f"cannot connect to PostgreSQL ({d.name}): {first_line(exc)}",
         ) from None
     with conn:
         try:
@@ -396,7 +392,7 @@ def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
             ) from None
         except psycopg.Error as exc:
             raise _Refused(
-                HTTPStatus.SERVICE_UNAVAILABLE, f"PostgreSQL ({d.name}): {_first_line(exc)}"
+                HTTPStatus.SERVICE_UNAVAILABLE, f"PostgreSQL ({d.name}): {first_line(exc)}"
             ) from None
 
 
@@ -545,14 +541,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(exc, ops.RequeueConflict)
                 else HTTPStatus.BAD_REQUEST
             )
-            self._json(status, {"error": redact_text(_first_line(exc))})
+            self._json(status, {"error": redact_text(first_line(exc))})
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:
             log.warning("console request failed", exc_info=True)
             self._json(
                 HTTPStatus.INTERNAL_SERVER_ERROR,
-                {"error": f"unexpected {type(exc).__name__}: {redact_text(_first_line(exc))}"},
+                {"error": f"unexpected {type(exc).__name__}: {redact_text(first_line(exc))}"},
             )
 
     def _get(self) -> None:

@@ -27,6 +27,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable
 from outbox.core.lanes import LANES
+from outbox.core.text import first_line
 from outbox.observability.health import Heartbeat
 from outbox.observability.redact import redact_text
 from outbox.postgres.migrate import check_schema
@@ -47,12 +48,6 @@ Row = TypeVar("Row")
 def new_relay_id() -> str:
     """host:pid:random, unique per relay process and start."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's text, for one-line errors."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def connect(url: str, *, timeout: float, application_name: str) -> Connection:

@@ -22,6 +22,8 @@ from typing import Any
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from outbox.core.text import first_line
+
 log = logging.getLogger("outbox.lag")
 
 #: Seconds a lag read waits for the cluster, per request.
@@ -62,11 +64,6 @@ class GroupLag:
         for p in self.partitions:
             totals[p.topic] = totals.get(p.topic, 0) + p.lag
         return dict(sorted(totals.items()))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class LagReader:
@@ -118,7 +115,7 @@ class LagReader:
                 )
                 partitions.append(PartitionLag(tp.topic, tp.partition, tp.offset, int(high)))
         except (KafkaException, RuntimeError, ValueError) as exc:
-            return GroupLag(group, error=_first_line(exc))
+            return GroupLag(group, error=first_line(exc))
         return GroupLag(group, tuple(partitions))
 
     def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:

@@ -237,8 +237,9 @@ class KafkaPublisher:
     costs no Python object beyond its header list. `flush` sends at once (it does not wait for
     `linger.ms`) and returns when every report was served.
 
-    `produce_rows` and `wait` split `publish_rows` in two, so that the caller can do other
-    work (the relay fetches its next batch) while the batch is on its way.
+    `produce_rows` (the rows as the relay fetched them, no messages built first) and `wait`
+    split a batch's publishing in two, so that the caller can do other work (the relay fetches
+    its next batch) while the batch is on its way.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -269,11 +270,6 @@ class KafkaPublisher:
             (m.topic, m.key, m.payload, kafka_headers(m)) for m in messages
         )
         self._produce(records, len(messages))
-        return self.wait()
-
-    def publish_rows(self, rows: Sequence[QueuedRow]) -> list[DeliveryFailure | None]:
-        """`publish` for rows as the relay fetched them, without building messages first."""
-        self.produce_rows(rows)
         return self.wait()
 
     def produce_rows(self, rows: Sequence[QueuedRow]) -> None:

@@ -21,13 +21,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from outbox.core.errors import ConfigurationError, KafkaUnavailable
 from outbox.core.numbers import check_fields
+from outbox.core.text import first_line
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
 from outbox.observability.logs import topic_summary
 from outbox.observability.metrics import (
@@ -123,10 +123,9 @@ class Topical(Protocol):
 
 
 def _version() -> str:
-    try:
-        return metadata.version("pg-kafka-outbox")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "unknown"
+    from outbox import __version__
+
+    return __version__
 
 
 def describe(config: Any) -> dict[str, Any]:
@@ -411,7 +410,7 @@ class _Probes:
             self._connection().execute("SELECT 1")
         except psycopg.Error as exc:
             self._drop_connection()
-            return f"PostgreSQL unreachable: {_first_line(exc)}"
+            return f"PostgreSQL unreachable: {redact_text(first_line(exc))}"
         return None
 
     def _check_kafka(self, settings: Callable[[], Mapping[str, Any]]) -> str | None:
@@ -429,7 +428,7 @@ class _Probes:
             row = self._connection().execute(self._stats_sql).fetchone()
         except psycopg.Error as exc:
             self._drop_connection()
-            log.debug("queue statistics not refreshed: %s", _first_line(exc))
+            log.debug("queue statistics not refreshed: %s", redact_text(first_line(exc)))
             return
         if row is not None:
             queue = QUEUE_OF[self.owner.kind]
@@ -439,11 +438,6 @@ class _Probes:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact_text(text.splitlines()[0] if text else type(exc).__name__)
 
 
 class Observed(Protocol):

@@ -19,12 +19,11 @@ from psycopg.rows import tuple_row
 
 from outbox.core.errors import (
     ConfigurationError,
-    DatabaseUnavailable,
     SchemaNotMigrated,
     SchemaTooNew,
 )
 from outbox.core.topics import validate_topic
-from outbox.observability.redact import redact_text
+from outbox.postgres.connect import connect_or_raise
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 
@@ -77,11 +76,6 @@ def connect(url: str, *, timeout: float, application_name: str) -> Connection:
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def check_schema(conn: Connection, schema: str) -> None:
     """Raise unless the log schema is migrated to exactly the revision this code expects."""
     try:
@@ -109,13 +103,9 @@ def check_schema(conn: Connection, schema: str) -> None:
 def check_log(url: str, schema: str = DEFAULT_SCHEMA, *, timeout: float = 10.0) -> None:
     """One clear error if the log database is unreachable or its schema not migrated."""
     validate_schema(schema)
-    try:
-        conn = connect(url, timeout=timeout, application_name="outbox-check")
-    except psycopg.Error as exc:
-        raise DatabaseUnavailable(
-            redact_text(f"cannot connect to the log database: {_first_line(exc)}")
-        ) from None
-    with conn:
+    with connect_or_raise(
+        url, what="the log database", timeout=timeout, application_name="outbox-check"
+    ) as conn:
         check_schema(conn, schema)
 
 

@@ -11,7 +11,7 @@ import psycopg
 
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError, InvalidTopic
-from outbox.core.text import storable
+from outbox.core.text import first_line, storable
 from outbox.core.topics import validate_topic
 from outbox.kafka.publisher import kafka_headers
 from outbox.memory import partition_for
@@ -128,7 +128,7 @@ class PgLogPublisher:
         except psycopg.Error as exc:
             failure = DeliveryFailure(
                 error=storable(
-                    redact_text(f"log database: {type(exc).__name__}: {_first_line(exc)}")
+                    redact_text(f"log database: {type(exc).__name__}: {first_line(exc)}")
                 )
             )
             log.warning("log publish of %d records failed: %s", len(accepted), failure.error)
@@ -178,7 +178,7 @@ class PgLogPublisher:
                 ) as conn:
                     apply_retention(conn, self.schema, retention)
             except psycopg.Error as exc:
-                log.warning("log retention pass failed: %s", redact_text(_first_line(exc)))
+                log.warning("log retention pass failed: %s", redact_text(first_line(exc)))
 
     def close(self) -> None:
         """Stop the retention thread and close the connection (nothing is buffered)."""
@@ -188,8 +188,3 @@ class PgLogPublisher:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -39,7 +39,7 @@ MASTER_HELP = "Spark master URL (default: spark-submit's --master, else local[*]
 
 
 def _add_consumer(jobs: Any) -> None:
-    from outbox.cli_arguments import add_database, add_kafka
+    from outbox.cli.arguments import add_database, add_kafka
 
     consumer = jobs.add_parser(
         "consumer",
@@ -100,7 +100,7 @@ def _add_consumer(jobs: Any) -> None:
 
 
 def _run_consumer(args: argparse.Namespace) -> int:
-    from outbox.cli_arguments import ENV_DATABASE_URL, ENV_KAFKA_BOOTSTRAP, require
+    from outbox.cli.arguments import ENV_DATABASE_URL, ENV_KAFKA_BOOTSTRAP, require
     from outbox.core.errors import ConfigurationError
 
     if args.available_now and args.trigger_interval is not None:
@@ -145,7 +145,7 @@ def _spark_job(command: str, module: str) -> Any:
 def _add_audit(jobs: Any) -> None:
     import os
 
-    from outbox.cli_arguments import ENV_SCHEMA, add_kafka
+    from outbox.cli.arguments import ENV_SCHEMA, add_kafka
 
     audit = jobs.add_parser(
         "audit",
@@ -223,7 +223,7 @@ def _add_audit(jobs: Any) -> None:
 def _run_audit(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from outbox.cli_arguments import ENV_KAFKA_BOOTSTRAP, require
+    from outbox.cli.arguments import ENV_KAFKA_BOOTSTRAP, require
 
     require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
     audit = _spark_job("audit", "outbox.spark.audit")
@@ -238,7 +238,7 @@ def _run_audit(args: argparse.Namespace) -> int:
 
 
 def _add_replay(jobs: Any) -> None:
-    from outbox.cli_arguments import add_database, add_kafka
+    from outbox.cli.arguments import add_database, add_kafka
 
     replay = jobs.add_parser(
         "replay",
@@ -277,7 +277,7 @@ def _add_replay(jobs: Any) -> None:
 
 
 def _run_replay(args: argparse.Namespace) -> int:
-    from outbox.cli_arguments import ENV_DATABASE_URL, ENV_KAFKA_BOOTSTRAP, require
+    from outbox.cli.arguments import ENV_DATABASE_URL, ENV_KAFKA_BOOTSTRAP, require
     from outbox.core.errors import ConfigurationError
 
     if not args.topic:

@@ -1,4 +1,4 @@
-"""The example services (examples/) with the real daemons as processes, and `outbox demo`."""
+"""The example services (examples/) with the real daemons as processes, and the demo."""
 
 from __future__ import annotations
 
@@ -107,11 +107,12 @@ def test_orders_and_shipping_services_with_the_daemons_as_processes(
     assert count(shipping_url, "consumer_queue", "dead_at IS NOT NULL") == 0
 
 
-def test_outbox_demo_runs_end_to_end() -> None:
-    """`outbox demo` starts its own servers, three daemons, and checks its own result."""
+def test_the_demo_runs_end_to_end() -> None:
+    """`python -m examples.demo` (what `./run demo` runs) starts its own servers, three daemons,
+    and checks its own result; each message shows a distinct id."""
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "demo", "--messages", "8"],
+        [sys.executable, "-m", "examples.demo", "--messages", "8"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -129,4 +130,7 @@ def test_outbox_demo_runs_end_to_end() -> None:
     assert "consumer_queue" in output[shipping_status:orders_status]  # the status tables
     assert "producer_queue" in output[orders_status:]
     assert "OK: exactly one shipment for each committed order" in output
-    print(f"outbox demo took {time.monotonic() - started:.1f} s")
+    # The message column: the random end of each UUIDv7, not its time prefix shared by all.
+    shown = re.findall(r"^\s+#\d+\s.*?(…[0-9a-f]{8})", output, re.MULTILINE)
+    assert len(shown) == 8 and len(set(shown)) == 8, output
+    print(f"the demo took {time.monotonic() - started:.1f} s")

@@ -126,22 +126,30 @@ def test_migrate_sql_prints_the_ddl_and_touches_nothing(outbox_empty_database_ur
     assert _diff(outbox_empty_database_url, "ops_outbox") == []
 
 
-def test_migrate_command_migrates(outbox_empty_database_url: str) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "outbox.cli",
-            "migrate",
-            "--database-url",
-            outbox_empty_database_url,
-        ],
-        capture_output=True,
-        text=True,
+def test_migrate_command_migrates_and_says_what_it_did(outbox_empty_database_url: str) -> None:
+    url = outbox_empty_database_url
+
+    def outbox_migrate() -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "outbox.cli", "migrate", "--database-url", url],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    head = migrate.head_revision()
+    (previous,) = migrate._revisions()[head]
+    assert outbox_migrate() == f"outbox schema 'outbox' created at revision {head}\n"
+    assert "producer_queue" in _tables(url, "outbox")
+    assert outbox_migrate() == (
+        f"outbox schema 'outbox' is already at revision {head} (nothing to do)\n"
     )
-    assert result.returncode == 0, result.stderr
-    assert "at revision" in result.stdout
-    assert "producer_queue" in _tables(outbox_empty_database_url, "outbox")
+    migrate.downgrade(url, revision=previous)
+    assert outbox_migrate() == (
+        f"outbox schema 'outbox' migrated from revision {previous} to {head}\n"
+    )
 
 
 def test_schema_check_tells_to_migrate_or_to_upgrade_outbox(

@@ -19,6 +19,7 @@ from outbox.core.ids import uuid7
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber, check_log
+from outbox.pglog.log import HEAD_REVISION
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.testing.plugin import DatabaseFactory
 
@@ -336,8 +337,11 @@ def test_migrate_creates_the_log_and_the_daemons_refuse_a_log_not_there(
     assert main(["producer", *common, "--log-url", url]) == 1
     assert "no log schema 'outbox_log': run `outbox migrate --log-url" in capsys.readouterr().err
     assert main(["migrate", "--log-url", url, "--log-schema", "my_log"]) == 0
-    assert "log schema 'my_log' is at revision" in capsys.readouterr().out
+    assert capsys.readouterr().out == f"log schema 'my_log' created at revision {HEAD_REVISION}\n"
     assert main(["migrate", "--log-url", url, "--log-schema", "my_log"]) == 0  # idempotent
+    assert capsys.readouterr().out == (
+        f"log schema 'my_log' is already at revision {HEAD_REVISION} (nothing to do)\n"
+    )
     check_log(url, "my_log")
     assert main([*consumer, "--log-url", url]) == 1
     assert "run `outbox migrate --log-url URL --log-schema outbox_log`" in capsys.readouterr().err

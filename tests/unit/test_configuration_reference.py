@@ -1,4 +1,4 @@
-"""docs/reference/configuration.md is what `python -m outbox.cli_reference` prints, and complete."""
+"""docs/reference/configuration.md is what `python -m outbox.cli.reference` prints, and complete."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from outbox import cli_reference, settings
+from outbox import settings
 from outbox.cli import build_parser
+from outbox.cli import reference as cli_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference" / "configuration.md"
@@ -28,7 +29,7 @@ def test_the_committed_reference_is_what_the_generator_prints() -> None:
                     actual.splitlines(keepends=True),
                     expected.splitlines(keepends=True),
                     "docs/reference/configuration.md (committed)",
-                    "python -m outbox.cli_reference (generated)",
+                    "python -m outbox.cli.reference (generated)",
                 )
             )[:60]
         )
@@ -79,14 +80,14 @@ def test_every_flag_has_a_meaning() -> None:
                 missing.append(f"{command.name} {'/'.join(action.option_strings) or action.dest}")
     assert not missing, (
         "flags without a help text (give them help= in the code, or an entry in "
-        f"outbox.cli_reference.FALLBACK_HELP): {missing}"
+        f"outbox.cli.reference.FALLBACK_HELP): {missing}"
     )
 
 
 def test_every_python_parameter_has_a_meaning() -> None:
     assert "(undocumented)" not in cli_reference.render_python_api(build_parser), (
         "a parameter of Broker, Handlers or Handlers.handler has no entry in "
-        "outbox.cli_reference.PARAMETER_MEANINGS"
+        "outbox.cli.reference.PARAMETER_MEANINGS"
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from outbox import Backoff, Broker, ConfigurationError
 from outbox.cli import build_parser, main
-from outbox.cli_reference import walk
+from outbox.cli.reference import walk
 from outbox.core.numbers import INTEGER_RULES, Rule, check, parse
 from outbox.daemons.consumer import ConsumerConfig
 from outbox.daemons.handler import HandlerConfig
@@ -83,7 +83,6 @@ def test_the_table_sees_every_numeric_flag() -> None:
         "dead-letters list --limit",
         "spark consumer --trigger-interval",
         "spark audit --settle",
-        "demo --messages",
     ]:
         assert expected in names, sorted(names)
 

@@ -77,7 +77,7 @@ def test_flags_and_variables_reach_the_config(monkeypatch: pytest.MonkeyPatch) -
     args = build_parser().parse_args(
         ["handler", "m:h", "--metrics-port", "9100", "--metrics-host", "127.0.0.1"]
     )
-    from outbox.cli_arguments import runtime_config
+    from outbox.cli.arguments import runtime_config
 
     config = runtime_config(args)
     assert (config.metrics_port, config.metrics_host) == (9100, "127.0.0.1")

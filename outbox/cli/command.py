@@ -15,12 +15,13 @@ import sys
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from outbox import settings
-from outbox.cli_arguments import (
+from outbox import __version__, settings
+from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     ENV_KAFKA_BOOTSTRAP,
     ENV_LOG_URL,
     TRANSPORTS,
+    Parser,
     add_database,
     add_kafka,
     add_log,
@@ -32,15 +33,29 @@ from outbox.cli_arguments import (
 )
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import flag_type
+from outbox.core.text import first_line
+
+#: What `outbox demo` says: the demo runs the example services, which the package does not ship.
+DEMO_ELSEWHERE = (
+    "the demo runs the example services of the source repository, not part of the installed "
+    "package: in a checkout of pg-kafka-outbox, run `./run demo` (or `python -m examples.demo`)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `outbox` command."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="outbox", description="Transactional outbox and inbox over PostgreSQL and Kafka."
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"outbox {__version__}",
+        help="print `outbox VERSION` (pg-kafka-outbox's version) and exit",
+    )
     add_logging(parser)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Not required: `outbox` alone prints the whole help (main), not argparse's one line.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     migrate = commands.add_parser(
         "migrate",
@@ -145,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         "message retried (default 300)",
     )
 
-    from outbox.cli_operations import add_operator_commands
+    from outbox.cli.operations import add_operator_commands
 
     add_operator_commands(commands)
 
@@ -158,11 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_spark_commands(commands)
 
     demo = commands.add_parser(
-        "demo", help="start local servers and show messages travelling end to end"
+        "demo",
+        help="say where the two-service demo runs: a source checkout (./run demo)",
+        description="The two-service demo runs the example services of the source repository, "
+        "which the installed package does not ship: run `./run demo` (or `python -m "
+        "examples.demo`) in a checkout. `outbox demo` says so on stderr and exits 1.",
     )
-    demo.add_argument(
-        "--messages", type=flag_type("count"), default=10, help="orders to place, one message each"
-    )
+    # Accepted, so that `outbox demo --messages 5` also gets the pointer, not a usage error.
+    demo.add_argument("--messages", help=argparse.SUPPRESS)
     return parser
 
 
@@ -184,9 +202,10 @@ def _install_stop_handlers(stop: object) -> None:
 
 def _migrate(args: argparse.Namespace) -> int:
     """The outbox schema at --database-url, and the log schema at --log-url when given; with
-    only --log-url, the log alone."""
+    only --log-url, the log alone. Says, for each, what it did."""
     from outbox.pglog import log as pglog
     from outbox.postgres import migrate
+    from outbox.postgres.queries import queries
 
     if args.sql:
         if args.database_url or not args.log_url:
@@ -199,27 +218,40 @@ def _migrate(args: argparse.Namespace) -> int:
     else:
         url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
     if url is not None:
-        _check_database(url)
+        version = queries(args.schema)["schema_version"]
+        before = _revision(url, version)
         migrate.upgrade(url, args.schema)
-        print(f"outbox schema {args.schema!r} is at revision {migrate.head_revision()}")
+        print(_migrated(f"outbox schema {args.schema!r}", before, _revision(url, version)))
     if args.log_url:
-        _check_database(args.log_url, "the log database")
+        version = pglog.queries(args.log_schema)["log_schema_version"]
+        before = _revision(args.log_url, version, "the log database")
         pglog.upgrade(args.log_url, args.log_schema)
-        print(f"log schema {args.log_schema!r} is at revision {pglog.HEAD_REVISION}")
+        after = _revision(args.log_url, version, "the log database")
+        print(_migrated(f"log schema {args.log_schema!r}", before, after))
     return 0
 
 
-def _check_database(url: str, what: str = "PostgreSQL") -> None:
+def _revision(url: str, version_sql: str, what: str = "PostgreSQL") -> str | None:
+    """The revision a schema is at by its Alembic version table; None when it has none yet."""
     import psycopg
 
-    from outbox.core.errors import DatabaseUnavailable
-    from outbox.observability.redact import redact_text
+    from outbox.postgres.connect import connect_or_raise
 
-    try:
-        psycopg.connect(url, connect_timeout=10).close()
-    except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(redact_text(f"cannot connect to {what}: {first}")) from None
+    with connect_or_raise(url, what=what, application_name="outbox-migrate") as conn:
+        try:
+            row = conn.execute(version_sql).fetchone()
+        except psycopg.errors.UndefinedTable:  # no schema, or no version table in it
+            return None
+    return None if row is None else str(row[0])
+
+
+def _migrated(schema: str, before: str | None, after: str | None) -> str:
+    """What `outbox migrate` did to one schema, in one line."""
+    if before == after:
+        return f"{schema} is already at revision {after} (nothing to do)"
+    if before is None:
+        return f"{schema} created at revision {after}"
+    return f"{schema} migrated from revision {before} to {after}"
 
 
 def _log_url(args: argparse.Namespace) -> str | None:
@@ -328,15 +360,16 @@ def _handler(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from outbox.demo import run_demo
-
-    return run_demo(messages=args.messages)
+    raise ConfigurationError(DEMO_ELSEWHERE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `outbox` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # a usage error: the help says which commands there are
+        parser.print_help(sys.stderr)
+        return 2
     from outbox.observability.logs import configure_logging
 
     configure_logging(str(args.log_level), args.log_format)
@@ -360,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_spark_command(args)
         if args.command not in handlers:
-            from outbox.cli_operations import run_operator_command
+            from outbox.cli.operations import run_operator_command
 
             code = run_operator_command(args)
             if code is not None:
@@ -377,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("outbox").debug("unexpected error", exc_info=True)
         _fatal(
             args,
-            f"unexpected {type(exc).__name__}: {_first_line(exc)} "
+            f"unexpected {type(exc).__name__}: {first_line(exc)} "
             "(run with --log-level DEBUG for the traceback)",
         )
         return 1
@@ -396,11 +429,6 @@ def _remember_secrets(args: argparse.Namespace) -> None:
         if isinstance(url, str):
             remember_secrets(secrets_of_url(url))
     remember_secrets(secrets_of_settings(dict(getattr(args, "kafka_config", None) or [])))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _fatal(args: argparse.Namespace, reason: str) -> None:

@@ -1,4 +1,7 @@
-"""`outbox demo`: two services, each with its own database, talking through Kafka.
+"""The demo: two services, each with its own database, talking through Kafka.
+
+    ./run demo [--messages N]          or, in the repository's root:
+    python -m examples.demo [--messages N]
 
 The orders service (`examples/orders_service`) inserts orders and sends `orders.created` in the
 same transaction; every 4th order's payment is declined and its transaction rolls back. Three
@@ -11,11 +14,13 @@ exactly the committed orders, each once.
 
 Everything runs on this machine: a throwaway PostgreSQL and Kafka-protocol broker (or the ones
 named by OUTBOX_TEST_DATABASE_URL / OUTBOX_TEST_KAFKA_BOOTSTRAP, where the demo's databases,
-topic and group get a random suffix). It needs a source checkout: `examples/` beside `outbox/`.
+topic and group get a random suffix). It lives with the example services in a source checkout,
+not in the `outbox` package: `outbox demo` only says where to run it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shutil
@@ -35,15 +40,15 @@ from uuid import UUID
 
 import psycopg
 
-import outbox
+from outbox.core.numbers import flag_type
 from outbox.postgres import migrate
 from outbox.postgres.migrate import sqlalchemy_url
 
 if TYPE_CHECKING:
     from outbox.testing.servers import Servers
 
-#: The directory holding the `outbox` package and, in a source checkout, `examples/`.
-REPO_ROOT = Path(outbox.__file__).resolve().parent.parent
+#: The repository's root: `examples/` (this file's directory) is importable from there.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 HANDLERS = "examples.shipping_service.handlers:handlers"
 GROUP = "shipping"
 PARTITIONS = 3
@@ -64,24 +69,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+def short_id(message_id: UUID) -> str:
+    """The last 8 hex digits of a message id: random bits of the UUIDv7, unlike its first 8
+    (the time in milliseconds, the same for every message of a run)."""
+    return "…" + message_id.hex[-8:]
+
+
 def run_demo(messages: int = 10) -> int:
     """Run the demo; return 0 when the shipments are exactly the committed orders, each once."""
     if messages < 1:
-        print(f"outbox: error: --messages must be at least 1, got {messages}", file=sys.stderr)
-        return 1
-    if not (REPO_ROOT / "examples" / "__init__.py").is_file():
-        print(
-            f"outbox: error: the demo runs the example services of a source checkout, "
-            f"but {REPO_ROOT / 'examples'} does not exist",
-            file=sys.stderr,
-        )
+        print(f"demo: error: --messages must be at least 1, got {messages}", file=sys.stderr)
         return 1
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
 
     from outbox.testing.servers import ServerError, start_servers
 
-    _say("outbox demo: an orders service and a shipping service, each with its own database,")
+    _say("the outbox demo: an orders service and a shipping service, each with its own database,")
     _say("talking through Kafka with a transactional outbox and inbox\n")
     base = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     try:
@@ -90,7 +94,7 @@ def run_demo(messages: int = 10) -> int:
         try:
             servers = start_servers(base)
         except ServerError as exc:
-            print(f"outbox: error: cannot start the demo servers: {exc}", file=sys.stderr)
+            print(f"demo: error: cannot start the demo servers: {exc}", file=sys.stderr)
             return 1
         with servers:
             _say(f"   postgres  {servers.postgres.url}  ({servers.postgres.source})")
@@ -479,7 +483,7 @@ class _Demo:
                 rows.append(
                     (
                         *head,
-                        str(o.message_id)[:8],
+                        short_id(o.message_id),
                         o.after_commit(o.relayed_at),
                         o.after_commit(o.stored_at),
                         "DEAD" if o.dead else o.after_commit(o.handled_at),
@@ -494,7 +498,7 @@ class _Demo:
             if order is not None and not order.committed:
                 cells.append(
                     "ROLLED BACK (payment declined): order and message "
-                    f"{str(order.message_id)[:8]} never existed"
+                    f"{short_id(order.message_id)} never existed"
                 )
             elif order is not None:
                 if order.shipments:
@@ -638,3 +642,23 @@ class _GroupWatch:
         except (KafkaException, TimeoutError):
             return False
         return bool(description.state == ConsumerGroupState.STABLE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m examples.demo [--messages N]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.demo",
+        description="Start local servers and show messages travelling end to end between two "
+        "services.",
+        allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--messages", type=flag_type("count"), default=10, help="orders to place, one message each"
+    )
+    args = parser.parse_args(argv)
+    return run_demo(messages=args.messages)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

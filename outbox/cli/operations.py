@@ -46,11 +46,13 @@ import psycopg
 
 from outbox import operations as ops
 from outbox import settings
-from outbox.cli_arguments import ENV_DATABASE_URL, add_groups, add_kafka, env_groups
-from outbox.cli_arguments import add_database as _add_database
-from outbox.core.errors import ConfigurationError, DatabaseUnavailable, InvalidTopic, OutboxError
+from outbox.cli.arguments import ENV_DATABASE_URL, Parser, add_groups, add_kafka, env_groups
+from outbox.cli.arguments import add_database as _add_database
+from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
 from outbox.core.numbers import flag_type
+from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
+from outbox.postgres.connect import connect_or_raise
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 
@@ -73,7 +75,7 @@ class DatabaseCommandFailed(OutboxError):
     """PostgreSQL refused or dropped the statement of an operator command."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class _OneLineParser(Parser):
     """An argument parser whose usage errors are one line on stderr (exit 2)."""
 
     def error(self, message: str) -> NoReturn:
@@ -200,23 +202,13 @@ def run_operator_command(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 @contextmanager
 def _connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to a database migrated to this outbox's schema revision."""
     if not args.database_url:
         raise ConfigurationError(f"--database-url is required (or set {ENV_DATABASE_URL})")
     schema = validate_schema(args.schema)
-    try:
-        conn = psycopg.connect(
-            args.database_url, autocommit=True, connect_timeout=10, application_name="outbox-cli"
-        )
-    except psycopg.Error as exc:
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {_first_line(exc)}") from None
+    conn = connect_or_raise(args.database_url, application_name="outbox-cli")
     with conn:
         try:
             # A row named by id may be locked by a running handler: wait a while, not forever.
@@ -230,7 +222,7 @@ def _connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
             ) from None
         except psycopg.Error as exc:
             raise DatabaseCommandFailed(
-                f"{args.command} failed in PostgreSQL: {_first_line(exc)}"
+                f"{args.command} failed in PostgreSQL: {first_line(exc)}"
             ) from None
 
 

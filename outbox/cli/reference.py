@@ -1,6 +1,6 @@
 """The configuration reference, generated from the code: `docs/reference/configuration.md`.
 
-    python -m outbox.cli_reference > docs/reference/configuration.md
+    python -m outbox.cli.reference > docs/reference/configuration.md
 
 Walks `outbox.cli.build_parser()` (every command and nested command), `outbox.settings.ENVIRONMENT`,
 the librdkafka settings of `outbox.kafka`, and the signatures and config objects of the Python API.
@@ -22,13 +22,13 @@ from typing import Any
 
 from outbox import settings
 
-COMMAND = "python -m outbox.cli_reference > docs/reference/configuration.md"
+COMMAND = "python -m outbox.cli.reference > docs/reference/configuration.md"
 
 INTRO = f"""\
 # Configuration reference
 
 <!-- Generated from the code by `{COMMAND}`.
-     Do not edit by hand: change the code, or the prose in outbox/cli_reference.py. -->
+     Do not edit by hand: change the code, or the prose in outbox/cli/reference.py. -->
 
 Every flag of the `outbox` command, every environment variable outbox reads, the librdkafka
 settings the daemons force or default, and the options of the Python API. A flag with an
@@ -59,8 +59,13 @@ EXIT_CODES = """\
 |---|---|
 | 0 | success; a daemon stopped by SIGTERM or SIGINT after finishing the batch in hand |
 | 1 | an error, one line on stderr: `outbox: error: ...` (a server unreachable, a database \
-not migrated, a bad setting, an unknown row id, ...) |
-| 2 | a usage error: unknown flag, missing argument (argparse's message on stderr) |
+not migrated, a required setting given neither as flag nor as variable, a bad setting, an \
+unknown row id, `outbox demo`, which runs only from a source checkout, ...) |
+| 2 | a usage error, argparse's message on stderr: `outbox` without a command (the help), an \
+unknown command or flag (flags are never abbreviated: `--database` is not `--database-url`), a \
+missing argument, a bad value of a flag or of the environment variable it defaults from \
+(`OUTBOX_LOG_LEVEL=verbose`), a `dead-letters requeue` or `purge` without exactly one of IDs, \
+`--topic` and `--all` |
 | 3 | `outbox status --check`: a row is dead, or a pending or retrying row is older than \
 `--max-age` (the problems are listed in the output) |
 | 130 | interrupted by Ctrl-C outside a daemon's loop |
@@ -238,7 +243,8 @@ def _cell(text: str) -> str:
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if not action.help:
         return ""
-    return parser._get_formatter()._expand_help(action)
+    # A plain formatter: the default has its own column, not a `(default: X)` in the meaning.
+    return argparse.HelpFormatter(parser.prog)._expand_help(action)
 
 
 def _is_flag(action: argparse.Action) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from outbox import settings
 from outbox.core.errors import ConfigurationError
@@ -18,6 +19,62 @@ ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
 ENV_SCHEMA = settings.SCHEMA
 ENV_LOG_URL = settings.LOG_URL
 TRANSPORTS = ("kafka", "postgres")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default: `(default: X)` after a help text that does not
+    say it already. An option read from an environment variable (`(env NAME...)` in its help)
+    says its default in words: its current default may be a secret from the environment."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and text != argparse.SUPPRESS
+            and "default" not in text
+            and "(env " not in text
+            and default is not None
+            and default is not argparse.SUPPRESS
+            and not isinstance(default, bool)
+            and default not in ([], "")
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """Every parser of the `outbox` command, its subcommands' too (argparse gives a subparser
+    the class of its parent): no abbreviated flags (`--database` is not `--database-url`),
+    defaults shown in help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def choice_type(choices: Sequence[str], env: str) -> Callable[[str], str]:
+    """The argparse `type=` of a flag with `choices` (any case) that defaults to `env`.
+
+    argparse checks `choices` only on a value typed on the command line; a default from the
+    environment goes through `type=` only, so this checks both alike: a usage error (exit 2).
+    """
+    source = f" (from the flag, or from {env} when the flag is not given)"
+
+    def choice(text: str) -> str:
+        for known in choices:
+            if text.strip().lower() == known.lower():
+                return known
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(choices)}, got {text!r}{source}"
+        )
+
+    return choice
 
 
 def kafka_setting(text: str) -> tuple[str, str]:
@@ -77,6 +134,7 @@ def add_transport(parser: argparse.ArgumentParser) -> None:
     """--transport, and where the PostgreSQL log is."""
     parser.add_argument(
         "--transport",
+        type=choice_type(TRANSPORTS, settings.TRANSPORT),
         choices=TRANSPORTS,
         default=os.environ.get(settings.TRANSPORT, "kafka"),
         help=f"kafka, or postgres for the log kept in PostgreSQL at --log-url "
@@ -114,12 +172,15 @@ def add_logging(parser: argparse.ArgumentParser) -> None:
     """The global --log-level and --log-format."""
     parser.add_argument(
         "--log-level",
+        type=choice_type(LOG_LEVELS, settings.LOG_LEVEL),
+        choices=LOG_LEVELS,
         default=os.environ.get(settings.LOG_LEVEL, "INFO"),
-        help=f"DEBUG, INFO, WARNING or ERROR (env {settings.LOG_LEVEL}; default INFO)",
+        help=f"DEBUG, INFO, WARNING or ERROR, in any case (env {settings.LOG_LEVEL}; default INFO)",
     )
     parser.add_argument(
         "--log-format",
-        choices=("text", "json"),
+        type=choice_type(LOG_FORMATS, settings.LOG_FORMAT),
+        choices=LOG_FORMATS,
         default=os.environ.get(settings.LOG_FORMAT, "text"),
         help=f"text, or json for one JSON object per line (env {settings.LOG_FORMAT}; "
         "default text)",

@@ -1,0 +1,14 @@
+"""The `outbox` command (`outbox.cli:main`, the console script).
+
+- `command`: the parser of every command and `main`, with migrate and the three daemons;
+- `arguments`: the flags the commands share, each with its environment variable;
+- `operations`: `status` and `dead-letters`;
+- `reference`: docs/reference/configuration.md, generated from the parser.
+
+`outbox console` and `outbox spark` declare their flags in `outbox.console.cli` and
+`outbox.spark.cli`.
+"""
+
+from outbox.cli.command import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,177 @@
+"""The conventions of the `outbox` command: its exit codes (as the reference's table says),
+help, version and flags."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import outbox
+from outbox import _version, settings
+from outbox.cli import build_parser, main
+from outbox.cli import operations as cli_operations
+from outbox.cli.reference import walk
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_outbox_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for entry in settings.ENVIRONMENT:
+        monkeypatch.delenv(entry.name, raising=False)
+
+
+def _exit_code(argv: list[str]) -> int:
+    """main's return value, or the code argparse exits with."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+# -- version --------------------------------------------------------------------------------
+
+
+def test_version_is_the_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert outbox.__version__ == metadata.version("pg-kafka-outbox")
+    assert _exit_code(["--version"]) == 0
+    assert capsys.readouterr().out == f"outbox {outbox.__version__}\n"
+
+
+def test_version_falls_back_on_pyproject(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(_name: str) -> str:
+        raise metadata.PackageNotFoundError(_name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'version = "{_version.version()}"' in text
+
+
+# -- exit 2: usage errors -------------------------------------------------------------------
+
+
+def test_no_command_prints_the_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["--log-level", "DEBUG"]):
+        assert _exit_code(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("usage: outbox")
+        assert "migrate" in err and "dead-letters" in err and "--version" in err
+
+
+def test_flags_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["migrate", "--sql", "--database", "postgresql://h/d"],
+        ["--log-lev=DEBUG", "migrate", "--sql"],
+        ["dead-letters", "list", "--lim", "3"],
+        ["spark", "audit", "--kafka", "k:9092"],
+    ):
+        assert _exit_code(argv) == 2, argv
+        assert "unrecognized arguments" in capsys.readouterr().err
+    parsers = [command.parser for command in walk(build_parser())]
+    assert len(parsers) > 10
+    assert all(not parser.allow_abbrev for parser in parsers)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "argv"),
+    [
+        (settings.LOG_LEVEL, "verbose", ["migrate", "--sql"]),
+        (settings.LOG_FORMAT, "xml", ["migrate", "--sql"]),
+        (settings.TRANSPORT, "carrier-pigeon", ["producer"]),
+    ],
+)
+def test_a_bad_choice_from_the_environment_is_a_usage_error(
+    variable: str,
+    value: str,
+    argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert f"got {value!r} (from the flag, or from {variable} when the flag is not given)" in err
+
+
+def test_choices_are_case_insensitive_from_flag_and_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["--log-level", "debug", "--log-format", "JSON", "migrate"])
+    assert (args.log_level, args.log_format) == ("DEBUG", "json")
+    monkeypatch.setenv(settings.LOG_LEVEL, "warning")
+    monkeypatch.setenv(settings.TRANSPORT, "Postgres")
+    args = build_parser().parse_args(["producer"])
+    assert (args.log_level, args.transport) == ("WARNING", "postgres")
+    assert _exit_code(["--log-level", "loud", "migrate", "--sql"]) == 2
+
+
+def test_unknown_commands_and_missing_arguments_exit_2() -> None:
+    assert _exit_code(["nonsense"]) == 2
+    assert _exit_code(["consumer", "--group", "g"]) == 2  # --topic is required
+    assert _exit_code(["dead-letters"]) == 2
+
+
+# -- help shows the defaults ----------------------------------------------------------------
+
+
+def test_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in walk(build_parser()):
+        formatter = command.parser._get_formatter()
+        for action in command.parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            if action.default in (None, False, [], "", argparse.SUPPRESS):
+                continue
+            shown = formatter._expand_help(action)
+            assert "default" in shown, (command.name, action.option_strings, shown)
+    assert _exit_code(["producer", "--help"]) == 0
+    assert "(default: 1000)" in " ".join(capsys.readouterr().out.split())  # --batch-size
+
+
+def test_help_shows_no_secret_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings.DATABASE_URL, "postgresql://app:hunter2@db/app")
+    monkeypatch.setenv(settings.CONSOLE_TOKEN, "s3cr3t-token")
+    for command in walk(build_parser()):
+        text = command.parser.format_help()
+        assert "hunter2" not in text and "s3cr3t-token" not in text, command.name
+
+
+# -- exit 1, 130 ----------------------------------------------------------------------------
+
+
+def test_a_missing_setting_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status"]) == 1
+    assert capsys.readouterr().err == (
+        f"outbox: error: --database-url is required (or set {settings.DATABASE_URL})\n"
+    )
+
+
+def test_demo_says_where_it_runs_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """The package does not ship examples/: `outbox demo` is one line pointing at the checkout."""
+    for argv in (["demo"], ["demo", "--messages", "5"]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.count("\n") == 1
+        assert err.startswith("outbox: error: the demo runs the example services")
+        assert "./run demo" in err and "python -m examples.demo" in err
+
+
+def test_ctrl_c_outside_a_daemon_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(_args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_operations, "run_operator_command", interrupted)
+    assert main(["status", "--database-url", "postgresql://h/d"]) == 130
+
+
+def test_the_exit_codes_table_lists_each_code_tested_here() -> None:
+    from outbox.cli.reference import EXIT_CODES
+
+    codes = [line.split("|")[1].strip() for line in EXIT_CODES.splitlines() if line[:2] == "| "]
+    assert codes == ["code", "0", "1", "2", "3", "130"]
