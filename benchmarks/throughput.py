@@ -212,10 +212,11 @@ def send_backlog(url: str, topic: str, messages: int, payload: bytes) -> float:
 
 def fill_inbox(url: str, topic: str, messages: int) -> float:
     """Store `messages` JSON rows in consumer_queue with the Consumer's own statement."""
+    from outbox.core.batches import InboxBatch
     from outbox.core.lanes import lane_for
     from outbox.core.serializers import JSON
-    from outbox.daemons.consumer import insert_params
     from outbox.kafka.subscriber import InboxRow
+    from outbox.postgres.inbox_store import insert_params
     from outbox.postgres.queries import channel, queries
 
     sql = queries("outbox")["inbox_insert"]
@@ -243,7 +244,7 @@ def fill_inbox(url: str, topic: str, messages: int) -> float:
                     )
                 )
             with conn.transaction():
-                conn.execute(sql, insert_params(rows, wake))
+                conn.execute(sql, insert_params(InboxBatch.of(rows), wake))
     return time.perf_counter() - started
 
 

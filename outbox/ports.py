@@ -1,15 +1,19 @@
-"""The small contracts the daemons are written against; adapters live in kafka/ and memory.py.
+"""The small contracts the daemons are written against, and the only way they reach a transport.
 
-Every transport (Kafka, the in-memory one) passes the same contract suite, tests/transport/.
+Adapters: outbox/kafka/, outbox/pglog/ (a log in PostgreSQL) and outbox/testing/memory.py. The
+daemons call exactly `Publisher.publish`, `Subscriber.poll`, `Subscriber.commit` and `close`,
+with the core batch types of outbox/core/batches.py, and every transport passes the same
+contract suite of those calls (tests/transport/). Which transport runs is chosen by the wiring
+(outbox/transports.py, the CLI), which passes the daemons factories.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from outbox.core.envelope import InboxRow, StoredMessage
+from outbox.core.batches import InboxBatch, OutgoingRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,15 +25,20 @@ class DeliveryFailure:
 
 
 class Publisher(Protocol):
-    """Sends messages to the transport and reports, per message, whether it was acknowledged.
+    """Sends records to the transport and reports, per record, whether it was acknowledged.
 
-    `publish` returns only when every message of the batch has a definite outcome: None for
+    `publish` returns only when every record of the batch has a definite outcome: None for
     acknowledged (durably stored by the transport), or a `DeliveryFailure`. Results are in the
-    order of the input. Messages of one key must reach the transport in the order given.
+    order of the input. Records of one key reach the transport in the order given. A record
+    whose stored headers are not outbox's form fails permanently, alone.
     """
 
-    def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
-        """Send a batch; one result per message, in order."""
+    def publish(
+        self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
+    ) -> list[DeliveryFailure | None]:
+        """Send a batch; one result per record, in order. `meanwhile`, when given, is called
+        once, after the batch was handed over and before its outcomes are awaited: the caller's
+        chance to work while the batch is on its way (the relay fetches its next batch)."""
         ...
 
     def close(self) -> None:
@@ -40,20 +49,21 @@ class Publisher(Protocol):
 class Subscriber(Protocol):
     """Reads the topics it was created for as a member of one consumer group.
 
-    `poll` returns records in partition order (a key's messages in the order they were
-    published), each decoded into the row the inbox stores. A group's position moves on only
-    through `commit`: a new subscriber of the group starts after the last committed record of
-    each partition, so records polled but never committed are delivered again. Several groups
-    each receive every record.
+    `poll` returns records in partition order (a key's records in the order they were
+    published) as an `InboxBatch`, decoded by outbox's wire codec. A group's position moves on
+    only through `commit`: a new subscriber of the group starts after the last committed record
+    of each partition, so records polled but never committed are delivered again. Several
+    groups each receive every record.
     """
 
-    def poll(self, max_records: int, timeout: float) -> list[InboxRow]:
+    def poll(self, max_records: int, timeout: float) -> InboxBatch:
         """Wait up to `timeout` seconds for a record, then return it and what else is already
         there, up to `max_records`; empty when nothing arrived."""
         ...
 
-    def commit(self, rows: Sequence[InboxRow]) -> None:
-        """Record that `rows` are stored: the group resumes after the last of each partition.
+    def commit(self, batch: InboxBatch) -> None:
+        """Record that `batch` is stored: the group resumes after its last record of each
+        partition (`InboxBatch.next_offsets`).
 
         Best effort: a lost commit (logged) only means a redelivery, which the inbox absorbs.
         """
@@ -62,3 +72,18 @@ class Subscriber(Protocol):
     def close(self) -> None:
         """Leave the group and release the connection; uncommitted records stay for others."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class TransportProbe:
+    """How a daemon checks that its transport is reachable: `check(timeout)` raises an
+    `OutboxError` saying why not. `name` keys the dependency in health reports ("kafka"),
+    `label` names it in their text ("Kafka")."""
+
+    name: str
+    label: str
+    check: Callable[[float], None]
+
+
+PublisherFactory = Callable[[], Publisher]
+SubscriberFactory = Callable[[], Subscriber]

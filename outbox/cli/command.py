@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
 
 from outbox import __version__, settings
@@ -272,21 +272,19 @@ def _log_url(args: argparse.Namespace) -> str | None:
 
 
 def _producer(args: argparse.Namespace) -> int:
+    from outbox import transports
     from outbox.daemons.producer import Producer, ProducerConfig
-    from outbox.ports import Publisher
 
     database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
     log_url = _log_url(args)
-    factory: Callable[[], Publisher] | None = None
+    factory = None
     if log_url is not None:
-        from outbox.pglog import PgLogPublisher
-
-        url, schema, partitions = log_url, args.log_schema, args.log_partitions
-        retention = args.log_retention or None
-
-        def factory() -> Publisher:
-            return PgLogPublisher(url, schema, partitions=partitions, retention=retention)
-
+        factory = transports.log_publishers(
+            log_url,
+            args.log_schema,
+            partitions=args.log_partitions,
+            retention=args.log_retention or None,
+        )
         bootstrap = ""
     else:
         bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
@@ -299,27 +297,25 @@ def _producer(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         observability=runtime_config(args),
     )
-    relay = Producer(config, publisher_factory=factory)
+    relay = (
+        Producer(config, publisher_factory=factory)
+        if factory is not None
+        else transports.kafka_producer(config)
+    )
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
 
 
 def _consumer(args: argparse.Namespace) -> int:
+    from outbox import transports
     from outbox.daemons.consumer import Consumer, ConsumerConfig
-    from outbox.ports import Subscriber
 
     database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
     log_url = _log_url(args)
-    factory: Callable[[], Subscriber] | None = None
+    factory = None
     if log_url is not None:
-        from outbox.pglog import PgLogSubscriber
-
-        url, schema, topics, group = log_url, args.log_schema, list(args.topic), args.group
-
-        def factory() -> Subscriber:
-            return PgLogSubscriber(url, topics, group, schema)
-
+        factory = transports.log_subscribers(log_url, args.log_schema, args.topic, args.group)
         bootstrap = ""
     else:
         bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
@@ -333,7 +329,11 @@ def _consumer(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         observability=runtime_config(args),
     )
-    relay = Consumer(config, subscriber_factory=factory)
+    relay = (
+        Consumer(config, subscriber_factory=factory)
+        if factory is not None
+        else transports.kafka_consumer(config)
+    )
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0

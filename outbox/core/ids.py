@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
+import uuid
 from uuid import UUID
 
 
@@ -21,3 +23,8 @@ def uuid7() -> UUID:
     value &= ~(0x3 << 62)
     value |= 0x2 << 62  # RFC 9562 variant
     return UUID(int=value)
+
+
+def process_id() -> str:
+    """host:pid:random, unique per daemon process and start (a relay id, a log member id)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

@@ -1,9 +1,9 @@
-"""The Consumer relay: Kafka -> `consumer_queue`.
+"""The Consumer relay: the transport -> `consumer_queue`.
 
 Contract: a batch of records is inserted into the inbox in one transaction (idempotent on the
 message id), and only after that transaction committed are the Kafka offsets committed. A crash
 in between redelivers the batch, and the unique message id stores it once. The daemon reads
-through a `Subscriber` (outbox.ports): Kafka by default, or any other, e.g. the in-memory one.
+through a `Subscriber` (outbox.ports): Kafka, the PostgreSQL log or the in-memory one.
 
 No record can stop the Consumer: a record that cannot be an ordinary row (a header name
 PostgreSQL cannot hold, a content type that is not storable text) is quarantined, stored dead
@@ -14,48 +14,36 @@ usual, that one is quarantined. Offsets are committed only after all of it is st
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 
-from outbox.core.envelope import InboxRow
+from outbox.core.batches import InboxBatch, Quarantined
 from outbox.core.errors import ConfigurationError
-from outbox.core.headers import to_json
 from outbox.core.numbers import check_fields
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import (
-    Connection,
-    check_database,
-    connect,
-    new_relay_id,
-    retrying_database,
-)
-from outbox.kafka.publisher import check_reachable
-from outbox.kafka.subscriber import (
-    KafkaBatch,
-    KafkaSubscriber,
-    Quarantined,
-    consumer_config,
-    quarantine_params,
-    quarantined_row,
-)
+from outbox.daemons.lanes import new_relay_id
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
-from outbox.ports import Subscriber
-from outbox.postgres.queries import channel, queries, validate_schema
+from outbox.ports import SubscriberFactory, TransportProbe
+from outbox.postgres.connection import (
+    Connection,
+    DatabaseLost,
+    check_database,
+    connect,
+    retrying_database,
+)
+from outbox.postgres.inbox_store import InboxStore, Stored
+from outbox.postgres.queries import validate_schema
 
 log = logging.getLogger("outbox.consumer")
-
-#: A polled batch: rows from any `Subscriber`, or the columns Kafka's gives the Consumer.
-Batch = list[InboxRow] | KafkaBatch
 
 
 @dataclass(frozen=True)
@@ -87,25 +75,6 @@ class ConsumerConfig:
         )
 
 
-def insert_params(rows: Sequence[InboxRow], wake_channel: str) -> dict[str, Any]:
-    """Bind parameters of `inbox_insert` for a batch of rows (the quarantined ones left out)."""
-    if any(r.quarantine is not None for r in rows):
-        rows = [r for r in rows if r.quarantine is None]
-    return {
-        "message_ids": [r.message_id for r in rows],
-        "topics": [r.topic for r in rows],
-        "keys": [r.key for r in rows],
-        "payloads": [r.payload for r in rows],
-        "headers": [json.dumps(to_json(r.headers)) if r.headers else "{}" for r in rows],
-        "content_types": [r.content_type for r in rows],
-        "lanes": [r.lane for r in rows],
-        "created_ats": [r.created_at for r in rows],
-        "partitions": [r.partition for r in rows],
-        "offsets": [r.offset for r in rows],
-        "channel": wake_channel,
-    }
-
-
 class _Refused(Exception):
     """PostgreSQL refused a statement for its data (not for a lost connection); `conn` is the
     connection it ran on, still usable."""
@@ -117,26 +86,23 @@ class _Refused(Exception):
 
 
 class Consumer:
-    """Stores Kafka records in `consumer_queue` until asked to stop.
+    """Stores the records of a transport in `consumer_queue` until asked to stop.
 
-    `subscriber_factory` replaces Kafka with another transport (the config's Kafka settings
-    are then unused); it is called once per `run`, in the running thread.
+    `subscriber_factory` makes the transport's `Subscriber` (called once per `run`, in the
+    running thread); `transport` says how to check that the transport is reachable, when it
+    can be. The wiring (outbox.transports, the CLI) chooses them.
     """
 
     def __init__(
         self,
         config: ConsumerConfig,
-        subscriber_factory: Callable[[], Subscriber] | None = None,
+        subscriber_factory: SubscriberFactory,
+        transport: TransportProbe | None = None,
     ) -> None:
         self.config = config
-        self._sql = queries(config.schema)
-        self._channel = channel(config.schema, "consumer_queue")
+        self.store = InboxStore(config.schema)
         self._subscriber_factory = subscriber_factory
-        self._kafka_config = (
-            consumer_config(config.kafka_bootstrap, config.group, config.kafka_config)
-            if subscriber_factory is None
-            else {}
-        )
+        self._transport = transport
         self._stop = threading.Event()
         #: Counters for tests and logs: records received, rows stored (not duplicates).
         self.received = 0
@@ -150,7 +116,7 @@ class Consumer:
             config,
             heartbeat=self.heartbeat,
             relay_id=new_relay_id(),
-            kafka=(lambda: self._kafka_config) if subscriber_factory is None else None,
+            transport=transport,
         )
 
     def stop(self) -> None:
@@ -170,50 +136,41 @@ class Consumer:
         )
 
     def check(self) -> None:
-        """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
+        """Fail fast, with one clear error, on an unreachable database or transport or an old
+        schema."""
         check_database(self._connect, self.config.schema)
-        if self._subscriber_factory is None:
-            check_reachable(self._kafka_config, timeout=self.config.connect_timeout)
+        if self._transport is not None:
+            self._transport.check(self.config.connect_timeout)
 
     @observed
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
         self.check()
-        subscriber = self._subscribe()
-        kafka = subscriber if isinstance(subscriber, KafkaSubscriber) else None
+        subscriber = self._subscriber_factory()
         conn: Connection | None = None
-        rows: Batch = []
+        batch = InboxBatch()
 
-        def poll(timeout: float) -> Batch:
-            if kafka is not None:  # as columns: no object per record
-                return kafka.poll_batch(self.config.batch_size, timeout)
-            return subscriber.poll(self.config.batch_size, timeout)
-
-        def waiting() -> Batch:
+        def waiting() -> InboxBatch:
             """The records already there (no wait), taken while a batch is being stored."""
             if self.stopping:
-                return []
-            return poll(0)
+                return InboxBatch()
+            return subscriber.poll(self.config.batch_size, 0)
 
         try:
             while not self.stopping:
                 self.heartbeat.beat()
-                if not rows:
-                    rows = poll(self.config.poll_timeout)
-                    if not rows:
+                if not batch:
+                    batch = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    if not batch:
                         continue
-                conn, following = self._store(conn, rows, meanwhile=waiting)
+                conn, following = self._store(conn, batch, meanwhile=waiting)
                 if conn is None:
                     break  # stopped while the database was unreachable: nothing committed
                 failpoint("consumer.after_insert")
-                if isinstance(rows, KafkaBatch):
-                    assert kafka is not None
-                    kafka.commit(rows)
-                else:
-                    subscriber.commit(rows)
+                subscriber.commit(batch)
                 # Records polled but not stored are never committed: if the consumer stops
                 # before storing them, they are delivered again.
-                rows = following
+                batch = following
         finally:
             subscriber.close()
             if conn is not None:
@@ -225,30 +182,17 @@ class Consumer:
                 self.quarantined,
             )
 
-    def _subscribe(self) -> Subscriber:
-        """The transport client: the factory's, else a Kafka consumer-group member."""
-        if self._subscriber_factory is not None:
-            return self._subscriber_factory()
-        return KafkaSubscriber(self._kafka_config, self.config.topics)
-
     def _store(
         self,
         conn: Connection | None,
-        rows: Batch,
-        meanwhile: Callable[[], Batch] | None = None,
-    ) -> tuple[Connection | None, Batch]:
+        batch: InboxBatch,
+        meanwhile: Callable[[], InboxBatch] | None = None,
+    ) -> tuple[Connection | None, InboxBatch]:
         """Insert the batch, retrying through database outages; (None, ...) if stopped
         meanwhile. While the database works on it, `meanwhile()` is called (once): its result
         is returned beside the connection."""
-        quarantined: list[Quarantined]
-        ordinary: Batch
-        if isinstance(rows, KafkaBatch):
-            quarantined = list(rows.quarantined)
-            ordinary = rows
-        else:
-            quarantined = [quarantined_row(r) for r in rows if r.quarantine is not None]
-            ordinary = [r for r in rows if r.quarantine is None] if quarantined else rows
-        following: list[Batch] = []
+        quarantined = list(batch.quarantined)
+        following: list[InboxBatch] = []
 
         def fetch_following() -> None:
             if meanwhile is not None and not following:
@@ -256,21 +200,19 @@ class Consumer:
 
         try:
             try:
-                conn, row = self._execute(
-                    conn, "inbox_insert", self._params(ordinary), fetch_following
+                conn, stored = self._execute(
+                    conn, lambda c: self.store.insert(c, batch), fetch_following
                 )
-                stored = Counter[str](row[2] if row and row[2] else {})
             except _Refused as refused:  # some record's data: find it
-                conn, stored = self._bisect(refused.conn, ordinary, refused.error, quarantined)
+                conn, stored = self._bisect(refused.conn, batch, refused.error, quarantined)
             dead: Counter[str] = Counter()
             if quarantined:
-                conn, row = self._execute(
-                    conn, "inbox_quarantine", quarantine_params(quarantined), None
+                conn, dead = self._execute(
+                    conn, lambda c: self.store.quarantine(c, quarantined), None
                 )
-                dead.update(row[0] if row and row[0] else {})
-        except psycopg.OperationalError:
+        except DatabaseLost:
             if self.stopping:
-                return None, following[0] if following else []
+                return None, following[0] if following else InboxBatch()
             raise
         for record in quarantined:
             log.warning(
@@ -281,29 +223,22 @@ class Consumer:
                 record.reason,
                 extra={"topic": record.topic, "event": "consumer.quarantined"},
             )
-        self.received += len(rows)
+        self.received += len(batch)
         self.stored += stored.total()
         self.quarantined += dead.total()
-        self.observability.consumer_batch(
-            rows.topical() if isinstance(rows, KafkaBatch) else rows, stored, dead
-        )
-        return conn, following[0] if following else []
-
-    def _params(self, rows: Batch) -> dict[str, Any]:
-        if isinstance(rows, KafkaBatch):
-            return rows.params(self._channel)
-        return insert_params(rows, self._channel)
+        self.observability.consumer_batch(batch.topical(), stored, dead)
+        return conn, following[0] if following else InboxBatch()
 
     def _execute(
         self,
         conn: Connection | None,
-        name: str,
-        params: dict[str, Any],
+        statement: Callable[[Connection], Stored],
         meanwhile: Callable[[], None] | None,
-    ) -> tuple[Connection, Any]:
-        """Run one statement (autocommit: atomic on its own), retrying through database
-        outages; its first result row. `meanwhile()` runs while the database works on it.
-        `_Refused` when PostgreSQL (or psycopg, binding the values) refuses the data."""
+    ) -> tuple[Connection, Counter[str]]:
+        """Run one statement of the inbox store (autocommit: atomic on its own), retrying
+        through database outages; the rows it stored per topic. `meanwhile()` runs while the
+        database works on it. `_Refused` when PostgreSQL (or psycopg, binding the values)
+        refuses the data."""
         retrying = retrying_database(lambda: self.stopping, "cannot store a batch in PostgreSQL")
         for attempt in retrying:
             with attempt:
@@ -313,11 +248,11 @@ class Consumer:
                     # In a pipeline the statement is sent at once, and committed when the
                     # pipeline ends, after `meanwhile`.
                     with conn.pipeline():
-                        cursor = conn.execute(self._sql[name], params)
+                        result = statement(conn)
                         if meanwhile is not None:
                             meanwhile()
-                    return conn, cursor.fetchone()
-                except psycopg.OperationalError:
+                    return conn, result()
+                except DatabaseLost:
                     raise
                 except (psycopg.Error, UnicodeError) as exc:
                     if conn.broken:
@@ -328,31 +263,28 @@ class Consumer:
     def _bisect(
         self,
         conn: Connection | None,
-        rows: Batch,
+        batch: InboxBatch,
         error: BaseException,
         quarantined: list[Quarantined],
     ) -> tuple[Connection | None, Counter[str]]:
         """Store the records of a batch PostgreSQL refused (`error`): halves are inserted on
         their own, a refused half is split again, and a record refused alone is appended to
         `quarantined` with the refusal as its reason. Returns the rows stored per topic."""
-        size = rows.ordinary if isinstance(rows, KafkaBatch) else len(rows)
+        size = batch.ordinary
         stored: Counter[str] = Counter()
         if size == 0:
             return conn, stored
         if size == 1:
             reason = f"PostgreSQL refused the record: {first_line(error)}"
-            quarantined.append(
-                rows.quarantine(0, reason)
-                if isinstance(rows, KafkaBatch)
-                else quarantined_row(rows[0], reason)
-            )
+            quarantined.append(batch.quarantine(0, reason))
             return conn, stored
         half = size // 2
         for start, stop in ((0, half), (half, size)):
-            part = rows.part(start, stop) if isinstance(rows, KafkaBatch) else rows[start:stop]
+            part = batch.part(start, stop)
             try:
-                conn, row = self._execute(conn, "inbox_insert", self._params(part), None)
-                stored.update(row[2] if row and row[2] else {})
+                insert = functools.partial(self.store.insert, batch=part)
+                conn, more = self._execute(conn, insert, None)
+                stored.update(more)
             except _Refused as refused:
                 conn, more = self._bisect(refused.conn, part, refused.error, quarantined)
                 stored.update(more)

@@ -41,7 +41,7 @@ from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
 from outbox.observability.metrics import HandlerTallyBook
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.postgres.migrate import sqlalchemy_url
-from outbox.postgres.queries import validate_schema
+from outbox.postgres.queries import queries, validate_schema
 
 log = logging.getLogger("outbox.handler")
 
@@ -616,6 +616,7 @@ class HandlerRunner(LaneRelay[Pending]):
             relay_id=config.relay_id,
         )
         self.config = config
+        self.sql = queries(config.schema)
         self.handlers = handlers
         self._unordered = handlers.unordered_topics
         self._workers: list[_Worker] = []

@@ -11,27 +11,33 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
-import socket
 import threading
 import time
-import uuid
-import zlib
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Generic, TypeVar
 
-import psycopg
-from psycopg.rows import tuple_row
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
-
-from outbox.core.errors import ConfigurationError, DatabaseUnavailable
+from outbox.core.ids import process_id
 from outbox.core.lanes import LANES
-from outbox.core.text import first_line
 from outbox.observability.health import Heartbeat
-from outbox.observability.redact import redact_text
-from outbox.postgres.migrate import check_schema
-from outbox.postgres.queries import channel, queries, quote_ident
+from outbox.postgres.connection import (
+    Connection,
+    DatabaseLost,
+    check_database,
+    connect,
+    retrying_database,
+)
+from outbox.postgres.lanes import Lanes, lock_class
+
+__all__ = [
+    "Connection",
+    "LaneRelay",
+    "check_database",
+    "connect",
+    "lock_class",
+    "new_relay_id",
+    "retrying_database",
+]
 
 log = logging.getLogger("outbox.relay")
 
@@ -41,58 +47,12 @@ IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 #: The shortest sleep of an idle relay (seconds), even for a retry due in less.
 MIN_WAIT = 0.001
 
-Connection = psycopg.Connection[tuple[Any, ...]]
 Row = TypeVar("Row")
 
 
 def new_relay_id() -> str:
     """host:pid:random, unique per relay process and start."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def connect(url: str, *, timeout: float, application_name: str) -> Connection:
-    """An autocommit connection for a relay's control loop."""
-    return psycopg.connect(
-        url,
-        autocommit=True,
-        row_factory=tuple_row,
-        connect_timeout=max(1, int(timeout)),
-        application_name=application_name,
-    )
-
-
-def retrying_database(stopping: Callable[[], bool], what: str) -> Retrying:
-    """Retry on a lost or refused database connection, backing off up to 5 s, until it works
-    or `stopping()`; then the last error is raised."""
-    return Retrying(
-        retry=retry_if_exception_type(psycopg.OperationalError),
-        wait=wait_exponential(multiplier=0.1, max=5),
-        stop=lambda _state: stopping(),
-        reraise=True,
-        before_sleep=lambda state: log.warning(
-            "%s (attempt %d): %s",
-            what,
-            state.attempt_number,
-            state.outcome.exception() if state.outcome else "",
-        ),
-    )
-
-
-def check_database(open_connection: Callable[[], Connection], schema: str) -> None:
-    """Connect once and check the schema version; one clear error for either failure."""
-    try:
-        conn = open_connection()
-    except psycopg.Error as exc:
-        raise DatabaseUnavailable(
-            redact_text(f"cannot connect to PostgreSQL: {first_line(exc)}")
-        ) from None
-    with conn:
-        check_schema(conn, schema)
-
-
-def lock_class(schema: str, table: str) -> int:
-    """The first key of the advisory locks of a queue table's lanes (the lane is the second)."""
-    return zlib.crc32(f"{schema}.{table}".encode()) & 0x7FFFFFFF
+    return process_id()
 
 
 class LaneRelay(Generic[Row]):
@@ -102,7 +62,7 @@ class LaneRelay(Generic[Row]):
     table: str
     #: The relay_state.queue value of this kind of relay.
     kind: str
-    #: Planner settings for the relay's own session (see `_serve`).
+    #: Planner settings (`name = value`) for the relay's own session (see `_serve`).
     planner_settings: tuple[str, ...] = ()
 
     def __init__(
@@ -121,9 +81,9 @@ class LaneRelay(Generic[Row]):
         self.rebalance_interval = rebalance_interval
         self.connect_timeout = connect_timeout
         self.relay_id = relay_id
-        self.sql = queries(schema)
-        self.channel = channel(schema, self.table)
-        self._lock_class = lock_class(schema, self.table)
+        self.lane_locks = Lanes(schema, self.table, self.kind, relay_id)
+        self.channel = self.lane_locks.channel
+        self._lock_class = self.lane_locks.lock_class
         self._stop = threading.Event()
         self.lanes: set[int] = set()
         self._next_rebalance = 0.0
@@ -174,12 +134,12 @@ class LaneRelay(Generic[Row]):
         while not self.stopping:
             try:
                 conn = self._connect_retrying()
-            except psycopg.OperationalError:
+            except DatabaseLost:
                 break  # raised only once stopping
             try:
                 with conn:
                     self._serve(conn)
-            except psycopg.OperationalError as exc:
+            except DatabaseLost as exc:
                 log.warning("%s lost the database connection (%s); reconnecting", self.kind, exc)
                 self.lanes.clear()
 
@@ -194,28 +154,15 @@ class LaneRelay(Generic[Row]):
     def check_lock_class(self, conn: Connection) -> None:
         """Raise ConfigurationError if another queue table of this database has this relay's
         lock class: their relays would take each other's lanes for their own."""
-        for schema, table in conn.execute(self.sql["relay_queue_tables"]):
-            if (schema, table) != (self.schema, self.table) and (
-                lock_class(schema, table) == self._lock_class
-            ):
-                raise ConfigurationError(
-                    f"the lanes of {self.schema}.{self.table} and {schema}.{table} would share "
-                    f"the advisory lock class {self._lock_class} (a crc32 collision): rename "
-                    "one of the schemas"
-                )
+        self.lane_locks.check_lock_class(conn)
 
     def _serve(self, conn: Connection) -> None:
-        relay = {"relay_id": self.relay_id, "queue": self.kind}
-        self.check_lock_class(conn)
-        conn.execute(self.sql["relay_forget_dead"])
-        conn.execute(self.sql["relay_register"], relay)
-        conn.execute(f"LISTEN {quote_ident(self.channel)}")
+        lanes = self.lane_locks
         # A queue table's statistics are wrong most of the time: autovacuum last saw it empty,
         # or saw a burst that has since drained. A relay that trusts them sorts the whole
         # backlog on every fetch, or scans the table once per id of a batch; a relay that
         # says which plans it wants does neither. Only this session is affected.
-        for setting in self.planner_settings:
-            conn.execute(f"SET {setting}")
+        lanes.join(conn, self.planner_settings)
         self.lanes.clear()
         self._next_rebalance = 0.0
         sleeping = False
@@ -227,7 +174,7 @@ class LaneRelay(Generic[Row]):
                 rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
                 if rows:
                     if sleeping:
-                        conn.execute(self.sql["relay_set_sleeping"], {**relay, "sleeping": False})
+                        lanes.set_sleeping(conn, False)
                         sleeping = False
                     idle_step = 0
                     self.process(conn, rows)
@@ -236,7 +183,7 @@ class LaneRelay(Generic[Row]):
                 if not sleeping:
                     # Announce the nap, then look once more: a row committed before the flag
                     # was visible to its writer would otherwise wait for the next poll.
-                    conn.execute(self.sql["relay_set_sleeping"], {**relay, "sleeping": True})
+                    lanes.set_sleeping(conn, True)
                     sleeping = True
                     self.housekeeping(conn, busy=False)
                     continue
@@ -244,7 +191,7 @@ class LaneRelay(Generic[Row]):
                 idle_step += 1
         finally:
             if not conn.closed:
-                conn.execute(self.sql["relay_unregister"], relay)
+                lanes.leave(conn)
 
     def _idle_timeout(self, conn: Connection, step: int) -> float:
         """How long to sleep after a fetch found nothing: the idle schedule's next step, or less
@@ -276,22 +223,17 @@ class LaneRelay(Generic[Row]):
         if now < self._next_rebalance:
             return
         self._next_rebalance = now + self.rebalance_interval
-        conn.execute(self.sql["relay_forget_dead"])
-        row = conn.execute(self.sql["relay_count"], {"queue": self.kind}).fetchone()
-        relays = max(1, int(row[0]) if row else 1)
-        target = math.ceil(LANES / relays)
-        lock = {"lock_class": self._lock_class}
+        target = math.ceil(LANES / self.lane_locks.live_relays(conn))
         if len(self.lanes) > target:
             for lane in sorted(self.lanes)[target:]:
-                conn.execute(self.sql["relay_lane_unlock"], {**lock, "lane": lane})
+                self.lane_locks.unlock(conn, lane)
                 self.lanes.discard(lane)
         elif len(self.lanes) < target:
-            held = {r[0] for r in conn.execute(self.sql["relay_lanes_held"], lock)}
+            held = self.lane_locks.held(conn)
             free = [lane for lane in range(LANES) if lane not in held]
             random.shuffle(free)
             for lane in free:
                 if len(self.lanes) >= target:
                     break
-                got = conn.execute(self.sql["relay_lane_lock"], {**lock, "lane": lane}).fetchone()
-                if got and got[0]:
+                if self.lane_locks.lock(conn, lane):
                     self.lanes.add(lane)

@@ -1,4 +1,4 @@
-"""The Producer relay: `producer_queue` -> Kafka.
+"""The Producer relay: `producer_queue` -> the transport (Kafka, the PostgreSQL log, memory).
 
 Contract: a row is deleted only after its delivery report succeeded, so a crash at any point
 re-sends at most the batch in hand (at-least-once; the inbox removes duplicates). Lanes, wake-ups
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
-from uuid import UUID
 
 from psycopg import Cursor
-from psycopg.rows import RowMaker
 
 from outbox import tracing
+from outbox.core.batches import OutgoingRecord, stored_message
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
 from outbox.core.numbers import check_fields
@@ -27,15 +24,9 @@ from outbox.core.text import storable
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
-from outbox.kafka.publisher import (
-    KafkaPublisher,
-    QueuedRow,
-    check_reachable,
-    producer_config,
-    stored_headers,
-)
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
-from outbox.ports import DeliveryFailure, Publisher
+from outbox.ports import DeliveryFailure, Publisher, PublisherFactory, TransportProbe
+from outbox.postgres.outbox_store import OutboxStore
 from outbox.postgres.queries import validate_schema
 
 log = logging.getLogger("outbox.producer")
@@ -77,28 +68,7 @@ class ProducerConfig:
         )
 
 
-def _queued_rows(_cursor: Cursor[Any]) -> RowMaker[QueuedRow]:
-    """psycopg row factory of `producer_fetch`: the row tuple becomes a QueuedRow as it is."""
-    return QueuedRow._make
-
-
-def _stored(row: QueuedRow) -> StoredMessage:
-    """A fetched row as a `StoredMessage`, for publishers other than Kafka's and for tracing;
-    `InvalidHeaders` if its stored headers are not outbox's form."""
-    return StoredMessage(
-        id=row.id,
-        message_id=UUID(row.message_id),
-        topic=row.topic,
-        key=row.key,
-        payload=row.payload,
-        content_type=row.content_type,
-        headers=stored_headers(row.headers) if row.headers is not None else {},
-        created_at=datetime.fromisoformat(row.created_at),
-        attempts=row.attempts,
-    )
-
-
-def _hopeless(row: QueuedRow, failure: DeliveryFailure) -> DeliveryFailure:
+def _hopeless(row: OutgoingRecord, failure: DeliveryFailure) -> DeliveryFailure:
     """`failure`, made permanent if the row's topic is a name Kafka never accepts (librdkafka
     reports an unknown topic, which a retry could fix for a legal name: it may be created)."""
     if failure.permanent:
@@ -110,7 +80,7 @@ def _hopeless(row: QueuedRow, failure: DeliveryFailure) -> DeliveryFailure:
     return failure
 
 
-def one_topic_per_key(rows: list[QueuedRow]) -> list[QueuedRow]:
+def one_topic_per_key(rows: list[OutgoingRecord]) -> list[OutgoingRecord]:
     """`rows` less, for each key, its rows from the first one to another topic than the key's
     first row's: within one batch a key's rows go to one topic.
 
@@ -142,23 +112,23 @@ def one_topic_per_key(rows: list[QueuedRow]) -> list[QueuedRow]:
     return kept
 
 
-class Producer(LaneRelay[QueuedRow]):
-    """Relays committed rows of `producer_queue` to Kafka until asked to stop."""
+class Producer(LaneRelay[OutgoingRecord]):
+    """Relays committed rows of `producer_queue` to a transport until asked to stop.
 
-    table = "producer_queue"
+    `publisher_factory` makes the transport's `Publisher` (called once per `run`, in the running
+    thread); `transport` says how to check that the transport is reachable (at start and in
+    the health checks), when it can be. The wiring (outbox.transports, the CLI) chooses them.
+    """
+
+    table = OutboxStore.table
     kind = "producer"
-    #: Whatever `producer_queue`'s statistics say (docs/decisions/0007): read it in id order
-    #: through the primary key, so the fetch stops after `limit` rows instead of sorting the
-    #: backlog; and plan each execution with its arrays as constants, which PostgreSQL hashes
-    #: or looks up, instead of a generic plan made for an empty table that compares every row
-    #: with every id of a batch. Not `enable_seqscan = off`: it made the relay's catalog
-    #: queries (dead relays, lane locks) take 100 ms and delayed messages by as much.
-    planner_settings = ("enable_sort = off", "plan_cache_mode = force_custom_plan")
+    planner_settings = OutboxStore.planner_settings
 
     def __init__(
         self,
         config: ProducerConfig,
-        publisher_factory: Callable[[], Publisher] | None = None,
+        publisher_factory: PublisherFactory,
+        transport: TransportProbe | None = None,
     ) -> None:
         super().__init__(
             database_url=config.database_url,
@@ -169,14 +139,17 @@ class Producer(LaneRelay[QueuedRow]):
             relay_id=config.relay_id,
         )
         self.config = config
+        self.store = OutboxStore(config.schema)
         self._publisher_factory = publisher_factory
+        self._transport = transport
         self._publisher: Publisher | None = None
-        #: The next batch, fetched while the previous one was on its way to Kafka: (lanes,
-        #: limit, cursor) while its statement runs, then (lanes, rows) until `fetch` takes it.
-        self._next: tuple[list[int], int, Cursor[QueuedRow]] | None = None
+        #: The next batch, fetched while the previous one was on its way to the transport:
+        #: (lanes, limit, cursor) while its statement runs, then (lanes, rows) until `fetch`
+        #: takes it.
+        self._next: tuple[list[int], int, Cursor[OutgoingRecord]] | None = None
         #: Rows the next fetch asks for (see BUSY_BATCH_FACTOR).
         self._limit = config.batch_size
-        self._fetched: tuple[list[int], list[QueuedRow]] | None = None
+        self._fetched: tuple[list[int], list[OutgoingRecord]] | None = None
         #: Counters for tests and logs: rows relayed, failed deliveries, rows marked dead.
         self.relayed = 0
         self.failed = 0
@@ -186,30 +159,22 @@ class Producer(LaneRelay[QueuedRow]):
             config,
             heartbeat=self.heartbeat,
             relay_id=config.relay_id,
-            kafka=None
-            if publisher_factory is not None
-            else lambda: producer_config(config.kafka_bootstrap, config.kafka_config),
+            transport=transport,
             lanes=lambda: len(self.lanes),
         )
 
     def check(self) -> None:
-        """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
+        """Fail fast, with one clear error, on an unreachable database or transport or an old
+        schema."""
         self.check_database()
-        if self._publisher_factory is None:
-            check_reachable(
-                producer_config(self.config.kafka_bootstrap, self.config.kafka_config),
-                timeout=self.config.connect_timeout,
-            )
+        if self._transport is not None:
+            self._transport.check(self.config.connect_timeout)
 
     @observed
     def run(self) -> None:
         """Check, then relay until `stop()`."""
         self.check()
-        if self._publisher_factory is None:
-            config = producer_config(self.config.kafka_bootstrap, self.config.kafka_config)
-            self._publisher = KafkaPublisher(config)
-        else:
-            self._publisher = self._publisher_factory()
+        self._publisher = self._publisher_factory()
         try:
             self.serve_forever()
         finally:
@@ -227,23 +192,14 @@ class Producer(LaneRelay[QueuedRow]):
         self._next = self._fetched = None
         super()._serve(conn)
 
-    def fetch(self, conn: Connection, lanes: list[int]) -> list[QueuedRow]:
+    def fetch(self, conn: Connection, lanes: list[int]) -> list[OutgoingRecord]:
         fetched, self._fetched = self._fetched, None
         if fetched is not None and fetched[0] == lanes:
             return one_topic_per_key(fetched[1])  # fetched during the previous batch
         limit = self._limit
-        rows = self._fetch(conn, lanes, limit, exclude=[]).fetchall()
+        rows = self.store.fetch(conn, lanes, limit, exclude=[]).fetchall()
         self._resize(len(rows), limit)
         return one_topic_per_key(rows)
-
-    def _fetch(
-        self, conn: Connection, lanes: list[int], limit: int, exclude: list[int]
-    ) -> Cursor[QueuedRow]:
-        """Run `producer_fetch` (in a pipeline: without waiting for its rows)."""
-        # Binary results: bytea arrives as it is, without hex decoding.
-        cursor = conn.cursor(row_factory=_queued_rows, binary=True)
-        params = {"lanes": lanes, "limit": limit, "exclude": exclude}
-        return cursor.execute(self.sql["producer_fetch"], params)
 
     def _resize(self, fetched: int, limit: int) -> None:
         """The next fetch's size: doubled after a full batch, `batch_size` after a short one."""
@@ -254,29 +210,28 @@ class Producer(LaneRelay[QueuedRow]):
             self._limit = batch_size
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
-        row = conn.execute(self.sql["producer_next_retry"], {"lanes": lanes}).fetchone()
-        return float(row[0]) if row and row[0] is not None else None
+        return self.store.next_due(conn, lanes)
 
-    def process(self, conn: Connection, rows: Sequence[QueuedRow]) -> None:
+    def process(self, conn: Connection, rows: Sequence[OutgoingRecord]) -> None:
         failpoint("producer.before_produce")
         started = time.monotonic()
         self._next = None
         # Only rows with user headers can carry a trace context, and only they can fail to
-        # become a record before Kafka sees them (headers written by hand, not in outbox's
-        # form): such a row fails permanently, alone, and goes dead; the batch goes on.
+        # become a record before the transport sees them (headers written by hand, not in
+        # outbox's form): such a row fails permanently, alone, and goes dead; the batch goes on.
         traced: list[tuple[int, StoredMessage]] = []
         unsendable: dict[int, DeliveryFailure] = {}
         for i, row in enumerate(rows):
             if row.headers is not None:
                 try:
-                    traced.append((i, _stored(row)))
+                    traced.append((i, stored_message(row)))
                 except InvalidHeaders as exc:
                     unsendable[i] = DeliveryFailure(error=storable(str(exc)), permanent=True)
         sendable = rows
         if unsendable:
             sendable = [row for i, row in enumerate(rows) if i not in unsendable]
-        # Pipeline mode: the next batch is fetched while this one is on its way to Kafka, and
-        # the rows are deleted (below, once acknowledged) in the same round trip.
+        # Pipeline mode: the next batch is fetched while this one is on its way to the
+        # transport, and the rows are deleted (below, once acknowledged) in the same round trip.
         with conn.pipeline():
             with tracing.publish_spans([message for _, message in traced]) as spans:
                 results = self._publish(conn, sendable, exclude=[row.id for row in rows])
@@ -293,13 +248,13 @@ class Producer(LaneRelay[QueuedRow]):
             ]
             if not failed:
                 # One statement, atomic on its own (the connection is in autocommit).
-                conn.execute(self.sql["producer_delete"], {"ids": [row.id for row in rows]})
+                self.store.delete(conn, [row.id for row in rows])
             else:
                 delivered = [row.id for row, r in zip(rows, results, strict=True) if r is None]
                 with conn.transaction():
                     if delivered:
-                        conn.execute(self.sql["producer_delete"], {"ids": delivered})
-                    conn.execute(self.sql["producer_fail"], self._failure_params(failed))
+                        self.store.delete(conn, delivered)
+                    self._fail(conn, failed)
         # Leaving the pipeline waited for every statement above.
         self._keep_next(failed)
         self.relayed += len(rows) - len(failed)
@@ -318,23 +273,22 @@ class Producer(LaneRelay[QueuedRow]):
         self.observability.producer_batch(rows, results, delivery_seconds)
 
     def _publish(
-        self, conn: Connection, rows: Sequence[QueuedRow], exclude: list[int]
+        self, conn: Connection, rows: Sequence[OutgoingRecord], exclude: list[int]
     ) -> list[DeliveryFailure | None]:
-        """Publish a batch: Kafka's publisher takes the rows as they are (and the next batch,
-        less the ids in `exclude`, is fetched while they are on their way), other publishers
-        take messages."""
+        """Publish a batch; while it is on its way, the next batch (less the ids in `exclude`)
+        is fetched."""
         publisher = self._publisher
         assert publisher is not None
-        if not isinstance(publisher, KafkaPublisher):
-            return publisher.publish([_stored(row) for row in rows])
-        publisher.produce_rows(rows)
-        if not self.stopping:
-            lanes, limit = sorted(self.lanes), self._limit
-            cursor = self._fetch(conn, lanes, limit, exclude=exclude)
-            self._next = (lanes, limit, cursor)
-        return publisher.wait()
 
-    def _keep_next(self, failed: list[tuple[QueuedRow, DeliveryFailure]]) -> None:
+        def fetch_next() -> None:
+            if not self.stopping:
+                lanes, limit = sorted(self.lanes), self._limit
+                cursor = self.store.fetch(conn, lanes, limit, exclude=exclude)
+                self._next = (lanes, limit, cursor)
+
+        return publisher.publish(rows, fetch_next)
+
+    def _keep_next(self, failed: list[tuple[OutgoingRecord, DeliveryFailure]]) -> None:
         """Keep the batch fetched during this one for `fetch`, less the keys that now wait for a
         retry: it was fetched before this batch's failures were recorded."""
         if self._next is None:
@@ -348,7 +302,7 @@ class Producer(LaneRelay[QueuedRow]):
             rows = [row for row in rows if row.key not in waiting]
         self._fetched = (lanes, rows)
 
-    def _failure_params(self, failed: list[tuple[QueuedRow, DeliveryFailure]]) -> dict[str, Any]:
+    def _fail(self, conn: Connection, failed: list[tuple[OutgoingRecord, DeliveryFailure]]) -> None:
         delays: list[float | None] = []
         for message, failure in failed:
             if failure.permanent:
@@ -356,9 +310,10 @@ class Producer(LaneRelay[QueuedRow]):
                 self.dead += 1
             else:
                 delays.append(self.config.backoff.delay(message.attempts + 1))
-        return {
-            "ids": [m.id for m, _ in failed],
-            # Errors come from outside outbox (librdkafka, a bad row): storable text only.
-            "errors": [storable(f.error) for _, f in failed],
-            "delays": delays,
-        }
+        self.store.fail(
+            conn,
+            [m.id for m, _ in failed],
+            # Errors come from outside outbox (the transport, a bad row): storable text only.
+            [storable(f.error) for _, f in failed],
+            delays,
+        )

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from outbox.core.envelope import StoredMessage
+from outbox.core.batches import OutgoingRecord
 from outbox.core.errors import ConfigurationError, InvalidHeaders, KafkaUnavailable
-from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID, from_json
+from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID
 from outbox.core.text import first_line, storable
+from outbox.core.wire import WireHeaders
 from outbox.ports import DeliveryFailure
 
 log = logging.getLogger("outbox.kafka")
@@ -108,71 +108,6 @@ def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> None:
         ) from None
 
 
-#: Kafka headers as confluent-kafka takes them (str values are sent as UTF-8).
-KafkaHeaders = list[tuple[str, str | bytes | None]]
-
-
-def kafka_headers(message: StoredMessage) -> KafkaHeaders:
-    """Kafka headers of a message: outbox's own, then the user's (str values as UTF-8)."""
-    headers: KafkaHeaders = [
-        (MESSAGE_ID, str(message.message_id)),
-        (CREATED_AT, message.created_at.isoformat()),
-        (CONTENT_TYPE, message.content_type),
-    ]
-    headers.extend(message.headers.items())
-    return headers
-
-
-class QueuedRow(NamedTuple):
-    """A `producer_queue` row as the relay fetches it (`producer_fetch`), ready for the wire.
-
-    The server formats what goes into the Kafka headers, so that the relay does no per-row
-    conversion: `message_id` is the UUID's text, `created_at` its ISO 8601 form in UTC, and
-    `headers` the stored user headers as JSON text, or None when there are none (the usual
-    case).
-    """
-
-    id: int
-    topic: str
-    key: bytes | None
-    payload: bytes
-    message_id: str
-    created_at: str
-    content_type: str
-    headers: str | None
-    attempts: int
-
-
-def row_headers(row: QueuedRow) -> KafkaHeaders:
-    """Kafka headers of a fetched row: outbox's own, then the user's.
-
-    Raises `InvalidHeaders` when the stored headers are not outbox's form (`to_json`): a row
-    written by hand, say.
-    """
-    headers: KafkaHeaders = [
-        (MESSAGE_ID, row.message_id),
-        (CREATED_AT, row.created_at),
-        (CONTENT_TYPE, row.content_type),
-    ]
-    if row.headers is not None:
-        headers.extend(stored_headers(row.headers).items())
-    return headers
-
-
-def stored_headers(text: str) -> dict[str, str | bytes]:
-    """User headers from their stored JSON text; `InvalidHeaders` if not outbox's form."""
-    try:
-        stored = json.loads(text)
-        if not isinstance(stored, dict):
-            raise TypeError(f"a JSON object was expected, got {type(stored).__name__}")
-        headers = from_json(stored)
-    except Exception as exc:  # KeyError, TypeError, binascii.Error, ...
-        raise InvalidHeaders(
-            f"stored headers are not outbox's form ({type(exc).__name__}: {first_line(exc)})"
-        ) from None
-    return headers
-
-
 def _failure(error: KafkaError) -> DeliveryFailure:
     return DeliveryFailure(
         error=storable(f"{error.name()}: {error.str()}"), permanent=error.code() in PERMANENT
@@ -180,20 +115,20 @@ def _failure(error: KafkaError) -> DeliveryFailure:
 
 
 #: A record as produce() takes it: topic, key, value, headers.
-_Record = tuple[str, bytes | None, bytes, KafkaHeaders]
+_Record = tuple[str, bytes | None, bytes, WireHeaders]
 
 
-def _record(row: QueuedRow) -> _Record | DeliveryFailure:
-    """The record of a fetched row, or the permanent failure of a row that cannot be one."""
+def _record(row: OutgoingRecord) -> _Record | DeliveryFailure:
+    """The record of an outgoing record, or the permanent failure of one that cannot be one."""
     if row.headers is None:  # the usual case: outbox's headers only
-        headers: KafkaHeaders = [
+        headers: WireHeaders = [
             (MESSAGE_ID, row.message_id),
             (CREATED_AT, row.created_at),
             (CONTENT_TYPE, row.content_type),
         ]
     else:
         try:
-            headers = row_headers(row)
+            headers = row.wire_headers()
         except InvalidHeaders as exc:
             return DeliveryFailure(error=storable(str(exc)), permanent=True)
     return (row.topic, row.key, row.payload, headers)
@@ -237,9 +172,8 @@ class KafkaPublisher:
     costs no Python object beyond its header list. `flush` sends at once (it does not wait for
     `linger.ms`) and returns when every report was served.
 
-    `produce_rows` (the rows as the relay fetched them, no messages built first) and `wait`
-    split a batch's publishing in two, so that the caller can do other work (the relay fetches
-    its next batch) while the batch is on its way.
+    `publish` calls the caller's `meanwhile` between producing and waiting, so that the caller
+    can do other work (the relay fetches its next batch) while the batch is on its way.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -265,17 +199,19 @@ class KafkaPublisher:
 
         return on_delivery
 
-    def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
-        records: Iterable[_Record] = (
-            (m.topic, m.key, m.payload, kafka_headers(m)) for m in messages
-        )
-        self._produce(records, len(messages))
+    def publish(
+        self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
+    ) -> list[DeliveryFailure | None]:
+        """Hand the batch to the client, call `meanwhile`, then wait for every report."""
+        self._produce_records(records)
+        if meanwhile is not None:
+            meanwhile()
         return self.wait()
 
-    def produce_rows(self, rows: Sequence[QueuedRow]) -> None:
-        """Hand a batch of fetched rows to the client; `wait` returns their outcomes. A row that
-        cannot be made a record (headers not in outbox's form) fails permanently."""
-        self._produce((_record(row) for row in rows), len(rows))
+    def _produce_records(self, records: Sequence[OutgoingRecord]) -> None:
+        """Hand a batch to the client; `wait` returns their outcomes. A record that cannot be
+        made a Kafka record (headers not in outbox's form) fails permanently."""
+        self._produce((_record(row) for row in records), len(records))
 
     def _produce(self, records: Iterable[_Record | DeliveryFailure], count: int) -> None:
         """Produce `count` records (topic, key, value, headers), each with its report slot; an

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from outbox.core.errors import ConfigurationError, KafkaUnavailable
+from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check_fields
 from outbox.core.text import first_line
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
@@ -44,7 +44,7 @@ from outbox.observability.redact import (
     secrets_of_settings,
     secrets_of_url,
 )
-from outbox.ports import DeliveryFailure
+from outbox.ports import DeliveryFailure, TransportProbe
 from outbox.postgres.queries import queries
 
 #: Default bind address of the metrics and health servers: every interface, so that a
@@ -168,7 +168,7 @@ class Observability:
         *,
         heartbeat: Heartbeat,
         relay_id: str,
-        kafka: Callable[[], Mapping[str, Any]] | None = None,
+        transport: TransportProbe | None = None,
         lanes: Callable[[], int] | None = None,
     ) -> None:
         self.kind = kind
@@ -176,7 +176,7 @@ class Observability:
         self.config = config.observability
         self.heartbeat = heartbeat
         self.relay_id = relay_id
-        self._kafka = kafka
+        self._transport = transport
         self._log = logging.getLogger(f"outbox.{kind}")
         remember_secrets(secrets_of_url(config.database_url))
         remember_secrets(secrets_of_settings(getattr(config, "kafka_config", {}) or {}))
@@ -389,8 +389,9 @@ class _Probes:
     def check(self) -> dict[str, str | None]:
         """One round of dependency checks: name -> None, or why it failed."""
         failures: dict[str, str | None] = {"postgres": self._check_postgres()}
-        if self.owner._kafka is not None:
-            failures["kafka"] = self._check_kafka(self.owner._kafka)
+        transport = self.owner._transport
+        if transport is not None:
+            failures[transport.name] = self._check_transport(transport)
         return failures
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -413,13 +414,11 @@ class _Probes:
             return f"PostgreSQL unreachable: {redact_text(first_line(exc))}"
         return None
 
-    def _check_kafka(self, settings: Callable[[], Mapping[str, Any]]) -> str | None:
-        from outbox.kafka.publisher import check_reachable
-
+    def _check_transport(self, transport: TransportProbe) -> str | None:
         try:
-            check_reachable(settings(), timeout=self.config.probe_timeout)
-        except (KafkaUnavailable, ConfigurationError) as exc:
-            return f"Kafka unreachable: {redact_text(str(exc))}"
+            transport.check(self.config.probe_timeout)
+        except OutboxError as exc:
+            return f"{transport.label} unreachable: {redact_text(str(exc))}"
         return None
 
     def refresh_stats(self) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 
-from outbox.core.envelope import StoredMessage
-from outbox.core.errors import ConfigurationError, InvalidTopic
+from outbox.core.batches import OutgoingRecord
+from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
+from outbox.core.partitioning import partition_for
 from outbox.core.text import first_line, storable
 from outbox.core.topics import validate_topic
-from outbox.kafka.publisher import kafka_headers
-from outbox.memory import partition_for
 from outbox.observability.redact import redact_text
 from outbox.pglog.log import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -41,8 +40,8 @@ class PgLogPublisher:
     """Appends batches to the log; `publish` returns once the batch is committed.
 
     A keyed message goes to partition murmur2(key) % partitions (Kafka's default partitioner,
-    `outbox.memory.partition_for`), so a key stays in one partition, in order; the keyless
-    messages of a batch go to one partition of their topic chosen at random (Kafka's sticky
+    `outbox.core.partitioning.partition_for`), so a key stays in one partition, in order; the
+    keyless messages of a batch go to one partition of their topic chosen at random (Kafka's sticky
     partitioner), so they spread over batches. A topic is created on first publish with
     `partitions` partitions. A record larger than `max_message_bytes` or with an illegal topic
     fails permanently; a batch whose transaction failed (connection lost, say) fails retriably
@@ -96,7 +95,7 @@ class PgLogPublisher:
             )
         return self._conn
 
-    def _refuse(self, message: StoredMessage, headers: bytes) -> str | None:
+    def _refuse(self, message: OutgoingRecord, headers: bytes) -> str | None:
         """Why `message` can never be stored, or None."""
         try:
             validate_topic(message.topic)
@@ -110,21 +109,29 @@ class PgLogPublisher:
             )
         return None
 
-    def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
-        """Append the batch in one transaction; one outcome per message, in order."""
-        results: list[DeliveryFailure | None] = [None] * len(messages)
-        accepted: list[tuple[int, StoredMessage, bytes]] = []
-        for index, message in enumerate(messages):
-            headers = encode_headers(kafka_headers(message))
+    def publish(
+        self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
+    ) -> list[DeliveryFailure | None]:
+        """Append the batch in one transaction; one outcome per record, in order."""
+        results: list[DeliveryFailure | None] = [None] * len(records)
+        accepted: list[tuple[int, OutgoingRecord, bytes]] = []
+        for index, message in enumerate(records):
+            try:
+                headers = encode_headers(message.wire_headers())
+            except InvalidHeaders as exc:
+                results[index] = DeliveryFailure(error=storable(str(exc)), permanent=True)
+                continue
             reason = self._refuse(message, headers)
             if reason is None:
                 accepted.append((index, message, headers))
             else:
                 results[index] = DeliveryFailure(error=storable(reason), permanent=True)
         if not accepted:
+            if meanwhile is not None:
+                meanwhile()
             return results
         try:
-            self._append(accepted)
+            self._append(accepted, meanwhile)
         except psycopg.Error as exc:
             failure = DeliveryFailure(
                 error=storable(
@@ -138,7 +145,11 @@ class PgLogPublisher:
                 results[index] = failure
         return results
 
-    def _append(self, accepted: list[tuple[int, StoredMessage, bytes]]) -> None:
+    def _append(
+        self,
+        accepted: list[tuple[int, OutgoingRecord, bytes]],
+        meanwhile: Callable[[], None] | None,
+    ) -> None:
         conn = self._connection()
         topics = self._topics
         missing = {m.topic for _, m, _ in accepted if m.topic not in topics.partitions}
@@ -165,9 +176,12 @@ class PgLogPublisher:
             "channel": self._channel,
         }
         # One transaction, one round trip: lock the counter rows in id order, append, commit.
+        # `meanwhile` runs while the statements are on their way.
         with conn.transaction(), conn.pipeline():
             conn.execute(self._sql["log_lock_partitions"], {"partition_ids": partition_ids})
             conn.execute(self._sql["log_append"], params)
+            if meanwhile is not None:
+                meanwhile()
 
     def _retain(self, retention: float, interval: float) -> None:
         """The retention thread: a pass every `interval` seconds, on its own connection."""

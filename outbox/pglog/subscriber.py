@@ -10,11 +10,10 @@ from collections.abc import Sequence
 
 import psycopg
 
-from outbox.core.envelope import InboxRow
+from outbox.core.batches import InboxBatch
 from outbox.core.errors import ConfigurationError
+from outbox.core.ids import process_id
 from outbox.core.topics import validate_topic
-from outbox.daemons.lanes import new_relay_id
-from outbox.kafka.subscriber import decode_record
 from outbox.observability.redact import redact_text
 from outbox.pglog.log import (
     DEFAULT_SCHEMA,
@@ -75,7 +74,7 @@ class PgLogSubscriber:
         self.schema = validate_schema(schema)
         self.rebalance_interval = rebalance_interval
         self.connect_timeout = connect_timeout
-        self.member_id = new_relay_id()
+        self.member_id = process_id()
         self._sql = queries(schema)
         self._channel = wake_channel(schema)
         self._conn: Connection | None = None
@@ -232,7 +231,7 @@ class PgLogSubscriber:
 
     # -- the port --------------------------------------------------------------------------------
 
-    def poll(self, max_records: int, timeout: float) -> list[InboxRow]:
+    def poll(self, max_records: int, timeout: float) -> InboxBatch:
         """Records after this member's positions, up to `max_records`, waiting up to `timeout`
         seconds for the first."""
         if self._closed:
@@ -250,15 +249,13 @@ class PgLogSubscriber:
                     return rows
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return []
+                return InboxBatch()
             if conn is None or rows is None:
                 time.sleep(min(remaining, max(0.0, self._next_connect - time.monotonic())))
 
-    def _poll_once(
-        self, conn: Connection, max_records: int, deadline: float
-    ) -> list[InboxRow] | None:
+    def _poll_once(self, conn: Connection, max_records: int, deadline: float) -> InboxBatch | None:
         """Fetch once; when nothing is there, announce the nap (then look once more), or wait
-        for a notification until `deadline`. [] when the caller should look again."""
+        for a notification until `deadline`. Empty when the caller should look again."""
         self._rebalance(conn)
         rows = self._fetch(conn, max_records)
         if rows:
@@ -267,16 +264,16 @@ class PgLogSubscriber:
             return rows
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return []
+            return rows
         if not self._sleeping:
             # Announce the nap, then look once more: a record committed before the flag was
             # visible to its publisher would otherwise wait for the next look.
             self._set_sleeping(conn, True)
-            return []
+            return rows
         wait = min(remaining, max(0.001, self._next_rebalance - time.monotonic()))
         for _ in conn.notifies(timeout=wait, stop_after=1):
             break
-        return []
+        return rows
 
     def _set_sleeping(self, conn: Connection, sleeping: bool) -> None:
         conn.execute(
@@ -284,10 +281,11 @@ class PgLogSubscriber:
         )
         self._sleeping = sleeping
 
-    def _fetch(self, conn: Connection, max_records: int) -> list[InboxRow]:
+    def _fetch(self, conn: Connection, max_records: int) -> InboxBatch:
+        batch = InboxBatch()
         reading = [p for p in sorted(self._positions) if p not in self._draining]
         if not reading:
-            return []
+            return batch
         # Start with another partition each time, so that a busy one does not starve the rest.
         self._turn = (self._turn + 1) % len(reading)
         reading = reading[self._turn :] + reading[: self._turn]
@@ -300,31 +298,28 @@ class PgLogSubscriber:
                 "limit": max_records,
             },
         ).fetchall()
-        rows: list[InboxRow] = []
         names = self._topics.names
+        add = batch.add
         for partition_id, offset, key, value, headers, created_at in records:
             topic, partition = names[partition_id]
-            rows.append(
-                decode_record(
-                    topic=topic,
-                    partition=partition,
-                    offset=offset,
-                    key=key,
-                    value=value,
-                    headers=decode_headers(headers),
-                    timestamp_ms=int(created_at.timestamp() * 1000),
-                )
+            add(
+                topic,
+                partition,
+                offset,
+                key,
+                value,
+                decode_headers(headers),
+                int(created_at.timestamp() * 1000),
             )
             self._positions[partition_id] = offset + 1
-        return rows
+        return batch
 
-    def commit(self, rows: Sequence[InboxRow]) -> None:
-        """Store the group's next offsets after `rows`; a failure is logged (a redelivery)."""
+    def commit(self, batch: InboxBatch) -> None:
+        """Store the group's next offsets after `batch`; a failure is logged (a redelivery)."""
         ids = self._topics.partitions
-        last: dict[int, int] = {}
-        for row in rows:
-            partition_id = ids[row.topic][row.partition]
-            last[partition_id] = max(last.get(partition_id, -1), row.offset)
+        last = {
+            ids[topic][partition]: o - 1 for (topic, partition), o in batch.next_offsets().items()
+        }
         if not last:
             return
         conn = self._connection()

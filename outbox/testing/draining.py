@@ -25,17 +25,22 @@ from uuid import UUID
 
 import psycopg
 
-from outbox.core.envelope import InboxRow, StoredMessage
+from outbox.core.batches import InboxBatch, OutgoingRecord
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.kafka.publisher import KafkaPublisher, check_reachable, producer_config
-from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
-from outbox.memory import InMemoryTransport
-from outbox.ports import DeliveryFailure, Publisher, Subscriber
+from outbox.ports import (
+    DeliveryFailure,
+    Publisher,
+    PublisherFactory,
+    Subscriber,
+    SubscriberFactory,
+)
 from outbox.postgres.queries import quote_ident, validate_schema
+from outbox.testing.memory import InMemoryTransport
+from outbox.transports import kafka_publishers, kafka_subscribers
 
 __all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "drain"]
 
@@ -104,12 +109,14 @@ class _LedgerPublisher:
         self._inner = inner
         self._ledger = ledger
 
-    def publish(self, messages: Sequence[StoredMessage]) -> list[DeliveryFailure | None]:
-        results = self._inner.publish(messages)
+    def publish(
+        self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
+    ) -> list[DeliveryFailure | None]:
+        results = self._inner.publish(records, meanwhile)
         with self._ledger.lock:
             self._ledger.relayed.update(
-                str(m.message_id)
-                for m, r in zip(messages, results, strict=True)
+                m.message_id
+                for m, r in zip(records, results, strict=True)
                 if r is None and m.topic in self._ledger.topics
             )
         return results
@@ -125,17 +132,18 @@ class _LedgerSubscriber:
         self._inner = inner
         self._ledger = ledger
 
-    def poll(self, max_records: int, timeout: float) -> list[InboxRow]:
-        rows = self._inner.poll(max_records, timeout)
-        if rows:
+    def poll(self, max_records: int, timeout: float) -> InboxBatch:
+        batch = self._inner.poll(max_records, timeout)
+        if batch:
             with self._ledger.lock:
                 self._ledger.polled += 1
-        return rows
+        return batch
 
-    def commit(self, rows: Sequence[InboxRow]) -> None:
-        self._inner.commit(rows)
+    def commit(self, batch: InboxBatch) -> None:
+        self._inner.commit(batch)
         with self._ledger.lock:
-            self._ledger.stored.update(str(r.message_id) for r in rows)
+            self._ledger.stored.update(batch.message_ids)
+            self._ledger.stored.update(q.message_id for q in batch.quarantined)
             self._ledger.polled -= 1
 
     def close(self) -> None:
@@ -362,7 +370,7 @@ def _factories(
     group: str,
     producer_kafka_config: Mapping[str, str] | None,
     consumer_kafka_config: Mapping[str, str] | None,
-) -> tuple[Callable[[], Publisher], Callable[[], Subscriber]]:
+) -> tuple[PublisherFactory, SubscriberFactory]:
     """Publisher and subscriber factories for the transport, both keeping `ledger`."""
     topics = sorted(ledger.topics)
     if isinstance(transport, InMemoryTransport):
@@ -375,12 +383,12 @@ def _factories(
             "transport must be a Kafka bootstrap address (host:port) or an InMemoryTransport, "
             f"got {transport!r}"
         )
-    publish_config = producer_config(transport, producer_kafka_config)
-    check_reachable(publish_config)
-    subscribe_config = consumer_config(transport, group, consumer_kafka_config)
+    publishers, probe = kafka_publishers(transport, producer_kafka_config)
+    probe.check(10.0)
+    subscribers, _ = kafka_subscribers(transport, group, topics, consumer_kafka_config)
     return (
-        lambda: _LedgerPublisher(KafkaPublisher(publish_config), ledger),
-        lambda: _LedgerSubscriber(KafkaSubscriber(subscribe_config, topics), ledger),
+        lambda: _LedgerPublisher(publishers(), ledger),
+        lambda: _LedgerSubscriber(subscribers(), ledger),
     )
 
 

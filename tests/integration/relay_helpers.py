@@ -18,9 +18,10 @@ from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from outbox.core.handlers import Handlers
-from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.consumer import ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
-from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.daemons.producer import ProducerConfig
+from outbox.transports import kafka_consumer, kafka_producer
 
 R = TypeVar("R", bound="Runnable")
 
@@ -71,7 +72,8 @@ def running(daemon: R) -> Iterator[R]:
 
 def producer_thread(url: str, bootstrap: str, **options: Any) -> Any:
     """Run a Producer relay in a background thread of this process."""
-    return running(Producer(ProducerConfig(database_url=url, kafka_bootstrap=bootstrap, **options)))
+    config = ProducerConfig(database_url=url, kafka_bootstrap=bootstrap, **options)
+    return running(kafka_producer(config))
 
 
 #: Consumer settings for the tests: Tansu joins a group in half of session.timeout.ms.
@@ -83,7 +85,7 @@ def consumer_thread(url: str, bootstrap: str, topics: list[str], **options: Any)
     options.setdefault("kafka_config", TEST_CONSUMER_KAFKA)
     options.setdefault("group", f"g-{topics[0]}")
     return running(
-        Consumer(
+        kafka_consumer(
             ConsumerConfig(database_url=url, kafka_bootstrap=bootstrap, topics=topics, **options)
         )
     )

@@ -11,9 +11,10 @@ import psycopg
 import pytest
 
 from outbox import Backoff, Handlers, InboxMessage
+from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
-from outbox.daemons.consumer import insert_params
+from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
 
 from .relay_helpers import count, handler_thread, wait_for
@@ -56,7 +57,7 @@ def _put(
     with psycopg.connect(url) as conn:
         conn.execute(
             queries("outbox")["inbox_insert"],
-            insert_params(rows, channel("outbox", "consumer_queue")),
+            insert_params(InboxBatch.of(rows), channel("outbox", "consumer_queue")),
         )
 
 

@@ -15,9 +15,10 @@ from confluent_kafka import Producer as KafkaProducer
 from sqlalchemy import text
 
 from outbox import Backoff, Broker, Handlers, InboxMessage, Message
+from outbox.core.batches import InboxBatch
 from outbox.core.lanes import lane_for
-from outbox.daemons.consumer import insert_params
 from outbox.kafka.subscriber import InboxRow, foreign_id
+from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
 
 from . import inbox_app
@@ -71,7 +72,7 @@ def put(
     with psycopg.connect(url) as conn, conn.transaction():
         conn.execute(
             queries("outbox")["inbox_insert"],
-            insert_params(rows, channel("outbox", "consumer_queue")),
+            insert_params(InboxBatch.of(rows), channel("outbox", "consumer_queue")),
         )
     return [r.message_id for r in rows]
 

@@ -14,6 +14,7 @@ import pytest
 
 from outbox import Broker, Handlers, InboxMessage
 from outbox.cli import main
+from outbox.core.batches import InboxBatch, OutgoingRecord, outgoing
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
 from outbox.daemons.consumer import Consumer, ConsumerConfig
@@ -36,17 +37,19 @@ def log_url(outbox_database_factory: DatabaseFactory) -> str:
     return url
 
 
-def message(topic: str, n: int, key: bytes | None = None) -> StoredMessage:
-    return StoredMessage(
-        id=n,
-        message_id=uuid7(),
-        topic=topic,
-        key=key,
-        payload=str(n).encode(),
-        content_type="application/json",
-        headers={},
-        created_at=datetime.now(UTC),
-        attempts=0,
+def message(topic: str, n: int, key: bytes | None = None) -> OutgoingRecord:
+    return outgoing(
+        StoredMessage(
+            id=n,
+            message_id=uuid7(),
+            topic=topic,
+            key=key,
+            payload=str(n).encode(),
+            content_type="application/json",
+            headers={},
+            created_at=datetime.now(UTC),
+            attempts=0,
+        )
     )
 
 
@@ -248,7 +251,7 @@ def _receive(subscriber: PgLogSubscriber, expected: int) -> list[Any]:
     rows: list[Any] = []
     deadline = time.monotonic() + 20
     while len(rows) < expected and time.monotonic() < deadline:
-        rows.extend(subscriber.poll(100, 0.1))
+        rows.extend(subscriber.poll(100, 0.1).rows())
     return rows
 
 
@@ -276,7 +279,7 @@ def _commit_first(url: str, topic: str, group: str, n: int) -> None:
     subscriber = PgLogSubscriber(url, [topic], group)
     try:
         rows = _receive(subscriber, n)
-        subscriber.commit(rows[:n])
+        subscriber.commit(InboxBatch.of(rows[:n]))
     finally:
         subscriber.close()
 

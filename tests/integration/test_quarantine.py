@@ -6,7 +6,6 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,10 +14,10 @@ import pytest
 from confluent_kafka import Producer as KafkaProducer
 
 from outbox import Broker
+from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
 from outbox.daemons.consumer import Consumer, ConsumerConfig
-from outbox.kafka.subscriber import KafkaBatch
 
 from .relay_helpers import consumer_thread, count, producer_thread, running, wait_for
 
@@ -109,14 +108,14 @@ class _Once:
         self.rows = rows
         self.committed: list[list[InboxRow]] = []
 
-    def poll(self, max_records: int, timeout: float) -> list[InboxRow]:
+    def poll(self, max_records: int, timeout: float) -> InboxBatch:
         rows, self.rows = self.rows, []
         if not rows:
             time.sleep(timeout)
-        return rows
+        return InboxBatch.of(rows)
 
-    def commit(self, rows: Sequence[InboxRow]) -> None:
-        self.committed.append(list(rows))
+    def commit(self, batch: InboxBatch) -> None:
+        self.committed.append(sorted(batch.rows(), key=lambda r: r.offset))
 
     def close(self) -> None:
         pass
@@ -142,7 +141,9 @@ def test_a_refused_record_is_found_by_bisection_and_quarantined(outbox_database_
     with running(consumer):
         wait_for(lambda: bool(subscriber.committed), 30, "the commit")
     assert (consumer.stored, consumer.quarantined) == (6, 1)
-    assert subscriber.committed == [rows]
+    assert [[r.message_id for r in c] for c in subscriber.committed] == [
+        [r.message_id for r in rows]
+    ]
     stored = _rows(url)
     assert [r[0] for r in stored] == list(range(7))
     dead = [r for r in stored if r[6] is not None]
@@ -152,10 +153,10 @@ def test_a_refused_record_is_found_by_bisection_and_quarantined(outbox_database_
 
 def test_the_column_path_bisects_too(outbox_database_url: str) -> None:
     url = outbox_database_url
-    batch = KafkaBatch()
+    batch = InboxBatch()
     for offset in range(5):
         topic = "bad\x00topic" if offset == 2 else "t"
-        batch.add(topic, 0, offset, b"k", b"v", [("h", b"1")], None, 1_700_000_000_000)
+        batch.add(topic, 0, offset, b"k", b"v", [("h", b"1")], 1_700_000_000_000)
     config = ConsumerConfig(database_url=url, kafka_bootstrap="unused:1", topics=["t"], group="g")
     consumer = Consumer(config, subscriber_factory=lambda: _Once([]))
     conn, _ = consumer._store(None, batch)

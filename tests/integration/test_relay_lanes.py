@@ -17,8 +17,11 @@ from outbox.core.lanes import LANES
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.postgres import migrate
 from outbox.postgres.queries import queries
+from outbox.testing.memory import InMemoryTransport
 
 from .relay_helpers import count, producer_thread, wait_for
+
+_memory = InMemoryTransport().publisher
 
 
 def _owns_every_lane(relay: Producer) -> bool:
@@ -76,10 +79,11 @@ def test_a_relay_refuses_a_lock_class_another_queue_of_its_database_has(
             conn.execute(
                 sql.SQL("CREATE TABLE {}.producer_queue (id bigint)").format(sql.Identifier(name))
             )
-        relay = Producer(ProducerConfig(database_url=outbox_database_url, schema=ours))
+        relay = Producer(ProducerConfig(database_url=outbox_database_url, schema=ours), _memory)
         with pytest.raises(ConfigurationError, match="crc32 collision"):
             relay.check_lock_class(conn)  # type: ignore[arg-type]
-        Producer(ProducerConfig(database_url=outbox_database_url)).check_lock_class(conn)  # type: ignore[arg-type]
+        other = Producer(ProducerConfig(database_url=outbox_database_url), _memory)
+        other.check_lock_class(conn)  # type: ignore[arg-type]
 
 
 def _backend(url: str) -> tuple[psycopg.Connection[Any], int]:

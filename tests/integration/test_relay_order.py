@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 
+from outbox.core.batches import OutgoingRecord as QueuedRow
 from outbox.core.lanes import LANES, lane_for
 from outbox.daemons import producer
-from outbox.kafka.publisher import QueuedRow
 from outbox.postgres.queries import queries
 
 from .relay_helpers import consume, count, producer_thread, wait_for

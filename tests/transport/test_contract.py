@@ -1,4 +1,8 @@
-"""The transport contract: what the Producer and the Consumer rely on, for every transport."""
+"""The transport contract: what the Producer and the Consumer rely on, for every transport.
+
+The calls are the daemons' own: `publish` of outgoing records (with the relay's `meanwhile`),
+`poll` of an `InboxBatch`, `commit` of that batch.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
 
+from outbox.core.batches import InboxBatch, OutgoingRecord, outgoing
 from outbox.core.envelope import InboxRow, StoredMessage
 from outbox.core.ids import uuid7
-from outbox.memory import partition_for
-from outbox.ports import Subscriber
+from outbox.core.partitioning import partition_for
+from outbox.ports import Publisher, Subscriber
 
 from .conftest import TransportUnderTest
 
@@ -37,16 +42,40 @@ def message(
     )
 
 
+def publish(publisher: Publisher, messages: list[StoredMessage]) -> list[object]:
+    """Publish as the relay does: outgoing records, fetching the next batch `meanwhile`."""
+    called: list[bool] = []
+    results = publisher.publish([outgoing(m) for m in messages], lambda: called.append(True))
+    assert called == [True], "meanwhile is called exactly once"
+    return list(results)
+
+
+class Received(list[InboxRow]):
+    """The rows received, and the batches they came in (to commit them as the Consumer does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[InboxBatch] = []
+
+
 def receive(
     transport: TransportUnderTest, subscriber: Subscriber, expected: int, timeout: float = 30.0
-) -> list[InboxRow]:
+) -> Received:
     """Poll until `expected` rows arrived, then a little longer to catch unexpected extras."""
-    rows: list[InboxRow] = []
+    received = Received()
+
+    def poll(wait: float) -> None:
+        batch = subscriber.poll(100, wait)
+        assert isinstance(batch, InboxBatch)
+        if batch:
+            received.batches.append(batch)
+            received.extend(batch.rows())
+
     deadline = time.monotonic() + timeout
-    while len(rows) < expected and time.monotonic() < deadline:
-        rows.extend(subscriber.poll(100, 0.2))
-    rows.extend(subscriber.poll(100, transport.settle))
-    return rows
+    while len(received) < expected and time.monotonic() < deadline:
+        poll(0.2)
+    poll(transport.settle)
+    return received
 
 
 def ids(rows: list[InboxRow]) -> list[uuid.UUID]:
@@ -60,7 +89,7 @@ def test_publish_returns_one_outcome_per_message_in_order(transport: TransportUn
         message(topic, b"x" * 2_000_000, key=b"a"),  # larger than any broker accepts by default
         message(topic, b'{"n": 3}', key=b"b"),
     ]
-    results = transport.publisher().publish(batch)
+    results = publish(transport.publisher(), batch)
     assert len(results) == 3
     assert results[0] is None and results[2] is None
     failure = results[1]
@@ -81,7 +110,7 @@ def test_order_per_key_is_kept_in_the_partition_kafka_would_choose(
         batch = [
             message(topic, str(n).encode(), key=k) for n in range(start, start + 5) for k in keys
         ]
-        assert publisher.publish(batch) == [None] * len(batch)
+        assert publish(publisher, batch) == [None] * len(batch)
         sent.update({m.message_id: (m.key or b"", int(m.payload)) for m in batch})
     rows = receive(transport, transport.subscriber([topic], f"g-{uuid.uuid4().hex[:8]}"), len(sent))
     assert sorted(ids(rows)) == sorted(sent)
@@ -113,7 +142,7 @@ def test_keys_values_and_headers_round_trip(transport: TransportUnderTest) -> No
         ),
         message(topic, b"", key=b"empty"),
     ]
-    assert transport.publisher().publish(sent) == [None, None, None]
+    assert publish(transport.publisher(), sent) == [None, None, None]
     rows = {
         r.message_id: r for r in receive(transport, transport.subscriber([topic], "g-round"), 3)
     }
@@ -131,15 +160,17 @@ def test_a_group_resumes_after_its_last_committed_offset(transport: TransportUnd
     topic = transport.topic(partitions=1)
     publisher = transport.publisher()
     first = [message(topic, str(n).encode()) for n in range(6)]
-    assert publisher.publish(first) == [None] * 6
+    assert publish(publisher, first) == [None] * 6
     subscriber = transport.subscriber([topic], "g-resume")
     rows = receive(transport, subscriber, 6)
     assert ids(rows) == [m.message_id for m in first]
-    subscriber.commit(rows[:4])
+    assert len(rows.batches) >= 1
+    # Commit as the Consumer does, a whole batch: the first four records as a batch of their own.
+    subscriber.commit(InboxBatch.of(rows[:4]))
     subscriber.close()
 
     later = [message(topic, str(n).encode()) for n in range(6, 8)]
-    assert publisher.publish(later) == [None, None]
+    assert publish(publisher, later) == [None, None]
     rows = receive(transport, transport.subscriber([topic], "g-resume"), 4)
     assert ids(rows) == [m.message_id for m in first[4:] + later]
 
@@ -149,7 +180,7 @@ def test_uncommitted_messages_are_delivered_again_after_a_restart(
 ) -> None:
     topic = transport.topic()
     sent = [message(topic, str(n).encode(), key=f"k{n}".encode()) for n in range(5)]
-    assert transport.publisher().publish(sent) == [None] * 5
+    assert publish(transport.publisher(), sent) == [None] * 5
     subscriber = transport.subscriber([topic], "g-restart")
     assert sorted(ids(receive(transport, subscriber, 5))) == sorted(m.message_id for m in sent)
     subscriber.close()  # no commit
@@ -161,10 +192,25 @@ def test_uncommitted_messages_are_delivered_again_after_a_restart(
 def test_two_groups_each_receive_every_message(transport: TransportUnderTest) -> None:
     topic = transport.topic()
     sent = [message(topic, str(n).encode(), key=f"k{n % 4}".encode()) for n in range(12)]
-    assert transport.publisher().publish(sent) == [None] * 12
+    assert publish(transport.publisher(), sent) == [None] * 12
     expected = sorted(m.message_id for m in sent)
     for group in ("g-billing", "g-shipping"):
         subscriber = transport.subscriber([topic], group)
         rows = receive(transport, subscriber, 12)
         assert sorted(ids(rows)) == expected, group
-        subscriber.commit(rows)
+        for batch in rows.batches:
+            subscriber.commit(batch)
+
+
+def test_a_record_whose_stored_headers_are_not_outbox_form_fails_alone(
+    transport: TransportUnderTest,
+) -> None:
+    topic = transport.topic()
+    good = [outgoing(message(topic, str(n).encode(), key=b"k")) for n in range(2)]
+    bad = OutgoingRecord(*good[0][:7], '{"h": {"nope": 1}}', 0)._replace(message_id=str(uuid7()))
+    results = transport.publisher().publish([good[0], bad, good[1]])
+    assert results[0] is None and results[2] is None
+    failure = results[1]
+    assert failure is not None and failure.permanent and "outbox's form" in failure.error
+    rows = receive(transport, transport.subscriber([topic], f"g-{uuid.uuid4().hex[:8]}"), 2)
+    assert sorted(r.message_id for r in rows) == sorted(uuid.UUID(r.message_id) for r in good)

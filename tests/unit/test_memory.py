@@ -9,22 +9,25 @@ from datetime import UTC, datetime
 
 import pytest
 
+from outbox.core.batches import OutgoingRecord, outgoing
 from outbox.core.envelope import StoredMessage
 from outbox.memory import InMemoryTransport, murmur2, partition_for
 from outbox.ports import DeliveryFailure
 
 
-def message(topic: str, key: bytes | None = None) -> StoredMessage:
-    return StoredMessage(
-        id=0,
-        message_id=uuid.uuid4(),
-        topic=topic,
-        key=key,
-        payload=b"{}",
-        content_type="application/json",
-        headers={},
-        created_at=datetime.now(UTC),
-        attempts=0,
+def message(topic: str, key: bytes | None = None) -> OutgoingRecord:
+    return outgoing(
+        StoredMessage(
+            id=0,
+            message_id=uuid.uuid4(),
+            topic=topic,
+            key=key,
+            payload=b"{}",
+            content_type="application/json",
+            headers={},
+            created_at=datetime.now(UTC),
+            attempts=0,
+        )
     )
 
 
@@ -74,13 +77,16 @@ def test_members_of_a_group_share_the_partitions_and_take_over_on_leave() -> Non
     keys = [f"k{n}".encode() for n in range(40)]
     transport.publisher().publish([message("t", k) for k in keys])
     a, b = transport.subscriber(["t"], "g"), transport.subscriber(["t"], "g")
-    rows_a, rows_b = a.poll(1000, 0), b.poll(1000, 0)
+    batch_a, batch_b = a.poll(1000, 0), b.poll(1000, 0)
+    rows_a, rows_b = batch_a.rows(), batch_b.rows()
     assert len(rows_a) + len(rows_b) == 40
     assert {r.partition for r in rows_a}.isdisjoint({r.partition for r in rows_b})
-    a.commit(rows_a)
+    a.commit(batch_a)
     assert transport.lag("g", ["t"]) == len(rows_b)
     b.close()  # b never committed: a takes its partitions over from the committed offsets
-    assert sorted(r.message_id for r in a.poll(1000, 0)) == sorted(r.message_id for r in rows_b)
+    assert sorted(r.message_id for r in a.poll(1000, 0).rows()) == sorted(
+        r.message_id for r in rows_b
+    )
     with pytest.raises(RuntimeError, match="closed"):
         b.poll(1, 0)
 
@@ -88,7 +94,7 @@ def test_members_of_a_group_share_the_partitions_and_take_over_on_leave() -> Non
 def test_poll_waits_for_a_record_and_sees_topics_created_later() -> None:
     transport = InMemoryTransport()
     subscriber = transport.subscriber(["later"], "g")
-    assert subscriber.poll(10, 0.05) == []
+    assert not subscriber.poll(10, 0.05)
     timer = threading.Timer(0.1, lambda: transport.publisher().publish([message("later")]))
     timer.start()
     started = time.monotonic()

@@ -12,10 +12,11 @@ import pytest
 
 from outbox.cli import build_parser
 from outbox.core.errors import ConfigurationError
-from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.daemons.producer import ProducerConfig
 from outbox.observability.health import HealthState, Heartbeat
 from outbox.observability.metrics import METRICS, HandlerTally, Metrics, PrometheusMetrics
 from outbox.observability.runtime import ObservabilityConfig, describe
+from outbox.transports import kafka_producer
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "outbox-dashboard.json"
@@ -24,7 +25,7 @@ URL = "postgresql://app:s3cret@db/app"
 
 
 def test_metrics_are_off_by_default_and_cost_nothing() -> None:
-    relay = Producer(ProducerConfig(database_url=URL, kafka_bootstrap="kafka:9092"))
+    relay = kafka_producer(ProducerConfig(database_url=URL, kafka_bootstrap="kafka:9092"))
     assert type(relay.observability.metrics) is Metrics
     relay.observability.metrics.handler_batch(3, HandlerTally())  # accepted, recorded nowhere
     assert relay.observability.metrics_port is None
@@ -40,7 +41,7 @@ def test_metrics_without_prometheus_client_is_a_clear_error(
         observability=ObservabilityConfig(metrics_port=0),
     )
     with pytest.raises(ConfigurationError, match=r"prometheus-client.*\[metrics\]"):
-        Producer(config)
+        kafka_producer(config)
 
 
 def test_each_daemon_has_its_own_registry() -> None:

@@ -121,8 +121,8 @@ WITH retrying AS (
     WHERE attempts > 0 AND dead_at IS NULL AND lane = ANY(%(lanes)s) AND key IS NOT NULL
     GROUP BY lane, key
 )
--- The columns of outbox.kafka.publisher.QueuedRow. The server formats what goes into the Kafka
--- headers (the message id's text, the creation time in ISO 8601, UTC), so the relay converts
+-- The columns of outbox.core.batches.OutgoingRecord. The server formats what goes into the
+-- wire headers (the message id's text, the creation time in ISO 8601, UTC), so the relay converts
 -- nothing per row; user headers come as JSON text, NULL when there are none (the usual case).
 SELECT id, topic, key, payload, message_id::text,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
@@ -228,7 +228,7 @@ SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken),
         FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic);
 
 -- name: inbox_quarantine
--- Store records that cannot be ordinary rows (outbox.kafka.subscriber.Quarantined) as dead
+-- Store records that cannot be ordinary rows (outbox.core.batches.Quarantined) as dead
 -- rows, once per message id: key and payload as received, every header base64-encoded in
 -- raw_headers, no user headers, the raw-bytes content type, the reason in last_error and
 -- attempts 0. Only uuid, bytea, base64 and `storable` text are bound: PostgreSQL cannot refuse
