@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,12 +40,19 @@ from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
 from outbox.observability.metrics import HandlerTallyBook
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
-from outbox.postgres.migrate import sqlalchemy_url
 from outbox.postgres.queries import queries, validate_schema
+from outbox.postgres.sessions import (
+    AsyncSession,
+    Session,
+    disconnects,
+    open_async_session,
+    open_session,
+)
 
 log = logging.getLogger("outbox.handler")
 
-Execute = Callable[[str, dict[str, Any]], Any]
+#: How the Handler's sessions name themselves to PostgreSQL (pg_stat_activity).
+APPLICATION = "outbox-handler"
 
 
 @dataclass(frozen=True)
@@ -128,128 +135,6 @@ class Pending(NamedTuple):
     topic: str
 
 
-# -- transactions in the four flavours: psycopg or SQLAlchemy, sync or async ---------------------
-
-
-class _PsycopgSync:
-    def __init__(self, url: str) -> None:
-        self.conn = psycopg.connect(url, autocommit=True, application_name="outbox-handler")
-        self.backend_pid = self.conn.info.backend_pid
-
-    @contextmanager
-    def transaction(self, *, pipelined: bool = False) -> Iterator[tuple[Execute, Any]]:
-        with self.conn.transaction():
-            if pipelined:
-                with self.conn.pipeline():
-                    yield self.conn.execute, self.conn
-            else:
-                yield self.conn.execute, self.conn
-
-    @property
-    def broken(self) -> bool:
-        """Whether the connection is lost (as opposed to a statement having failed)."""
-        return self.conn.broken or self.conn.closed
-
-    def flush(self, handle: Any) -> None:
-        """Nothing to flush: psycopg writes go to the server as they are executed."""
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class _SqlAlchemySync:
-    def __init__(self, url: str) -> None:
-        from sqlalchemy import create_engine
-        from sqlalchemy.pool import NullPool
-
-        self.engine = create_engine(
-            sqlalchemy_url(url),
-            poolclass=NullPool,
-            connect_args={"application_name": "outbox-handler"},
-        )
-        self.conn = self.engine.connect()
-        self.backend_pid: int = self.conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
-
-    @contextmanager
-    def transaction(self, *, pipelined: bool = False) -> Iterator[tuple[Execute, Any]]:
-        from sqlalchemy.orm import Session
-
-        with self.conn.begin():
-            # rollback_only: the Session works inside our transaction and never commits it.
-            session = Session(bind=self.conn, join_transaction_mode="rollback_only")
-            try:
-                yield self.conn.exec_driver_sql, session
-            finally:
-                session.close()
-
-    def flush(self, handle: Any) -> None:
-        """Send the callback's ORM changes now, so that a failure is its own."""
-        handle.flush()
-
-    def close(self) -> None:
-        self.conn.close()
-        self.engine.dispose()
-
-
-class _PsycopgAsync:
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.conn = conn
-        self.backend_pid = conn.info.backend_pid
-
-    @classmethod
-    async def open(cls, url: str) -> _PsycopgAsync:
-        return cls(
-            await psycopg.AsyncConnection.connect(
-                url, autocommit=True, application_name="outbox-handler"
-            )
-        )
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[tuple[Callable[..., Any], Any]]:
-        async with self.conn.transaction():
-            yield self.conn.execute, self.conn
-
-    async def close(self) -> None:
-        await self.conn.close()
-
-
-class _SqlAlchemyAsync:
-    def __init__(self, engine: Any, conn: Any, backend_pid: int) -> None:
-        self.engine = engine
-        self.conn = conn
-        self.backend_pid = backend_pid
-
-    @classmethod
-    async def open(cls, url: str) -> _SqlAlchemyAsync:
-        from sqlalchemy.ext.asyncio import create_async_engine
-        from sqlalchemy.pool import NullPool
-
-        engine = create_async_engine(
-            sqlalchemy_url(url),
-            poolclass=NullPool,
-            connect_args={"application_name": "outbox-handler"},
-        )
-        conn = await engine.connect()
-        raw = await conn.get_raw_connection()
-        return cls(engine, conn, raw.driver_connection.info.backend_pid)  # type: ignore[union-attr]
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[tuple[Callable[..., Any], Any]]:
-        from sqlalchemy.ext.asyncio import AsyncSession
-
-        async with self.conn.begin():
-            session = AsyncSession(bind=self.conn)
-            try:
-                yield self.conn.exec_driver_sql, session
-                await session.flush()
-            finally:
-                await session.close()
-
-    async def close(self) -> None:
-        await self.conn.close()
-        await self.engine.dispose()
-
-
 # -- a worker: one thread, its own connections, the rows of its lanes in order -----------------
 
 
@@ -285,8 +170,8 @@ class _Worker:
         self.backend_pid: int | None = None
         #: Set by the dispatcher when this worker overran its lease and was replaced.
         self.retired = False
-        self._sync: _PsycopgSync | _SqlAlchemySync | None = None
-        self._async: _PsycopgAsync | _SqlAlchemyAsync | None = None
+        self._sync: Session | None = None
+        self._async: AsyncSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(
             target=self._main, name=f"outbox-handler-{index}", daemon=True
@@ -379,14 +264,11 @@ class _Worker:
                 self._loop.run_until_complete(self._async.close())
         self._async = None
 
-    def _tx_sync(self) -> _PsycopgSync | _SqlAlchemySync:
+    def _tx_sync(self) -> Session:
         if self._sync is None:
             url = self.runner.config.database_url
             try:
-                if self.runner.handlers.transaction == "sqlalchemy":
-                    self._sync = _SqlAlchemySync(url)
-                else:
-                    self._sync = _PsycopgSync(url)
+                self._sync = open_session(self.runner.handlers.transaction, url, APPLICATION)
             except Exception as exc:
                 raise _ConnectionLost(str(exc)) from exc
         return self._sync
@@ -476,7 +358,7 @@ class _Worker:
                         with tracing.handling(message):
                             spec.func(message, handle)
                             tx.flush(handle)
-                    except (psycopg.OperationalError, _sqlalchemy_disconnect()):
+                    except disconnects():
                         raise
                     except Exception as exc:
                         failure = (index, row, spec, claimed[row.id], exc, 1)
@@ -496,12 +378,12 @@ class _Worker:
                 return self._try_batch(rows, pipelined=False)
             return failure
         except psycopg.Error as exc:
-            if pipelined and isinstance(tx, _PsycopgSync) and not tx.broken:
+            if pipelined and not tx.broken:
                 return self._try_batch(rows, pipelined=False)  # a statement failed, late
             if isinstance(exc, psycopg.OperationalError):
                 raise _ConnectionLost(str(exc)) from exc
             raise
-        except _sqlalchemy_disconnect() as exc:
+        except disconnects() as exc:
             raise _ConnectionLost(str(exc)) from exc
         self.runner.count_handled(handled)
         return None
@@ -513,7 +395,7 @@ class _Worker:
         spec: HandlerSpec,
         claimed: dict[int, Any],
         handle: Any,
-        tx: _PsycopgSync | _SqlAlchemySync,
+        tx: Session,
     ) -> _Failure | None:
         """Call a batch handler once with the claimed messages at `positions` of `rows`; on
         failure, where and why. A message that cannot be decoded is named exactly; a callback
@@ -530,7 +412,7 @@ class _Worker:
         try:
             spec.func(messages, handle)
             tx.flush(handle)
-        except (psycopg.OperationalError, _sqlalchemy_disconnect()):
+        except disconnects():
             raise
         except Exception as exc:
             first, last = positions[0], positions[-1]
@@ -548,17 +430,15 @@ class _Worker:
         try:
             with tx.transaction() as (execute, _handle):
                 execute(self.runner.sql["handler_fail"], params)
-        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
+        except disconnects() as lost:
             raise _ConnectionLost(str(lost)) from lost
 
-    async def _tx_async(self) -> _PsycopgAsync | _SqlAlchemyAsync:
+    async def _tx_async(self) -> AsyncSession:
         if self._async is None:
             url = self.runner.config.database_url
             try:
-                if self.runner.handlers.transaction == "sqlalchemy":
-                    self._async = await _SqlAlchemyAsync.open(url)
-                else:
-                    self._async = await _PsycopgAsync.open(url)
+                library = self.runner.handlers.transaction
+                self._async = await open_async_session(library, url, APPLICATION)
             except Exception as exc:
                 raise _ConnectionLost(str(exc)) from exc
         return self._async
@@ -580,24 +460,18 @@ class _Worker:
                     await spec.func(message, handle)
                 await execute(sql["handler_done"], {"id": row.id})
                 failpoint("handler.before_commit")
-        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
+        except disconnects() as exc:
             raise _ConnectionLost(str(exc)) from exc
         except Exception as exc:
             failure = self.runner.failure(row, spec, claimed, exc)
             try:
                 async with tx.transaction() as (execute, _handle):
                     await execute(sql["handler_fail"], failure)
-            except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
+            except disconnects() as lost:
                 raise _ConnectionLost(str(lost)) from lost
             return False
         self.runner.count_handled([(row.topic, time.monotonic() - self.started)])
         return True
-
-
-def _sqlalchemy_disconnect() -> type[Exception]:
-    from sqlalchemy.exc import OperationalError
-
-    return OperationalError
 
 
 class HandlerRunner(LaneRelay[Pending]):
