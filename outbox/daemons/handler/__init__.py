@@ -1,5 +1,13 @@
-"""The Handler runner: `consumer_queue` -> the service's decorated callbacks (see runner.py)."""
+"""The Handler: `consumer_queue` -> the service's decorated callbacks.
 
-from outbox.daemons.handler.runner import HandlerConfig, HandlerRunner, Pending, load_handlers
+runner.py: the relay's loop hooks, dispatch to the workers, the lease and retention;
+worker.py: one thread and its sessions; batches.py: batch transactions and how a failure splits
+them; failures.py: what a failure records; config.py: the settings and the registry loader.
+"""
 
-__all__ = ["HandlerConfig", "HandlerRunner", "Pending", "load_handlers"]
+from outbox.core.inbox_rows import Pending
+from outbox.daemons.handler.config import HandlerConfig, load_handlers
+from outbox.daemons.handler.failures import Undecodable
+from outbox.daemons.handler.runner import HandlerRunner
+
+__all__ = ["HandlerConfig", "HandlerRunner", "Pending", "Undecodable", "load_handlers"]

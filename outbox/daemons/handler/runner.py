@@ -7,471 +7,29 @@ The callback's writes and "processed" commit together or not at all, and a proce
 raises is rolled back, the error recorded, and the row retried with backoff until its handler's
 `max_attempts`, then kept as dead. Messages of one key are handled in order: they share a lane,
 a lane belongs to one worker of one process, and a key waits behind its failing message.
+
+This module is the relay's side: the loop's hooks (fetch, dispatch to the workers, the lease,
+retention) and the counts. The workers (worker.py, batches.py) run the transactions; every
+statement is the inbox store's (outbox/postgres/inbox_store.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
 import logging
-import queue
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
-from contextlib import suppress
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NamedTuple
 
-import psycopg
-
-from outbox import tracing
-from outbox.core.envelope import InboxMessage
-from outbox.core.errors import ConfigurationError
-from outbox.core.handlers import Handlers, HandlerSpec
-from outbox.core.headers import from_json
-from outbox.core.numbers import check_fields
-from outbox.core.serializers import decode_payload
-from outbox.core.text import first_line, storable
-from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
-from outbox.observability.metrics import HandlerTallyBook
-from outbox.observability.runtime import Observability, ObservabilityConfig, observed
-from outbox.postgres.queries import queries, validate_schema
-from outbox.postgres.sessions import (
-    AsyncSession,
-    Session,
-    disconnects,
-    open_async_session,
-    open_session,
-)
+from outbox.core.handlers import Handlers
+from outbox.core.inbox_rows import Pending
+from outbox.daemons.handler.config import HandlerConfig
+from outbox.daemons.handler.outcomes import Outcomes
+from outbox.daemons.handler.worker import Worker
+from outbox.daemons.lanes import Connection, LaneRelay
+from outbox.observability.runtime import Observability, observed
+from outbox.postgres.inbox_store import InboxStore
 
 log = logging.getLogger("outbox.handler")
-
-#: How the Handler's sessions name themselves to PostgreSQL (pg_stat_activity).
-APPLICATION = "outbox-handler"
-
-
-@dataclass(frozen=True)
-class HandlerConfig:
-    """Settings of one Handler process; validated at construction."""
-
-    database_url: str
-    schema: str = "outbox"
-    concurrency: int = 4
-    batch_size: int = 200
-    poll_interval: float = 1.0
-    rebalance_interval: float = 2.0
-    #: Processed rows are kept this long (seconds) to recognise a redelivered message.
-    dedup_window: float = 24 * 3600.0
-    retention_interval: float = 30.0
-    retention_batch: int = 5000
-    #: Messages handled in one database transaction (a failure rolls it back and splits it).
-    transaction_size: int = 100
-    #: Longest a callback may run (seconds). Past it the callback's transaction is terminated
-    #: (so nothing it wrote can commit), the attempt counts as failed, and the row is retried.
-    lease: float = 300.0
-    connect_timeout: float = 10.0
-    relay_id: str = field(default_factory=new_relay_id)
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
-
-    def __post_init__(self) -> None:
-        if not self.database_url:
-            raise ConfigurationError("database URL is not set (--database-url)")
-        validate_schema(self.schema)
-        check_fields(
-            self,
-            {
-                "concurrency": "count",
-                "batch_size": "count",
-                "poll_interval": "seconds",
-                "rebalance_interval": "seconds",
-                "dedup_window": "seconds_or_zero",
-                "retention_interval": "seconds_or_zero",
-                "retention_batch": "count",
-                "transaction_size": "count",
-                "lease": "seconds",
-                "connect_timeout": "seconds",
-            },
-        )
-
-
-def load_handlers(path: str) -> Handlers:
-    """Import `package.module:attribute` and check that it names a `Handlers` registry."""
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigurationError(
-            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
-            f"got {path!r}"
-        )
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
-    try:
-        target = getattr(module, attribute)
-    except AttributeError:
-        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(target, Handlers):
-        raise ConfigurationError(
-            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
-        )
-    if not len(target):
-        raise ConfigurationError(f"{path} has no handlers registered")
-    return target
-
-
-class Pending(NamedTuple):
-    """A row the dispatcher hands to a worker."""
-
-    id: int
-    lane: int
-    key: bytes | None
-    topic: str
-
-
-# -- a worker: one thread, its own connections, the rows of its lanes in order -----------------
-
-
-class _RollBack(Exception):
-    """Raised inside a batch transaction to roll it back after a callback failed."""
-
-
-class _ConnectionLost(Exception):
-    """The worker's database connection broke; the row stays for a later attempt."""
-
-
-class Undecodable(Exception):
-    """A message's payload cannot be decoded as its content type: no attempt can succeed, so
-    the message is dead at once (not retried); the decoder's error is the cause."""
-
-
-#: Where a handler transaction failed: (index in its rows, row, handler, claimed row, error,
-#: size). Size 1 names the failing row; more is a batch handler that raised for rows
-#: [index, index + size), each to be handled alone.
-_Failure = tuple[int, Pending, HandlerSpec | None, Any, BaseException, int]
-
-
-class _Worker:
-    def __init__(self, runner: HandlerRunner, index: int) -> None:
-        self.runner = runner
-        self.index = index
-        self.jobs: queue.Queue[tuple[list[Pending], threading.Event] | None] = queue.Queue()
-        self.error: BaseException | None = None
-        #: The row being handled, when it started, and the backend running its transaction;
-        #: read by the dispatcher to enforce the lease.
-        self.current: Pending | None = None
-        self.started = 0.0
-        self.backend_pid: int | None = None
-        #: Set by the dispatcher when this worker overran its lease and was replaced.
-        self.retired = False
-        self._sync: Session | None = None
-        self._async: AsyncSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.thread = threading.Thread(
-            target=self._main, name=f"outbox-handler-{index}", daemon=True
-        )
-        self.thread.start()
-
-    def _main(self) -> None:
-        try:
-            while True:
-                job = self.jobs.get()
-                if job is None:
-                    return
-                rows, done = job
-                try:
-                    self._run(rows)
-                except BaseException as exc:  # handed to the dispatcher, which re-raises it
-                    if not self.retired:
-                        self.error = exc
-                finally:
-                    self.current = None
-                    done.set()
-                if self.retired:
-                    return
-        finally:
-            self._close()
-
-    def _close(self) -> None:
-        if self._sync is not None:
-            self._sync.close()
-        if self._async is not None and self._loop is not None:
-            self._loop.run_until_complete(self._async.close())
-        if self._loop is not None:
-            self._loop.close()
-
-    def _run(self, rows: list[Pending]) -> None:
-        """Handle a group in order: runs of sync handlers in batched transactions."""
-        failed_keys: set[bytes] = set()
-        chunk: list[Pending] = []
-        limit = self.runner.config.transaction_size
-        try:
-            for row in rows:
-                spec = self.runner.handlers.get(row.topic)
-                if spec is not None and spec.is_async:
-                    self._sync_batch(chunk, failed_keys)
-                    chunk = []
-                    self._async_row(row, spec, failed_keys)
-                else:
-                    chunk.append(row)
-                    if len(chunk) >= limit:
-                        self._sync_batch(chunk, failed_keys)
-                        chunk = []
-                if self.retired:
-                    return
-            self._sync_batch(chunk, failed_keys)
-        except _ConnectionLost as exc:
-            if not self.retired:
-                log.warning("worker %d lost its database connection: %s", self.index, exc)
-            self._reset()
-        finally:
-            self.current = None
-
-    def _blocked(self, row: Pending, failed_keys: set[bytes]) -> bool:
-        """A row whose key already failed in this group stays behind it, in order."""
-        return row.key is not None and row.key in failed_keys
-
-    def _note_failure(
-        self, row: Pending, spec: HandlerSpec | None, failed_keys: set[bytes]
-    ) -> None:
-        if row.key is not None and (spec is None or spec.ordered):
-            failed_keys.add(row.key)
-
-    def _async_row(self, row: Pending, spec: HandlerSpec, failed_keys: set[bytes]) -> None:
-        if self._blocked(row, failed_keys):
-            return
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        self.started = time.monotonic()
-        self.current = row
-        if not self._loop.run_until_complete(self._handle_async(row, spec)):
-            self._note_failure(row, spec, failed_keys)
-        self.current = None
-
-    def _reset(self) -> None:
-        sync, self._sync = self._sync, None
-        if sync is not None:
-            with suppress(psycopg.Error):
-                sync.close()
-        if self._async is not None and self._loop is not None:
-            with suppress(psycopg.Error):
-                self._loop.run_until_complete(self._async.close())
-        self._async = None
-
-    def _tx_sync(self) -> Session:
-        if self._sync is None:
-            url = self.runner.config.database_url
-            try:
-                self._sync = open_session(self.runner.handlers.transaction, url, APPLICATION)
-            except Exception as exc:
-                raise _ConnectionLost(str(exc)) from exc
-        return self._sync
-
-    def _sync_batch(self, rows: list[Pending], failed_keys: set[bytes]) -> None:
-        """Handle rows in ONE transaction: their writes and processed marks commit together.
-
-        Callbacks run without savepoints (each would cost two more round trips). When one
-        raises, the whole transaction rolls back; the rows before it are handled again in a
-        new batch, the failure is recorded on its own, and the rows after it follow. A crash
-        before the commit leaves every row of the batch to be handled again, with none of the
-        batch's writes kept.
-        """
-        pending = [row for row in rows if not self._blocked(row, failed_keys)]
-        while pending and not self.retired:
-            failed_at = self._try_batch(pending)
-            if failed_at is None:
-                return
-            index, row, spec, claimed, exc, size = failed_at
-            # pending[:index] succeeded but were rolled back with the failure: run them again.
-            if index:
-                self._sync_batch(pending[:index], failed_keys)
-            if size > 1:
-                # A batch callback failed for several messages: handle each alone, which
-                # records the failure against the message that causes it.
-                for single in pending[index : index + size]:
-                    if not self.retired and not self._blocked(single, failed_keys):
-                        self._sync_batch([single], failed_keys)
-                pending = [r for r in pending[index + size :] if not self._blocked(r, failed_keys)]
-                continue
-            self._record_failure(row, spec, claimed, exc)
-            self._note_failure(row, spec, failed_keys)
-            pending = [r for r in pending[index + 1 :] if not self._blocked(r, failed_keys)]
-
-    def _try_batch(self, rows: list[Pending], *, pipelined: bool | None = None) -> _Failure | None:
-        """Run one batch transaction; on a callback failure return where and why, rolled back.
-
-        Pipelined (`Handlers(pipeline=True)`), a failed statement may surface after later
-        callbacks ran, so any failure rolls the batch back and runs it again unpipelined, which
-        names the failing message exactly.
-        """
-        if pipelined is None:
-            pipelined = self.runner.handlers.pipeline and len(rows) > 1
-        sql = self.runner.sql
-        tx = self._tx_sync()
-        self.backend_pid = tx.backend_pid
-        handled: list[tuple[str, float]] = []  # (topic, seconds) of each callback
-        failure: _Failure | None = None
-        try:
-            with tx.transaction(pipelined=pipelined) as (execute, handle):
-                claimed = {
-                    r[0]: r
-                    for r in execute(
-                        sql["handler_claim_many"], {"ids": [row.id for row in rows]}
-                    ).fetchall()
-                }
-                done: list[int] = []
-                dead: list[dict[str, Any]] = []
-                index = 0
-                while index < len(rows) and not self.retired:
-                    row = rows[index]
-                    if row.id not in claimed:
-                        index += 1
-                        continue  # handled meanwhile, or held by another process
-                    spec = self.runner.handlers.get(row.topic)
-                    if spec is None:
-                        dead.append(self.runner.no_handler(row))
-                        index += 1
-                        continue
-                    if spec.batch:
-                        end = index + 1
-                        while end < len(rows) and rows[end].topic == row.topic:
-                            end += 1
-                        positions = [i for i in range(index, end) if rows[i].id in claimed]
-                        failure = self._call_batch(rows, positions, spec, claimed, handle, tx)
-                        if failure is not None:
-                            raise _RollBack from failure[4]
-                        seconds = (time.monotonic() - self.started) / len(positions)
-                        done.extend(rows[i].id for i in positions)
-                        handled.extend((rows[i].topic, seconds) for i in positions)
-                        index = end
-                        continue
-                    self.started = time.monotonic()
-                    self.current = row
-                    try:
-                        message = self.runner.message(claimed[row.id])
-                        with tracing.handling(message):
-                            spec.func(message, handle)
-                            tx.flush(handle)
-                    except disconnects():
-                        raise
-                    except Exception as exc:
-                        failure = (index, row, spec, claimed[row.id], exc, 1)
-                        raise _RollBack from exc
-                    finally:
-                        self.current = None
-                    done.append(row.id)
-                    handled.append((row.topic, time.monotonic() - self.started))
-                    index += 1
-                if done:
-                    execute(sql["handler_done_many"], {"ids": done})
-                for params in dead:
-                    execute(sql["handler_fail"], params)
-                failpoint("handler.before_commit")
-        except _RollBack:
-            if pipelined:
-                return self._try_batch(rows, pipelined=False)
-            return failure
-        except psycopg.Error as exc:
-            if pipelined and not tx.broken:
-                return self._try_batch(rows, pipelined=False)  # a statement failed, late
-            if isinstance(exc, psycopg.OperationalError):
-                raise _ConnectionLost(str(exc)) from exc
-            raise
-        except disconnects() as exc:
-            raise _ConnectionLost(str(exc)) from exc
-        self.runner.count_handled(handled)
-        return None
-
-    def _call_batch(
-        self,
-        rows: list[Pending],
-        positions: list[int],
-        spec: HandlerSpec,
-        claimed: dict[int, Any],
-        handle: Any,
-        tx: Session,
-    ) -> _Failure | None:
-        """Call a batch handler once with the claimed messages at `positions` of `rows`; on
-        failure, where and why. A message that cannot be decoded is named exactly; a callback
-        that raises for several messages names their whole span (size > 1), to be handled one
-        by one."""
-        self.started = time.monotonic()
-        messages = []
-        for i in positions:
-            try:
-                messages.append(self.runner.message(claimed[rows[i].id]))
-            except Exception as exc:
-                return (i, rows[i], spec, claimed[rows[i].id], exc, 1)
-        self.current = rows[positions[0]]
-        try:
-            spec.func(messages, handle)
-            tx.flush(handle)
-        except disconnects():
-            raise
-        except Exception as exc:
-            first, last = positions[0], positions[-1]
-            size = last - first + 1
-            return (first, rows[first], spec, claimed[rows[first].id], exc, size)
-        finally:
-            self.current = None
-        return None
-
-    def _record_failure(
-        self, row: Pending, spec: HandlerSpec | None, claimed: Any, exc: BaseException
-    ) -> None:
-        tx = self._tx_sync()
-        params = self.runner.failure(row, spec, claimed, exc)
-        try:
-            with tx.transaction() as (execute, _handle):
-                execute(self.runner.sql["handler_fail"], params)
-        except disconnects() as lost:
-            raise _ConnectionLost(str(lost)) from lost
-
-    async def _tx_async(self) -> AsyncSession:
-        if self._async is None:
-            url = self.runner.config.database_url
-            try:
-                library = self.runner.handlers.transaction
-                self._async = await open_async_session(library, url, APPLICATION)
-            except Exception as exc:
-                raise _ConnectionLost(str(exc)) from exc
-        return self._async
-
-    async def _handle_async(self, row: Pending, spec: HandlerSpec) -> bool:
-        sql = self.runner.sql
-        tx = await self._tx_async()
-        self.backend_pid = tx.backend_pid
-        claimed: Any = None
-        try:
-            async with tx.transaction() as (execute, handle):
-                # psycopg's async cursor fetches asynchronously; SQLAlchemy's result is buffered.
-                fetched = (await execute(sql["handler_claim"], {"id": row.id})).fetchone()
-                claimed = await fetched if inspect.isawaitable(fetched) else fetched
-                if claimed is None:
-                    return True
-                message = self.runner.message(claimed)
-                with tracing.handling(message):
-                    await spec.func(message, handle)
-                await execute(sql["handler_done"], {"id": row.id})
-                failpoint("handler.before_commit")
-        except disconnects() as exc:
-            raise _ConnectionLost(str(exc)) from exc
-        except Exception as exc:
-            failure = self.runner.failure(row, spec, claimed, exc)
-            try:
-                async with tx.transaction() as (execute, _handle):
-                    await execute(sql["handler_fail"], failure)
-            except disconnects() as lost:
-                raise _ConnectionLost(str(lost)) from lost
-            return False
-        self.runner.count_handled([(row.topic, time.monotonic() - self.started)])
-        return True
 
 
 class HandlerRunner(LaneRelay[Pending]):
@@ -490,18 +48,12 @@ class HandlerRunner(LaneRelay[Pending]):
             relay_id=config.relay_id,
         )
         self.config = config
-        self.sql = queries(config.schema)
+        self.store = InboxStore(config.schema)
         self.handlers = handlers
         self._unordered = handlers.unordered_topics
-        self._workers: list[_Worker] = []
-        self._counts_lock = threading.Lock()
+        self._workers: list[Worker] = []
         self._next_retention = 0.0
-        #: Counters for tests and logs.
-        self.handled = 0
-        self.failed = 0
-        self.dead = 0
-        self.lease_expired = 0
-        self._tally = HandlerTallyBook()
+        self.outcomes = Outcomes(handlers)
         self.observability = Observability(
             "handler",
             config,
@@ -516,7 +68,7 @@ class HandlerRunner(LaneRelay[Pending]):
     def run(self) -> None:
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
         self.check_database()
-        self._workers = [_Worker(self, i) for i in range(self.config.concurrency)]
+        self._workers = [self._worker(i) for i in range(self.config.concurrency)]
         try:
             self.serve_forever()
         finally:
@@ -526,23 +78,18 @@ class HandlerRunner(LaneRelay[Pending]):
                 worker.thread.join(30)
             log.info(
                 "handler stopped: handled=%d failed=%d dead=%d",
-                self.handled,
-                self.failed,
-                self.dead,
+                self.outcomes.handled,
+                self.outcomes.failed,
+                self.outcomes.dead,
             )
 
     # -- the relay hooks -----------------------------------------------------------------------
 
     def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
-        rows = conn.execute(
-            self.sql["handler_fetch"],
-            {"lanes": lanes, "limit": self.config.batch_size, "unordered": self._unordered},
-        ).fetchall()
-        return [Pending(*r) for r in rows]
+        return self.store.fetch(conn, lanes, self.config.batch_size, self._unordered)
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
-        row = conn.execute(self.sql["handler_next_retry"], {"lanes": lanes}).fetchone()
-        return float(row[0]) if row and row[0] is not None else None
+        return self.store.next_due(conn, lanes)
 
     def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
         groups: list[list[Pending]] = [[] for _ in self._workers]
@@ -565,9 +112,9 @@ class HandlerRunner(LaneRelay[Pending]):
                 continue
             for other, _ in waits:
                 self._enforce_lease(conn, other)
-        self.observability.handler_batch(len(rows), self._tally.take())
+        self.observability.handler_batch(len(rows), self.outcomes.take_tally())
 
-    def _enforce_lease(self, conn: Connection, worker: _Worker) -> None:
+    def _enforce_lease(self, conn: Connection, worker: Worker) -> None:
         """Take a message back from a callback that overran its lease, and replace its worker."""
         row, pid = worker.current, worker.backend_pid
         if row is None or worker.retired:
@@ -587,18 +134,13 @@ class HandlerRunner(LaneRelay[Pending]):
         )
         if pid is not None:
             # Its writes roll back and its row lock is released: it can never commit now.
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        with self._counts_lock:
-            self.lease_expired += 1
-        self._tally.lease_expired(row.topic)
+            self.store.terminate(conn, pid)
+        self.outcomes.expired(row)
         spec = self.handlers.get(row.topic)
-        attempts = conn.execute(self.sql["handler_attempts"], {"id": row.id}).fetchone()
-        claimed = [None] * 9 + [attempts[0] if attempts else 0]
-        failure = self.failure(
-            row, spec, claimed, TimeoutError(f"lease of {self.config.lease:g}s expired")
-        )
-        conn.execute(self.sql["handler_fail"], failure)
-        self._workers[worker.index] = _Worker(self, worker.index)
+        expired = TimeoutError(f"lease of {self.config.lease:g}s expired")
+        failed = self.outcomes.failure(row, spec, None, expired, self.store.attempts(conn, row.id))
+        self.store.fail(conn.execute, failed)
+        self._workers[worker.index] = self._worker(worker.index)
 
     def housekeeping(self, conn: Connection, *, busy: bool) -> None:
         """Forget processed rows older than the dedup window, in bounded batches.
@@ -611,14 +153,12 @@ class HandlerRunner(LaneRelay[Pending]):
         if now < self._next_retention:
             return
         self._next_retention = now + self.config.retention_interval
+        window, limit = self.config.dedup_window, self.config.retention_batch
         total = 0
         while True:
-            cursor = conn.execute(
-                self.sql["handler_retention"],
-                {"window": self.config.dedup_window, "limit": self.config.retention_batch},
-            )
-            total += cursor.rowcount
-            more = cursor.rowcount >= self.config.retention_batch
+            forgotten = self.store.forget_processed(conn, window, limit)
+            total += forgotten
+            more = forgotten >= limit
             if busy and more:
                 # One batch now and another after the next handled batch, until caught up:
                 # forgetting keeps pace with handling without holding it up.
@@ -629,103 +169,27 @@ class HandlerRunner(LaneRelay[Pending]):
         if total:
             log.info("forgot %d processed messages older than the dedup window", total)
 
-    # -- used by the workers -------------------------------------------------------------------
+    # -- the workers and the counts ------------------------------------------------------------
 
-    def message(self, row: Sequence[Any]) -> InboxMessage:
-        (
-            _id,
-            message_id,
-            topic,
-            key,
-            payload,
-            headers,
-            content_type,
-            created_at,
-            received_at,
-            attempts,
-            partition,
-            offset,
-        ) = row
-        payload = bytes(payload)
-        try:
-            decoded = decode_payload(payload, content_type, self.handlers.serializer)
-        except Exception as exc:
-            raise Undecodable(
-                f"cannot decode the payload as {content_type!r}: {first_line(exc)}"
-            ) from exc
-        return InboxMessage(
-            id=message_id,
-            topic=topic,
-            key=bytes(key) if key is not None else None,
-            payload=decoded,
-            raw_payload=payload,
-            content_type=content_type,
-            headers=from_json(headers),
-            attempt=attempts + 1,
-            created_at=created_at,
-            received_at=received_at,
-            partition=partition,
-            offset=offset,
-        )
+    def _worker(self, index: int) -> Worker:
+        return Worker(index, self.config, self.handlers, self.store, self.outcomes)
 
-    def no_handler(self, row: Pending) -> dict[str, Any]:
-        with self._counts_lock:
-            self.dead += 1
-        self._tally.failed(row.topic, dead=True)
-        log.error(
-            "message row %d: no handler registered for topic %r",
-            row.id,
-            row.topic,
-            extra={"topic": row.topic},
-        )
-        return {
-            "id": row.id,
-            "error": storable(
-                f"no handler registered for topic {row.topic!r} "
-                f"(registered: {', '.join(self.handlers.topics)})"
-            ),
-            "dead": True,
-            "delay": 0.0,
-        }
+    @property
+    def handled(self) -> int:
+        """Callbacks committed so far."""
+        return self.outcomes.handled
 
-    def failure(
-        self, row: Pending, spec: HandlerSpec | None, claimed: Any, exc: BaseException
-    ) -> dict[str, Any]:
-        """The `handler_fail` parameters of a failed attempt, counted and logged.
+    @property
+    def failed(self) -> int:
+        """Failed attempts so far."""
+        return self.outcomes.failed
 
-        Contract: the recorded error is always storable, whatever the exception's text (NUL,
-        lone surrogates, a __str__ that raises), so recording a failure cannot fail. A payload
-        that cannot be decoded (`Undecodable`) is dead at once.
-        """
-        attempt = (int(claimed[9]) if claimed is not None else 0) + 1
-        max_attempts = spec.max_attempts if spec is not None else 1
-        dead = attempt >= max_attempts or isinstance(exc, Undecodable)
-        delay = 0.0 if dead or spec is None else spec.backoff.delay(attempt)
-        with self._counts_lock:
-            self.failed += 1
-            if dead:
-                self.dead += 1
-        self._tally.failed(row.topic, dead=dead)
-        try:
-            text = storable("".join(traceback.format_exception(exc)))
-        except Exception:  # traceback copes with a raising __str__; this is the last resort
-            text = f"{type(exc).__name__}: {first_line(exc)}"
-        message_id = str(claimed[1]) if claimed is not None and claimed[1] is not None else None
-        log.warning(
-            "message %s (row %d) topic %r attempt %d/%d failed%s: %s",
-            message_id,
-            row.id,
-            row.topic,
-            attempt,
-            max_attempts,
-            " (now dead)" if dead else f" (retry in {delay:.1f}s)",
-            first_line(exc),
-            extra={"message_id": message_id, "topic": row.topic},
-        )
-        return {"id": row.id, "error": text, "dead": dead, "delay": delay}
+    @property
+    def dead(self) -> int:
+        """Messages given up on so far."""
+        return self.outcomes.dead
 
-    def count_handled(self, callbacks: list[tuple[str, float]]) -> None:
-        """Count committed callbacks, given as (topic, seconds)."""
-        with self._counts_lock:
-            self.handled += len(callbacks)
-        self._tally.handled(callbacks)
+    @property
+    def lease_expired(self) -> int:
+        """Callbacks that overran their lease so far."""
+        return self.outcomes.lease_expired
