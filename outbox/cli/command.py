@@ -235,7 +235,7 @@ def _revision(url: str, version_sql: str, what: str = "PostgreSQL") -> str | Non
     """The revision a schema is at by its Alembic version table; None when it has none yet."""
     import psycopg
 
-    from outbox.postgres.connect import connect_or_raise
+    from outbox.postgres.connection import connect_or_raise
 
     with connect_or_raise(url, what=what, application_name="outbox-migrate") as conn:
         try:

@@ -1,8 +1,15 @@
-"""The daemons' connections to PostgreSQL: connecting, the schema check, riding out outages."""
+"""Connections to PostgreSQL: connecting, the schema check, riding out outages.
+
+One way to connect (`connect`), for the daemons' loops, which retry on `DatabaseLost`; and one
+way to connect or fail with a clear error (`connect_or_raise`, `check_database`), for commands
+and start-up checks: `DatabaseUnavailable` with one line, every secret masked (psycopg's
+messages may quote the connection string).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,26 +29,47 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 DatabaseLost = psycopg.OperationalError
 
 
-def connect(url: str, *, timeout: float, application_name: str) -> Connection:
-    """An autocommit connection for a daemon's control loop."""
+def connect(
+    url: str, *, timeout: float, application_name: str, autocommit: bool = True
+) -> Connection:
+    """A connection (autocommit unless asked otherwise); psycopg's error if it cannot."""
     return psycopg.connect(
         url,
-        autocommit=True,
+        autocommit=autocommit,
         row_factory=tuple_row,
-        connect_timeout=max(1, int(timeout)),
+        connect_timeout=max(1, math.ceil(timeout)),
         application_name=application_name,
     )
 
 
+def unavailable(exc: psycopg.Error, what: str = "PostgreSQL") -> DatabaseUnavailable:
+    """The one error for a failed connection: `cannot connect to WHAT: <first line>`, redacted."""
+    return DatabaseUnavailable(redact_text(f"cannot connect to {what}: {first_line(exc)}"))
+
+
+def connect_or_raise(
+    url: str,
+    *,
+    what: str = "PostgreSQL",
+    timeout: float = 10.0,
+    application_name: str = "outbox",
+    autocommit: bool = True,
+) -> Connection:
+    """A connection to `url`, or `DatabaseUnavailable` (see `unavailable`)."""
+    try:
+        return connect(
+            url, timeout=timeout, application_name=application_name, autocommit=autocommit
+        )
+    except psycopg.Error as exc:
+        raise unavailable(exc, what) from None
+
+
 def check_database(open_connection: Callable[[], Connection], schema: str) -> None:
-    """Connect once and check the schema version; one clear error for either failure (the
-    connection error's text redacted)."""
+    """Connect once and check the schema version; one clear error for either failure."""
     try:
         conn = open_connection()
     except psycopg.Error as exc:
-        raise DatabaseUnavailable(
-            redact_text(f"cannot connect to PostgreSQL: {first_line(exc)}")
-        ) from None
+        raise unavailable(exc) from None
     with conn:
         check_schema(conn, schema)
 
