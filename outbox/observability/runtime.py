@@ -45,7 +45,8 @@ from outbox.observability.redact import (
     secrets_of_url,
 )
 from outbox.ports import DeliveryFailure, TransportProbe
-from outbox.postgres.queries import queries
+from outbox.postgres.connection import Connection, connect
+from outbox.postgres.probes import ProbeStatements
 
 #: Default bind address of the metrics and health servers: every interface, so that a
 #: Prometheus server or a kubelet on another host reaches them. Use 127.0.0.1 on shared hosts.
@@ -352,12 +353,11 @@ class _Probes:
         self.owner = owner
         self.config = owner.config
         self._stop = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: Connection | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"outbox-{owner.kind}-probes", daemon=True
         )
-        sql = queries(owner.daemon_config.schema)
-        self._stats_sql = sql[f"obs_{QUEUE_OF[owner.kind]}_stats"]
+        self._statements = ProbeStatements(owner.daemon_config.schema)
 
     def start(self) -> None:
         self._thread.start()
@@ -394,21 +394,20 @@ class _Probes:
             failures[transport.name] = self._check_transport(transport)
         return failures
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             if self._conn is not None:
                 self._conn.close()
-            self._conn = psycopg.connect(
+            self._conn = connect(
                 self.owner.daemon_config.database_url,
-                autocommit=True,
-                connect_timeout=max(1, math.ceil(self.config.probe_timeout)),
+                timeout=self.config.probe_timeout,
                 application_name=f"outbox-{self.owner.kind}-probe",
             )
         return self._conn
 
     def _check_postgres(self) -> str | None:
         try:
-            self._connection().execute("SELECT 1")
+            self._statements.ping(self._connection())
         except psycopg.Error as exc:
             self._drop_connection()
             return f"PostgreSQL unreachable: {redact_text(first_line(exc))}"
@@ -424,14 +423,14 @@ class _Probes:
     def refresh_stats(self) -> None:
         """Set the queue depth and oldest-age gauges from one query."""
         try:
-            row = self._connection().execute(self._stats_sql).fetchone()
+            queue = QUEUE_OF[self.owner.kind]
+            stats = self._statements.queue_stats(self._connection(), queue)
         except psycopg.Error as exc:
             self._drop_connection()
             log.debug("queue statistics not refreshed: %s", redact_text(first_line(exc)))
             return
-        if row is not None:
-            queue = QUEUE_OF[self.owner.kind]
-            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]))
+        if stats is not None:
+            self.owner.metrics.queue_stats(queue, *stats)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -3,8 +3,10 @@
 import-linter-style contracts, read from each module's imports (module level and inside
 functions alike): core imports nothing of outbox outside core; ports only core; the transport
 adapters (kafka, pglog, the in-memory one) none of the daemons, the Postgres stores or the CLI;
-the daemons none of the adapters. And the daemons hold no SQL: no string that is a statement,
-no `sql[...]` lookup; their statements run in outbox/postgres/.
+the daemons none of the adapters; outbox/postgres/ none of the daemons, transports or CLI; and
+no module imports itself through others (no cycles). The daemons and their probes
+(outbox/observability/) hold no SQL: no string that is a statement, no `sql[...]` lookup; their
+statements run in outbox/postgres/.
 """
 
 from __future__ import annotations
@@ -128,9 +130,9 @@ def _sql_in(path: Path) -> list[str]:
     return found
 
 
-def test_the_daemons_hold_no_sql() -> None:
-    daemons = _files("outbox.daemons")
-    assert [hit for path in daemons for hit in _sql_in(path)] == []
+@pytest.mark.parametrize("package", ["outbox.daemons", "outbox.observability"])
+def test_the_daemons_and_their_probes_hold_no_sql(package: str) -> None:
+    assert [hit for path in _files(package) for hit in _sql_in(path)] == []
 
 
 def test_the_sql_guard_sees_statements(tmp_path: Path) -> None:
