@@ -27,6 +27,14 @@ import psycopg
 
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check_fields
+from outbox.core.redact import (
+    redact_settings,
+    redact_text,
+    redact_url,
+    remember_secrets,
+    secrets_of_settings,
+    secrets_of_url,
+)
 from outbox.core.text import first_line
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
 from outbox.observability.logs import topic_summary
@@ -35,14 +43,6 @@ from outbox.observability.metrics import (
     Kind,
     Metrics,
     PrometheusMetrics,
-)
-from outbox.observability.redact import (
-    redact_settings,
-    redact_text,
-    redact_url,
-    remember_secrets,
-    secrets_of_settings,
-    secrets_of_url,
 )
 from outbox.ports import DeliveryFailure, TransportProbe
 from outbox.postgres.connection import Connection, connect

@@ -18,8 +18,8 @@ from psycopg.rows import tuple_row
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from outbox.core.errors import DatabaseUnavailable
+from outbox.core.redact import redact_text
 from outbox.core.text import first_line
-from outbox.observability.redact import redact_text
 from outbox.postgres.migrate import check_schema
 
 log = logging.getLogger("outbox.relay")
