@@ -15,6 +15,7 @@ from typing import Any
 from outbox.core.envelope import OutgoingMessage
 from outbox.core.headers import to_json
 from outbox.postgres import sessions
+from outbox.postgres.queries import channel, queries
 
 
 def send_params(messages: Sequence[OutgoingMessage], channel: str) -> dict[str, Any]:
@@ -54,3 +55,26 @@ async def execute_async(tx: object, sql: str, params: dict[str, Any]) -> None:
     """Run one statement in the caller's asynchronous transaction handle."""
     run = await sessions.async_executor(tx)
     await run(sql, params)
+
+
+class Writer:
+    """Writes composed messages to one schema's `producer_queue` in the caller's transaction."""
+
+    def __init__(self, schema: str) -> None:
+        sql = queries(schema)
+        self._send, self._send_one = sql["send"], sql["send_one"]
+        self._channel = channel(schema, "producer_queue")
+
+    def write(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
+        """Insert `messages` (one statement) with the caller's sync handle `tx`."""
+        if len(messages) == 1:
+            execute(tx, self._send_one, send_one_params(messages[0], self._channel))
+        elif messages:
+            execute(tx, self._send, send_params(messages, self._channel))
+
+    async def write_async(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
+        """`write` with the caller's async handle."""
+        if len(messages) == 1:
+            await execute_async(tx, self._send_one, send_one_params(messages[0], self._channel))
+        elif messages:
+            await execute_async(tx, self._send, send_params(messages, self._channel))
