@@ -23,6 +23,7 @@ class EnvironmentVariable:
 DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
+CONSUMER_START = "OUTBOX_CONSUMER_START"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
@@ -79,6 +80,13 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
         "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`",
+    ),
+    EnvironmentVariable(
+        CONSUMER_START,
+        "where a consumer group starts in a partition it never committed an offset for: "
+        "`earliest`, `latest` or an ISO 8601 time with its offset; the default of `--start` "
+        "(else `earliest`)",
+        "`outbox consumer`",
     ),
     EnvironmentVariable(
         LAG_GROUPS,

@@ -29,6 +29,7 @@ from outbox.core.lanes import LANES, lane_for
 from outbox.core.serializers import BYTES
 from outbox.core.text import is_storable, storable
 from outbox.kafka.publisher import merge_settings
+from outbox.kafka.start import split_start, subscribe_callbacks
 
 __all__ = [
     "InboxRow",
@@ -78,8 +79,9 @@ class KafkaSubscriber:
     """A `Subscriber` on a confluent-kafka consumer group; offsets move only by `commit`."""
 
     def __init__(self, config: Mapping[str, Any], topics: Sequence[str]) -> None:
-        self._consumer = KafkaConsumer(dict(config))
-        self._consumer.subscribe(list(topics))
+        settings, start = split_start(config)  # `--start` rides in the settings: take it out
+        self._consumer = KafkaConsumer(settings)
+        self._consumer.subscribe(list(topics), **subscribe_callbacks(settings, start))
 
     def poll(self, max_records: int, timeout: float) -> list[InboxRow]:
         """Wait for one record, then take what else is already there, up to `max_records`."""
