@@ -34,6 +34,7 @@ LOG_RETENTION = "OUTBOX_LOG_RETENTION"
 # -- the operator commands (`outbox status`, `outbox console`) -----------------------------
 LAG_GROUPS = "OUTBOX_LAG_GROUPS"
 STATUS_MAX_AGE = "OUTBOX_STATUS_MAX_AGE"
+STATUS_MAX_LAG = "OUTBOX_STATUS_MAX_LAG"
 CONSOLE_HOST = "OUTBOX_CONSOLE_HOST"
 CONSOLE_PORT = "OUTBOX_CONSOLE_PORT"
 CONSOLE_TOKEN = "OUTBOX_CONSOLE_TOKEN"
@@ -98,6 +99,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         STATUS_MAX_AGE,
         "seconds a pending or retrying row may wait before `outbox status --check` fails; the "
         "default of `--max-age` (else no age limit)",
+        "`outbox status`",
+    ),
+    EnvironmentVariable(
+        STATUS_MAX_LAG,
+        "records a consumer group may lag behind before `outbox status --check` fails; the "
+        "default of `--max-lag` (else no lag limit; needs `--kafka-bootstrap`)",
         "`outbox status`",
     ),
     EnvironmentVariable(
