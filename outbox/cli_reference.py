@@ -61,8 +61,10 @@ EXIT_CODES = """\
 | 1 | an error, one line on stderr: `outbox: error: ...` (a server unreachable, a database \
 not migrated, a bad setting, an unknown row id, ...) |
 | 2 | a usage error: unknown flag, missing argument (argparse's message on stderr) |
-| 3 | `outbox status --check`: a row is dead, or a pending or retrying row is older than \
-`--max-age` (the problems are listed in the output) |
+| 3 | `outbox status --check`: a row is dead, a pending or retrying row is older than \
+`--max-age`, or a consumer group lags more than `--max-lag` or its lag cannot be read; \
+`outbox spark audit`: a message is missing or was handled twice (the problems are listed in \
+the output) |
 | 130 | interrupted by Ctrl-C outside a daemon's loop |
 """
 

@@ -70,7 +70,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         DATABASE_URL,
         "PostgreSQL URL (libpq form, `postgresql://user@host/db`); the default of `--database-url`",
-        "every command but `demo`",
+        "every command but `demo` and `spark audit` (which takes `--service NAME=URL`)",
     ),
     EnvironmentVariable(
         SCHEMA,
@@ -80,7 +80,8 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
-        "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`",
+        "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`, "
+        "`outbox spark consumer`, `outbox spark audit`, `outbox spark replay`",
     ),
     EnvironmentVariable(
         CONSUMER_START,
