@@ -143,6 +143,41 @@ def add_transport(parser: argparse.ArgumentParser) -> None:
     add_log(parser)
 
 
+def _start(text: str) -> str:
+    """The argparse `type=` of --start: the text, checked (the subscriber parses it again)."""
+    from outbox.kafka.start import parse_start
+
+    try:
+        return str(parse_start(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (from the flag, or from {settings.CONSUMER_START} when the flag is not given)"
+        ) from None
+
+
+def add_start(parser: argparse.ArgumentParser) -> None:
+    """The consumer's --start: where a new group starts in a partition."""
+    parser.add_argument(
+        "--start",
+        type=_start,
+        default=os.environ.get(settings.CONSUMER_START),
+        metavar="earliest|latest|TIME",
+        help="where the group starts in a partition it has never committed an offset for: "
+        "earliest (the oldest record kept), latest (only records produced from now on), or an "
+        "ISO 8601 time with its offset, e.g. 2024-05-01T12:00:00Z (the first record at or "
+        "after it); partitions with a committed offset resume there whatever this says "
+        f"(env {settings.CONSUMER_START}; default earliest; Kafka only)",
+    )
+
+
+def start_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The librdkafka settings entry that carries --start to the subscriber (when given)."""
+    from outbox.kafka.start import START_KEY
+
+    start = getattr(args, "start", None)
+    return {} if start is None else {START_KEY: start}
+
+
 def env_groups() -> list[str]:
     """The consumer groups of OUTBOX_LAG_GROUPS (comma-separated)."""
     return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]

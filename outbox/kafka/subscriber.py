@@ -20,6 +20,7 @@ from outbox.core.envelope import InboxRow
 from outbox.core.errors import ConfigurationError
 from outbox.core.wire import FOREIGN_NAMESPACE, RawHeaders, decode, decode_record, foreign_id
 from outbox.kafka.publisher import merge_settings
+from outbox.kafka.start import split_start, subscribe_callbacks
 
 __all__ = [
     "FOREIGN_NAMESPACE",
@@ -65,8 +66,9 @@ class KafkaSubscriber:
     """A `Subscriber` on a confluent-kafka consumer group; offsets move only by `commit`."""
 
     def __init__(self, config: Mapping[str, Any], topics: Sequence[str]) -> None:
-        self._consumer = KafkaConsumer(dict(config))
-        self._consumer.subscribe(list(topics))
+        settings, start = split_start(config)  # `--start` rides in the settings: take it out
+        self._consumer = KafkaConsumer(settings)
+        self._consumer.subscribe(list(topics), **subscribe_callbacks(settings, start))
 
     def poll(self, max_records: int, timeout: float) -> InboxBatch:
         """Wait for one record, then take what else is already there, up to `max_records`."""

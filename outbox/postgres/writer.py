@@ -100,9 +100,14 @@ def execute(tx: object, sql: str, params: dict[str, Any]) -> None:
     )
 
 
+def _is_sqlalchemy_async(tx: object) -> bool:
+    """True for SQLAlchemy's asyncio objects, without importing `sqlalchemy.ext.asyncio`
+    (which needs greenlet, absent from a plain install: the sync path must not import it)."""
+    return any(cls.__module__.startswith("sqlalchemy.ext.asyncio") for cls in type(tx).__mro__)
+
+
 def _execute_sqlalchemy(tx: object, sql: str, params: dict[str, Any]) -> None:
     from sqlalchemy.engine import Connection
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
     if isinstance(tx, Session):
@@ -111,7 +116,7 @@ def _execute_sqlalchemy(tx: object, sql: str, params: dict[str, Any]) -> None:
         _check_driver(tx.connection.driver_connection, "connection")
         tx.exec_driver_sql(sql, params)
         return
-    if isinstance(tx, AsyncConnection | AsyncSession):
+    if _is_sqlalchemy_async(tx):
         raise UnsupportedTransaction(
             f"{type(tx).__name__} is asynchronous: use `await broker.send_async(...)`"
         )

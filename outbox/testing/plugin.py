@@ -43,8 +43,21 @@ __all__ = ["DatabaseFactory", "Drain", "TopicFactory"]
 #: refuses session timeouts under 6 s, and keeps its defaults).
 TANSU_CONSUMER_SETTINGS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 
+#: The markers this plugin gives a meaning to, registered by `pytest_configure` so that a
+#: project running with `--strict-markers` can use them without declaring them itself.
+MARKERS = {
+    "kafka_only": "needs real Apache Kafka: skipped when the session's broker is Tansu "
+    "(outbox.testing)",
+}
+
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
 _TOPIC_MAX_LEN = 100
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the plugin's markers."""
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
 class DatabaseFactory(Protocol):
