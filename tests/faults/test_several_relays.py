@@ -48,10 +48,7 @@ def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
         conn.execute(inbox_app.SCHEMA)
     keys, total = 30, 3000
     env = {"INBOX_APP_TOPIC": outbox_topic}
-    producers = [
-        spawn_producer(sender, endpoint, "--batch-size", "100", env=env)
-        for _ in range(3)
-    ]
+    producers = [spawn_producer(sender, endpoint, "--batch-size", "100", env=env) for _ in range(3)]
     handlers = [
         spawn_handler(receiver, APP, "--concurrency", "2", "--batch-size", "50", env=env)
         for _ in range(3)
