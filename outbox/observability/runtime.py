@@ -424,7 +424,8 @@ class _Probes:
         return None
 
     def refresh_stats(self) -> None:
-        """Set the queue depth and oldest-age gauges from one query."""
+        """Set the queue depth, oldest-age (and the producer's dead-rows) gauges from one
+        query."""
         try:
             row = self._connection().execute(self._stats_sql).fetchone()
         except psycopg.Error as exc:
@@ -433,7 +434,8 @@ class _Probes:
             return
         if row is not None:
             queue = QUEUE_OF[self.owner.kind]
-            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]))
+            dead = int(row[2]) if len(row) > 2 else None
+            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]), dead)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

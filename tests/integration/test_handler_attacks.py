@@ -156,8 +156,10 @@ def test_a_misbehaving_callback_is_a_recorded_failure(
     _put(url, [(b"a", b'{"n": 1}'), (b"b", b'{"n": 2, "bad": true}'), (b"c", b'{"n": 3}')])
     with handler_thread(url, handlers, concurrency=1, lease=30) as runner:
         wait_for(
-            lambda: count(url, "consumer_queue", "processed_at IS NOT NULL") == 2
-            and count(url, "consumer_queue", "dead_at IS NOT NULL") == 1,
+            lambda: (
+                count(url, "consumer_queue", "processed_at IS NOT NULL") == 2
+                and count(url, "consumer_queue", "dead_at IS NOT NULL") == 1
+            ),
             30,
             "two handled, the bad one dead",
         )
