@@ -27,7 +27,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID, to_json
 from outbox.core.lanes import LANES, lane_for
 from outbox.core.serializers import BYTES
-from outbox.core.text import is_storable, storable
+from outbox.core.text import first_line, is_storable, storable
 from outbox.kafka.publisher import merge_settings
 
 __all__ = [
@@ -150,6 +150,19 @@ _CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 RawHeaders = Iterable[tuple[str, bytes | str | None]]
 
 
+class _Unreadable(tuple):  # type: ignore[type-arg]
+    """No headers: the client could not give the record's headers (`message.headers()`
+    raised); `reason` says why. The record is quarantined with what can be read of it."""
+
+    reason: str
+
+
+def _unreadable(exc: BaseException) -> _Unreadable:
+    headers = _Unreadable()
+    headers.reason = f"the record's headers cannot be read: {type(exc).__name__}: {first_line(exc)}"
+    return headers
+
+
 class Quarantined(NamedTuple):
     """A record stored dead because it cannot be stored as an ordinary inbox row.
 
@@ -233,9 +246,13 @@ class KafkaBatch:
         timestamp_ms: int | None,
     ) -> None:
         """Append a record (the arguments of `_decode`)."""
+        unreadable = None
         if type(headers) is not list and type(headers) is not tuple:
+            if isinstance(headers, _Unreadable):
+                unreadable = headers.reason
             headers = list(headers)
         raw_id, raw_created, content_type, user_headers, problem = _split_headers(headers)
+        problem = unreadable or problem
         message_id = _text(raw_id)
         if message_id is None or _CANONICAL_ID.fullmatch(message_id) is None:
             message_id = str(
@@ -440,13 +457,17 @@ def _fields(
     """A confluent-kafka record as the first arguments of `_decode` and `KafkaBatch.add`."""
     key = message.key()
     value = message.value()
+    try:
+        headers = message.headers() or ()
+    except Exception as exc:  # a header the client cannot convert: quarantine the record
+        headers = _unreadable(exc)
     return (
         message.topic() or "",
         message.partition() or 0,
         message.offset() or 0,
         key.encode() if isinstance(key, str) else key,
         value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else b"",
-        message.headers() or (),  # type: ignore[return-value]
+        headers,  # type: ignore[arg-type]
     )
 
 
@@ -489,9 +510,13 @@ def _decode(
 ) -> InboxRow:
     """`decode_record`, positional (it runs once per record); the timestamp of `message`, when
     given, is read only if the creation time header or the outbox message id is missing."""
+    unreadable = None
     if type(headers) is not list and type(headers) is not tuple:
+        if isinstance(headers, _Unreadable):
+            unreadable = headers.reason
         headers = list(headers)
     raw_id, raw_created, content_type, user_headers, problem = _split_headers(headers)
+    problem = unreadable or problem
     message_id = _parse_id(_text(raw_id)) or foreign_id(
         topic, partition, offset, _millis(message, timestamp_ms), key, value, headers
     )
@@ -609,11 +634,15 @@ def _millis(message: Message | None, timestamp_ms: int | None) -> int | None:
 
 
 def _created_at(raw: Any, message: Message | None, timestamp_ms: int | None) -> datetime:
-    """The outbox created-time header; else the record's own timestamp; else now."""
+    """The outbox created-time header; else the record's own timestamp (if a datetime can hold
+    it: a producer may set any, up to year 292 million); else now."""
     created_at = _parse_time(_text(raw))
     if created_at is not None:
         return created_at
     timestamp_ms = _millis(message, timestamp_ms)
     if timestamp_ms is not None:
-        return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+        try:
+            return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+        except (ValueError, OverflowError, OSError):  # past year 9999: a producer's own clock
+            pass
     return datetime.now(UTC)
