@@ -457,6 +457,7 @@ def _fields(
     """A confluent-kafka record as the first arguments of `_decode` and `KafkaBatch.add`."""
     key = message.key()
     value = message.value()
+    headers: Any
     try:
         headers = message.headers() or ()
     except Exception as exc:  # a header the client cannot convert: quarantine the record
@@ -467,7 +468,7 @@ def _fields(
         message.offset() or 0,
         key.encode() if isinstance(key, str) else key,
         value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else b"",
-        headers,  # type: ignore[arg-type]
+        headers,
     )
 
 
