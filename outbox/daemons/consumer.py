@@ -171,7 +171,12 @@ class Consumer:
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
-        check_database(self._connect, self.config.schema)
+        check_database(
+            self._connect,
+            self.config.schema,
+            wait=self.config.observability.wait_for_database,
+            stopping=lambda: self.stopping,
+        )
         if self._subscriber_factory is None:
             check_reachable(self._kafka_config, timeout=self.config.connect_timeout)
 

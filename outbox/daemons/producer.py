@@ -193,8 +193,9 @@ class Producer(LaneRelay[QueuedRow]):
         )
 
     def check(self) -> None:
-        """Fail fast, with one clear error, on an unreachable database or broker or old schema."""
-        self.check_database()
+        """Fail fast, with one clear error, on an unreachable database or broker or old schema
+        (waiting for the database first if `--wait-for-database`)."""
+        self.check_database(self.config.observability.wait_for_database)
         if self._publisher_factory is None:
             check_reachable(
                 producer_config(self.config.kafka_bootstrap, self.config.kafka_config),

@@ -79,6 +79,9 @@ class ObservabilityConfig:
     probe_timeout: float = 3.0
     #: Seconds between refreshes of the queue depth and oldest-age gauges.
     stats_interval: float = 15.0
+    #: Start-up of the daemon process (kept here, beside its other process settings): how
+    #: long to wait for PostgreSQL to accept connections before exiting; 0: fail at once.
+    wait_for_database: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(
@@ -90,6 +93,7 @@ class ObservabilityConfig:
                 "probe_interval": "seconds",
                 "probe_timeout": "seconds",
                 "stats_interval": "seconds",
+                "wait_for_database": "seconds_or_zero",
             },
             optional=("metrics_port", "health_port"),
         )
