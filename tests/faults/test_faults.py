@@ -166,7 +166,7 @@ def _account(
     expect_dead: int = 0,
 ) -> None:
     effects = _effects(receiver)
-    dead = _dead(sender, "producer_queue") | _dead(receiver, "consumer_queue")
+    dead = _dead(sender, "producer_dead") | _dead(receiver, "consumer_queue")
     handled_once = sum(1 for i in ids if effects[i] == 1)
     duplicates = sum(1 for i in ids if effects[i] > 1)
     lost = sum(1 for i in ids if effects[i] == 0 and i not in dead)
@@ -328,9 +328,10 @@ def test_message_larger_than_the_broker_accepts(
         pipeline.wait(lambda: _handled(receiver) == len(ids), 60, "the others handled")
     finally:
         pipeline.stop()
-    assert _dead(sender, "producer_queue") == set(big)
+    # Dead producer rows are moved to producer_dead (migration 0004).
+    assert _dead(sender, "producer_dead") == set(big)
     with psycopg.connect(sender) as conn:
-        error = conn.execute("SELECT last_error FROM outbox.producer_queue").fetchone()[0]
+        error = conn.execute("SELECT last_error FROM outbox.producer_dead").fetchone()[0]
     assert "MSG_SIZE_TOO_LARGE" in error
     _account(
         "message too large", sender, receiver, ids + big, fault_results, started, expect_dead=1
