@@ -49,6 +49,7 @@ METRICS_HOST = "OUTBOX_METRICS_HOST"
 HEALTH_PORT = "OUTBOX_HEALTH_PORT"
 HEALTH_HOST = "OUTBOX_HEALTH_HOST"
 LIVENESS_TIMEOUT = "OUTBOX_LIVENESS_TIMEOUT"
+WAIT_FOR_DATABASE = "OUTBOX_WAIT_FOR_DATABASE"
 
 # -- OpenTelemetry's own, read by `outbox.tracing` ------------------------------------------
 OTEL_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
@@ -193,6 +194,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         LIVENESS_TIMEOUT,
         "seconds without progress of the main loop before /livez fails; the default of "
         "`--liveness-timeout` (else 120)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        WAIT_FOR_DATABASE,
+        "seconds a daemon waits at start for PostgreSQL to accept connections; the default of "
+        "`--wait-for-database` (else 0: exit 1 at once)",
         "`outbox producer`, `outbox consumer`, `outbox handler`",
     ),
     EnvironmentVariable(

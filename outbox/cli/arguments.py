@@ -256,6 +256,15 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
         help="seconds without progress of the main loop before /livez answers 503 "
         f"(env {settings.LIVENESS_TIMEOUT}; default 120)",
     )
+    parser.add_argument(
+        "--wait-for-database",
+        type=flag_type("seconds_or_zero", settings.WAIT_FOR_DATABASE),
+        default=os.environ.get(settings.WAIT_FOR_DATABASE, "0"),
+        help="at start, wait up to this many seconds for PostgreSQL to accept connections, "
+        "retrying with backoff and a WARNING per attempt, then exit 1 "
+        f"(env {settings.WAIT_FOR_DATABASE}; default 0: exit 1 at once, for a supervisor "
+        "to restart)",
+    )
 
 
 def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
@@ -268,4 +277,5 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
         health_port=args.health_port,
         health_host=args.health_host,
         liveness_timeout=args.liveness_timeout,
+        wait_for_database=args.wait_for_database,
     )

@@ -150,6 +150,12 @@ class _PsycopgSync:
         """Whether the connection is lost (as opposed to a statement having failed)."""
         return self.conn.broken or self.conn.closed
 
+    def check(self) -> None:
+        """Raise `Misused` if the callback left the transaction unusable."""
+        misuse = _misuse(self.conn)
+        if misuse is not None:
+            raise misuse
+
     def flush(self, handle: Any) -> None:
         """Nothing to flush: psycopg writes go to the server as they are executed."""
 
@@ -182,6 +188,18 @@ class _SqlAlchemySync:
             finally:
                 session.close()
 
+    @property
+    def broken(self) -> bool:
+        return bool(self.conn.closed or self.conn.invalidated)
+
+    def check(self) -> None:
+        """Raise `Misused` if the callback left the transaction unusable (the psycopg
+        connection under the session)."""
+        raw = self.conn.connection.driver_connection
+        misuse = _misuse(raw) if isinstance(raw, psycopg.Connection) else None
+        if misuse is not None:
+            raise misuse
+
     def flush(self, handle: Any) -> None:
         """Send the callback's ORM changes now, so that a failure is its own."""
         handle.flush()
@@ -208,6 +226,15 @@ class _PsycopgAsync:
     async def transaction(self) -> AsyncIterator[tuple[Callable[..., Any], Any]]:
         async with self.conn.transaction():
             yield self.conn.execute, self.conn
+
+    @property
+    def broken(self) -> bool:
+        return self.conn.broken or self.conn.closed
+
+    def check(self) -> None:
+        misuse = _misuse(self.conn)
+        if misuse is not None:
+            raise misuse
 
     async def close(self) -> None:
         await self.conn.close()
@@ -245,6 +272,13 @@ class _SqlAlchemyAsync:
             finally:
                 await session.close()
 
+    @property
+    def broken(self) -> bool:
+        return bool(self.conn.closed or self.conn.invalidated)
+
+    def check(self) -> None:
+        """The ORM session's own checks suffice here (its flush fails on a broken one)."""
+
     async def close(self) -> None:
         await self.conn.close()
         await self.engine.dispose()
@@ -259,6 +293,37 @@ class _RollBack(Exception):
 
 class _ConnectionLost(Exception):
     """The worker's database connection broke; the row stays for a later attempt."""
+
+
+class Misused(Exception):
+    """A callback left the transaction it was given unusable: it closed the connection, ended
+    the transaction itself (COMMIT or ROLLBACK) or went on after one of its statements failed.
+    Its message fails like any callback error; the other messages of the transaction are
+    handled again in a new one."""
+
+
+def _misuse(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Misused | None:
+    """What a callback did to its transaction's connection, if it left it unusable.
+
+    A connection whose server side is lost (broken) is not a misuse: the statement that lost
+    it raised already, or the next one will.
+    """
+    if conn.closed:
+        if conn.broken:
+            return None
+        return Misused("the callback closed the database connection it was given")
+    status = conn.info.transaction_status
+    if status == psycopg.pq.TransactionStatus.IDLE:
+        return Misused(
+            "the callback ended the transaction it was given (COMMIT or ROLLBACK); the messages "
+            "handled before it in that transaction are handled again"
+        )
+    if status == psycopg.pq.TransactionStatus.INERROR:
+        return Misused(
+            "a statement of the callback failed and the callback went on: the transaction is "
+            "aborted (catch database errors inside a savepoint: conn.transaction())"
+        )
+    return None
 
 
 class Undecodable(Exception):
@@ -380,6 +445,8 @@ class _Worker:
         self._async = None
 
     def _tx_sync(self) -> _PsycopgSync | _SqlAlchemySync:
+        if self._sync is not None and self._sync.broken:  # closed by a callback, say
+            self._reset()
         if self._sync is None:
             url = self.runner.config.database_url
             try:
@@ -461,8 +528,12 @@ class _Worker:
                         while end < len(rows) and rows[end].topic == row.topic:
                             end += 1
                         positions = [i for i in range(index, end) if rows[i].id in claimed]
-                        failure = self._call_batch(rows, positions, spec, claimed, handle, tx)
+                        failure = self._call_batch(
+                            rows, positions, spec, claimed, handle, tx, pipelined
+                        )
                         if failure is not None:
+                            if isinstance(failure[4], _lost_errors()):
+                                raise failure[4]  # the connection is gone: see below
                             raise _RollBack from failure[4]
                         seconds = (time.monotonic() - self.started) / len(positions)
                         done.extend(rows[i].id for i in positions)
@@ -476,9 +547,16 @@ class _Worker:
                         with tracing.handling(message):
                             spec.func(message, handle)
                             tx.flush(handle)
-                    except (psycopg.OperationalError, _sqlalchemy_disconnect()):
+                        if not pipelined:
+                            tx.check()
+                    except _lost_errors() as exc:
+                        # Lost while the callback ran (or its own error of that class, such as
+                        # a statement timeout): the callback's failure if the database answers.
+                        failure = (index, row, spec, claimed[row.id], exc, 1)
                         raise
-                    except Exception as exc:
+                    except BaseException as exc:
+                        # Any callback error, SystemExit and KeyboardInterrupt too: callbacks
+                        # run in worker threads, where neither comes from the process's signals.
                         failure = (index, row, spec, claimed[row.id], exc, 1)
                         raise _RollBack from exc
                     finally:
@@ -496,12 +574,16 @@ class _Worker:
                 return self._try_batch(rows, pipelined=False)
             return failure
         except psycopg.Error as exc:
+            if failure is not None:
+                return self._lost_in_callback(failure)
             if pipelined and isinstance(tx, _PsycopgSync) and not tx.broken:
                 return self._try_batch(rows, pipelined=False)  # a statement failed, late
             if isinstance(exc, psycopg.OperationalError):
                 raise _ConnectionLost(str(exc)) from exc
             raise
         except _sqlalchemy_disconnect() as exc:
+            if failure is not None:
+                return self._lost_in_callback(failure)
             raise _ConnectionLost(str(exc)) from exc
         self.runner.count_handled(handled)
         return None
@@ -514,6 +596,7 @@ class _Worker:
         claimed: dict[int, Any],
         handle: Any,
         tx: _PsycopgSync | _SqlAlchemySync,
+        pipelined: bool,
     ) -> _Failure | None:
         """Call a batch handler once with the claimed messages at `positions` of `rows`; on
         failure, where and why. A message that cannot be decoded is named exactly; a callback
@@ -530,15 +613,26 @@ class _Worker:
         try:
             spec.func(messages, handle)
             tx.flush(handle)
-        except (psycopg.OperationalError, _sqlalchemy_disconnect()):
-            raise
-        except Exception as exc:
+            if not pipelined:
+                tx.check()
+        except BaseException as exc:  # a lost connection too: _try_batch tells them apart
             first, last = positions[0], positions[-1]
             size = last - first + 1
             return (first, rows[first], spec, claimed[rows[first].id], exc, size)
         finally:
             self.current = None
         return None
+
+    def _lost_in_callback(self, failure: _Failure) -> _Failure:
+        """The connection was lost (or closed) while a callback ran, or the transaction could
+        not end after a callback failed: a failed attempt of that callback's message if the
+        database answers a new connection, else a database outage (`_ConnectionLost`, nothing
+        counted). A retired worker's loss is its lease's, counted by the dispatcher."""
+        self._reset()
+        if self.retired:
+            raise _ConnectionLost(first_line(failure[4]))
+        self._tx_sync()  # raises _ConnectionLost while the database is down
+        return failure
 
     def _record_failure(
         self, row: Pending, spec: HandlerSpec | None, claimed: Any, exc: BaseException
@@ -568,6 +662,8 @@ class _Worker:
         tx = await self._tx_async()
         self.backend_pid = tx.backend_pid
         claimed: Any = None
+        calling = False
+        error: BaseException
         try:
             async with tx.transaction() as (execute, handle):
                 # psycopg's async cursor fetches asynchronously; SQLAlchemy's result is buffered.
@@ -576,28 +672,47 @@ class _Worker:
                 if claimed is None:
                     return True
                 message = self.runner.message(claimed)
+                calling = True
                 with tracing.handling(message):
                     await spec.func(message, handle)
+                tx.check()
+                calling = False
                 await execute(sql["handler_done"], {"id": row.id})
                 failpoint("handler.before_commit")
-        except (psycopg.OperationalError, _sqlalchemy_disconnect()) as exc:
-            raise _ConnectionLost(str(exc)) from exc
-        except Exception as exc:
-            failure = self.runner.failure(row, spec, claimed, exc)
-            try:
-                async with tx.transaction() as (execute, _handle):
-                    await execute(sql["handler_fail"], failure)
-            except (psycopg.OperationalError, _sqlalchemy_disconnect()) as lost:
-                raise _ConnectionLost(str(lost)) from lost
-            return False
-        self.runner.count_handled([(row.topic, time.monotonic() - self.started)])
-        return True
+        except _lost_errors() as exc:
+            # Lost while the callback ran: its failure if the database answers (as in
+            # _lost_in_callback); lost anywhere else, or by a retired worker: an outage.
+            if not calling or self.retired:
+                raise _ConnectionLost(str(exc)) from exc
+            error = exc
+        except BaseException as exc:  # any callback error (see _try_batch)
+            error = exc
+        else:
+            self.runner.count_handled([(row.topic, time.monotonic() - self.started)])
+            return True
+        if tx.broken:
+            self._async = None
+            with suppress(Exception):
+                await tx.close()
+            tx = await self._tx_async()  # raises _ConnectionLost while the database is down
+        failure = self.runner.failure(row, spec, claimed, error)
+        try:
+            async with tx.transaction() as (execute, _handle):
+                await execute(sql["handler_fail"], failure)
+        except _lost_errors() as lost:
+            raise _ConnectionLost(str(lost)) from lost
+        return False
 
 
 def _sqlalchemy_disconnect() -> type[Exception]:
     from sqlalchemy.exc import OperationalError
 
     return OperationalError
+
+
+def _lost_errors() -> tuple[type[Exception], ...]:
+    """The errors of a lost database connection, psycopg's and SQLAlchemy's."""
+    return (psycopg.OperationalError, _sqlalchemy_disconnect())
 
 
 class HandlerRunner(LaneRelay[Pending]):
@@ -641,7 +756,7 @@ class HandlerRunner(LaneRelay[Pending]):
     @observed
     def run(self) -> None:
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
-        self.check_database()
+        self.check_database(self.config.observability.wait_for_database)
         self._workers = [_Worker(self, i) for i in range(self.config.concurrency)]
         try:
             self.serve_forever()

@@ -18,7 +18,14 @@ from confluent_kafka import Consumer as KafkaConsumer
 from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.errors import ConfigurationError
-from outbox.core.wire import FOREIGN_NAMESPACE, RawHeaders, decode, decode_record, foreign_id
+from outbox.core.wire import (
+    FOREIGN_NAMESPACE,
+    RawHeaders,
+    UnreadableHeaders,
+    decode,
+    decode_record,
+    foreign_id,
+)
 from outbox.kafka.publisher import merge_settings
 from outbox.kafka.start import split_start, subscribe_callbacks
 
@@ -137,13 +144,18 @@ def _fields(
     """A confluent-kafka record as the first arguments of `InboxBatch.add`."""
     key = message.key()
     value = message.value()
+    headers: Any
+    try:
+        headers = message.headers() or ()
+    except Exception as exc:  # a header the client cannot convert: quarantine the record
+        headers = UnreadableHeaders.because(exc)
     return (
         message.topic() or "",
         message.partition() or 0,
         message.offset() or 0,
         key.encode() if isinstance(key, str) else key,
         value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else b"",
-        message.headers() or (),  # type: ignore[return-value]
+        headers,
     )
 
 

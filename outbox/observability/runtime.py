@@ -79,6 +79,9 @@ class ObservabilityConfig:
     probe_timeout: float = 3.0
     #: Seconds between refreshes of the queue depth and oldest-age gauges.
     stats_interval: float = 15.0
+    #: Start-up of the daemon process (kept here, beside its other process settings): how
+    #: long to wait for PostgreSQL to accept connections before exiting; 0: fail at once.
+    wait_for_database: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(
@@ -90,6 +93,7 @@ class ObservabilityConfig:
                 "probe_interval": "seconds",
                 "probe_timeout": "seconds",
                 "stats_interval": "seconds",
+                "wait_for_database": "seconds_or_zero",
             },
             optional=("metrics_port", "health_port"),
         )
@@ -422,7 +426,8 @@ class _Probes:
         return None
 
     def refresh_stats(self) -> None:
-        """Set the queue depth and oldest-age gauges from one query."""
+        """Set the queue depth, oldest-age (and the producer's dead-rows) gauges from one
+        query."""
         try:
             row = self._connection().execute(self._stats_sql).fetchone()
         except psycopg.Error as exc:
@@ -431,7 +436,8 @@ class _Probes:
             return
         if row is not None:
             queue = QUEUE_OF[self.owner.kind]
-            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]))
+            dead = int(row[2]) if len(row) > 2 else None
+            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]), dead)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -58,9 +58,10 @@ class DrainTimeout(AssertionError):
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A row kept as dead in one of the queues, with the first line of its last error."""
+    """A dead row, with the first line of its last error: in `producer_dead` (the outbox's dead
+    rows, `outbox dead-letters --queue producer`) or `consumer_queue` (the inbox's)."""
 
-    queue: Literal["producer_queue", "consumer_queue"]
+    queue: Literal["producer_dead", "consumer_queue"]
     message_id: UUID
     topic: str
     error: str
@@ -270,8 +271,6 @@ WHERE t.name = ANY(%(topics)s)
 DEAD_ROWS = """
 SELECT message_id, topic, last_error FROM {schema}.{table} WHERE dead_at IS NOT NULL ORDER BY id
 """
-#: Where the dead rows of each queue are: producer_queue moves them to producer_dead.
-DEAD_TABLES = {"producer_queue": "producer_dead", "consumer_queue": "consumer_queue"}
 
 
 def _last_line(text: str | None) -> str:
@@ -320,7 +319,7 @@ class _Queues:
             assert row is not None
             to_send[conn.info.dbname] = int(row[0])
             retrying += int(row[1])
-            dead.extend(self._dead(conn, "producer_queue"))
+            dead.extend(self._dead(conn, "producer_dead"))
         unstored = ledger.outstanding()
         unconsumed = transport.lag(group, ledger.topics) if transport is not None else 0
         if self._log is not None:
@@ -354,11 +353,11 @@ class _Queues:
         ]
 
     def _dead(
-        self, conn: psycopg.Connection[Any], queue: Literal["producer_queue", "consumer_queue"]
+        self, conn: psycopg.Connection[Any], table: Literal["producer_dead", "consumer_queue"]
     ) -> list[DeadLetter]:
-        table = DEAD_TABLES[queue]
+        """The dead rows of `table` (every row of producer_dead is dead)."""
         rows = conn.execute(DEAD_ROWS.format(schema=self._schema, table=table)).fetchall()
-        return [DeadLetter(queue, mid, topic, _last_line(error)) for mid, topic, error in rows]
+        return [DeadLetter(table, mid, topic, _last_line(error)) for mid, topic, error in rows]
 
 
 # -- running the daemons -----------------------------------------------------------------------

@@ -138,7 +138,7 @@ def test_a_message_the_transport_refuses_is_reported_dead(outbox_database_url: s
         InMemoryTransport(max_message_bytes=1000),
     )
     (dead,) = result.dead
-    assert dead.queue == "producer_queue"
+    assert dead.queue == "producer_dead"
     assert dead.error.startswith("MSG_SIZE_TOO_LARGE")
     assert (result.relayed, result.handled) == (0, 0)
 
