@@ -117,7 +117,7 @@ def decode(
 ) -> InboxRow:
     """`decode_record`, positional (it runs once per record); `timestamp_of(timestamp)` is
     called only if the creation time header or the outbox message id is missing."""
-    if type(headers) is not list and type(headers) is not tuple:
+    if not isinstance(headers, list | tuple):  # UnreadableHeaders is a tuple: kept
         headers = list(headers)
     raw_id, raw_created, content_type, user_headers, problem = split_headers(headers)
     message_id = parse_id(header_text(raw_id)) or foreign_id(

@@ -11,9 +11,10 @@ import pytest
 
 from outbox import Broker
 from outbox.core.errors import DatabaseUnavailable
-from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.daemons.producer import ProducerConfig
 from outbox.observability.runtime import ObservabilityConfig
 from outbox.testing.servers import Servers
+from outbox.transports import kafka_producer
 from tests.integration.relay_helpers import count, producer_thread, wait_for
 
 pytestmark = pytest.mark.faults
@@ -50,7 +51,9 @@ def test_a_daemon_started_while_postgres_is_down_waits_for_it_when_asked(
     # By default: one clear error at once, for a supervisor to restart the daemon.
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
-        Producer(ProducerConfig(database_url=url, kafka_bootstrap=outbox_kafka_bootstrap)).run()
+        kafka_producer(
+            ProducerConfig(database_url=url, kafka_bootstrap=outbox_kafka_bootstrap)
+        ).run()
     assert time.monotonic() - started < 3
     # --wait-for-database: waits, with a WARNING per attempt, then relays.
     caplog.set_level(logging.WARNING, "outbox.relay")

@@ -16,9 +16,10 @@ import psycopg
 import pytest
 
 from outbox import Backoff, Handlers, InboxMessage
+from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
-from outbox.daemons.consumer import insert_params
+from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
 
 from .relay_helpers import count, handler_thread, wait_for
@@ -102,7 +103,7 @@ def _put(url: str, rows: list[tuple[bytes, bytes]]) -> list[uuid.UUID]:
         conn.execute("CREATE TABLE IF NOT EXISTS effects (n int)")
         conn.execute(
             queries("outbox")["inbox_insert"],
-            insert_params(stored, channel("outbox", "consumer_queue")),
+            insert_params(InboxBatch.of(stored), channel("outbox", "consumer_queue")),
         )
     return ids
 
