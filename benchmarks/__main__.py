@@ -29,6 +29,7 @@ SCENARIOS = {
     "f": "benchmarks.retention",
     "g": "benchmarks.peer",
     "spark": "benchmarks.spark_inbox",
+    "transports": "benchmarks.transports",
 }
 
 

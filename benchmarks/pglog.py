@@ -29,6 +29,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from outbox.core.batches import OutgoingRecord, outgoing_batch
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
 from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber
@@ -38,22 +39,25 @@ from outbox.testing.servers import PostgresServer, create_database, url_for_data
 PAYLOAD = b'{"order_id": 12345, "customer": "c-0001", "lines": [' + b"1," * 70 + b"0]}"
 
 
-def _messages(topic: str, n: int, keys: int = 1000) -> list[StoredMessage]:
+def _messages(topic: str, n: int, keys: int = 1000) -> list[OutgoingRecord]:
+    """`n` records as the relay hands them to a publisher."""
     now = datetime.now(UTC)
-    return [
-        StoredMessage(
-            id=i,
-            message_id=uuid7(),
-            topic=topic,
-            key=f"key-{random.randrange(keys)}".encode(),
-            payload=PAYLOAD,
-            content_type="application/json",
-            headers={},
-            created_at=now,
-            attempts=0,
-        )
-        for i in range(n)
-    ]
+    return outgoing_batch(
+        [
+            StoredMessage(
+                id=i,
+                message_id=uuid7(),
+                topic=topic,
+                key=f"key-{random.randrange(keys)}".encode(),
+                payload=PAYLOAD,
+                content_type="application/json",
+                headers={},
+                created_at=now,
+                attempts=0,
+            )
+            for i in range(n)
+        ]
+    )
 
 
 def publish_rate(url: str, topic: str, total: int, publishers: int) -> float:
@@ -144,7 +148,7 @@ def latency(
             if not rows and not notify:
                 time.sleep(0.05)
             now = datetime.now(UTC)
-            samples.extend((now - r.created_at).total_seconds() * 1000 for r in rows)
+            samples.extend((now - c).total_seconds() * 1000 for c in rows.created_ats)
             if rows:
                 subscriber.commit(rows)
     finally:

@@ -23,6 +23,7 @@ class EnvironmentVariable:
 DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
+CONSUMER_START = "OUTBOX_CONSUMER_START"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
@@ -33,6 +34,7 @@ LOG_RETENTION = "OUTBOX_LOG_RETENTION"
 # -- the operator commands (`outbox status`, `outbox console`) -----------------------------
 LAG_GROUPS = "OUTBOX_LAG_GROUPS"
 STATUS_MAX_AGE = "OUTBOX_STATUS_MAX_AGE"
+STATUS_MAX_LAG = "OUTBOX_STATUS_MAX_LAG"
 CONSOLE_HOST = "OUTBOX_CONSOLE_HOST"
 CONSOLE_PORT = "OUTBOX_CONSOLE_PORT"
 CONSOLE_TOKEN = "OUTBOX_CONSOLE_TOKEN"
@@ -47,6 +49,7 @@ METRICS_HOST = "OUTBOX_METRICS_HOST"
 HEALTH_PORT = "OUTBOX_HEALTH_PORT"
 HEALTH_HOST = "OUTBOX_HEALTH_HOST"
 LIVENESS_TIMEOUT = "OUTBOX_LIVENESS_TIMEOUT"
+WAIT_FOR_DATABASE = "OUTBOX_WAIT_FOR_DATABASE"
 
 # -- OpenTelemetry's own, read by `outbox.tracing` ------------------------------------------
 OTEL_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
@@ -68,7 +71,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         DATABASE_URL,
         "PostgreSQL URL (libpq form, `postgresql://user@host/db`); the default of `--database-url`",
-        "every command but `demo`",
+        "every command but `demo` and `spark audit` (which takes `--service NAME=URL`)",
     ),
     EnvironmentVariable(
         SCHEMA,
@@ -78,7 +81,15 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
-        "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`",
+        "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`, "
+        "`outbox spark consumer`, `outbox spark audit`, `outbox spark replay`",
+    ),
+    EnvironmentVariable(
+        CONSUMER_START,
+        "where a consumer group starts in a partition it never committed an offset for: "
+        "`earliest`, `latest` or an ISO 8601 time with its offset; the default of `--start` "
+        "(else `earliest`)",
+        "`outbox consumer`",
     ),
     EnvironmentVariable(
         LAG_GROUPS,
@@ -90,6 +101,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         STATUS_MAX_AGE,
         "seconds a pending or retrying row may wait before `outbox status --check` fails; the "
         "default of `--max-age` (else no age limit)",
+        "`outbox status`",
+    ),
+    EnvironmentVariable(
+        STATUS_MAX_LAG,
+        "records a consumer group may lag behind before `outbox status --check` fails; the "
+        "default of `--max-lag` (else no lag limit; needs `--kafka-bootstrap`)",
         "`outbox status`",
     ),
     EnvironmentVariable(
@@ -177,6 +194,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         LIVENESS_TIMEOUT,
         "seconds without progress of the main loop before /livez fails; the default of "
         "`--liveness-timeout` (else 120)",
+        "`outbox producer`, `outbox consumer`, `outbox handler`",
+    ),
+    EnvironmentVariable(
+        WAIT_FOR_DATABASE,
+        "seconds a daemon waits at start for PostgreSQL to accept connections; the default of "
+        "`--wait-for-database` (else 0: exit 1 at once)",
         "`outbox producer`, `outbox consumer`, `outbox handler`",
     ),
     EnvironmentVariable(

@@ -4,4 +4,42 @@ The outbox fixtures (`outbox_servers`, `outbox_database_url`, `outbox_topic`, ..
 `outbox.testing.plugin` pytest plugin, loaded through the package's `pytest11` entry point once
 it is installed (`./run test` does that). Do not also list it in `pytest_plugins`: pytest
 would register it twice and fail.
+
+`relay_transport` runs a test on each of the daemons' transports: Kafka and the log kept in
+PostgreSQL (tests/integration/relay_helpers.py, `RelayTransport`).
 """
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from tests.integration.relay_helpers import TEST_CONSUMER_KAFKA, RelayTransport
+
+#: The daemons' transports the end-to-end and fault tests run on.
+RELAY_TRANSPORTS = ["kafka", "postgres"]
+
+
+@pytest.fixture(params=RELAY_TRANSPORTS)
+def relay_transport(request: pytest.FixtureRequest) -> RelayTransport:
+    """Kafka (the session's broker), then the log kept in PostgreSQL (a fresh migrated log
+    database): for the tests that exercise the transport end to end, run on both."""
+    if request.param == "kafka":
+        return RelayTransport(
+            "kafka",
+            request.getfixturevalue("outbox_kafka_bootstrap"),
+            request.getfixturevalue("outbox_topic_factory"),
+            TEST_CONSUMER_KAFKA,
+        )
+    from outbox.pglog import PgLog
+
+    url: str = request.getfixturevalue("outbox_log_url")
+    log = PgLog(url)
+
+    def make_topic(partitions: int = 3) -> str:
+        name = f"t-{secrets.token_hex(4)}"
+        log.create_topic(name, partitions)
+        return name
+
+    return RelayTransport("postgres", url, make_topic, {})

@@ -143,6 +143,41 @@ def add_transport(parser: argparse.ArgumentParser) -> None:
     add_log(parser)
 
 
+def _start(text: str) -> str:
+    """The argparse `type=` of --start: the text, checked (the subscriber parses it again)."""
+    from outbox.kafka.start import parse_start
+
+    try:
+        return str(parse_start(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (from the flag, or from {settings.CONSUMER_START} when the flag is not given)"
+        ) from None
+
+
+def add_start(parser: argparse.ArgumentParser) -> None:
+    """The consumer's --start: where a new group starts in a partition."""
+    parser.add_argument(
+        "--start",
+        type=_start,
+        default=os.environ.get(settings.CONSUMER_START),
+        metavar="earliest|latest|TIME",
+        help="where the group starts in a partition it has never committed an offset for: "
+        "earliest (the oldest record kept), latest (only records produced from now on), or an "
+        "ISO 8601 time with its offset, e.g. 2024-05-01T12:00:00Z (the first record at or "
+        "after it); partitions with a committed offset resume there whatever this says "
+        f"(env {settings.CONSUMER_START}; default earliest; Kafka only)",
+    )
+
+
+def start_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The librdkafka settings entry that carries --start to the subscriber (when given)."""
+    from outbox.kafka.start import START_KEY
+
+    start = getattr(args, "start", None)
+    return {} if start is None else {START_KEY: start}
+
+
 def env_groups() -> list[str]:
     """The consumer groups of OUTBOX_LAG_GROUPS (comma-separated)."""
     return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]
@@ -221,6 +256,15 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
         help="seconds without progress of the main loop before /livez answers 503 "
         f"(env {settings.LIVENESS_TIMEOUT}; default 120)",
     )
+    parser.add_argument(
+        "--wait-for-database",
+        type=flag_type("seconds_or_zero", settings.WAIT_FOR_DATABASE),
+        default=os.environ.get(settings.WAIT_FOR_DATABASE, "0"),
+        help="at start, wait up to this many seconds for PostgreSQL to accept connections, "
+        "retrying with backoff and a WARNING per attempt, then exit 1 "
+        f"(env {settings.WAIT_FOR_DATABASE}; default 0: exit 1 at once, for a supervisor "
+        "to restart)",
+    )
 
 
 def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
@@ -233,4 +277,5 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
         health_port=args.health_port,
         health_host=args.health_host,
         liveness_timeout=args.liveness_timeout,
+        wait_for_database=args.wait_for_database,
     )

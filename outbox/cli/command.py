@@ -27,9 +27,11 @@ from outbox.cli.arguments import (
     add_log,
     add_logging,
     add_runtime,
+    add_start,
     add_transport,
     require,
     runtime_config,
+    start_settings,
 )
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import flag_type
@@ -113,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--topic", action="append", default=[], required=True, help="topic to consume; repeatable"
     )
     consumer.add_argument("--group", required=True, help="consumer group id")
+    add_start(consumer)
     consumer.add_argument(
         "--batch-size",
         type=flag_type("count"),
@@ -312,6 +315,8 @@ def _consumer(args: argparse.Namespace) -> int:
     from outbox.daemons.consumer import Consumer, ConsumerConfig
 
     database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    if args.transport == "postgres" and args.start not in (None, "earliest"):
+        raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
     log_url = _log_url(args)
     factory = None
     if log_url is not None:
@@ -325,7 +330,7 @@ def _consumer(args: argparse.Namespace) -> int:
         topics=args.topic,
         group=args.group,
         schema=args.schema,
-        kafka_config=dict(args.kafka_config),
+        kafka_config={**dict(args.kafka_config), **start_settings(args)},
         batch_size=args.batch_size,
         observability=runtime_config(args),
     )

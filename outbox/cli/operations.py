@@ -23,8 +23,8 @@ added):
 
 With --kafka-bootstrap, "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
 "partitions": [{"topic", "partition", "committed", "end", "lag"}], "error": null}]; with --check,
-"check": {"ok": bool, "max_age_seconds": <float or null>, "problems": ["..."]} and the exit code
-is 3 when not ok.
+"check": {"ok": bool, "max_age_seconds": <float or null>, "max_lag": <int or null>,
+"problems": ["..."]} and the exit code is 3 when not ok.
 
 where COUNT is {"count": <rows>, "oldest_age_seconds": <float, or null when count is 0>}. Every
 state of a queue appears under each listed topic and in totals; a topic appears when it has
@@ -122,8 +122,9 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     status.add_argument(
         "--check",
         action="store_true",
-        help=f"exit {CHECK_FAILED} when a row is dead or a pending or retrying row is older "
-        "than --max-age (for cron and deploy gates); 0 otherwise",
+        help=f"exit {CHECK_FAILED} when a row is dead, a pending or retrying row is older "
+        "than --max-age, or a group lags more than --max-lag (for cron and deploy gates); 0 "
+        "otherwise",
     )
     status.add_argument(
         "--max-age",
@@ -131,6 +132,14 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         default=os.environ.get(settings.STATUS_MAX_AGE),
         help=f"with --check: seconds a pending or retrying row may wait (env "
         f"{settings.STATUS_MAX_AGE}; default no limit)",
+    )
+    status.add_argument(
+        "--max-lag",
+        type=flag_type("count_or_zero", settings.STATUS_MAX_LAG),
+        default=os.environ.get(settings.STATUS_MAX_LAG),
+        help="with --check and --kafka-bootstrap: records a consumer group may lag behind; a "
+        f"group above it, or whose lag cannot be read, fails the check (env "
+        f"{settings.STATUS_MAX_LAG}; default no limit)",
     )
 
     dead = commands.add_parser(
@@ -275,6 +284,11 @@ def _dead_letters(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
+    if max_lag is not None and not args.kafka_bootstrap:
+        raise ConfigurationError(
+            f"--max-lag needs --kafka-bootstrap (or {settings.KAFKA_BOOTSTRAP}) to read the lag"
+        )
     with _connection(args) as conn:
         status = ops.status(conn, args.schema)
     lag = None
@@ -284,7 +298,7 @@ def _status(args: argparse.Namespace) -> int:
         groups = args.groups if args.groups is not None else env_groups()
         lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
     max_age = None if args.max_age is None else float(args.max_age)
-    problems = check_problems(status, max_age) if args.check else None
+    problems = check_problems(status, max_age, lag, max_lag) if args.check else None
     if args.json:
         doc = _status_json(status)
         if lag is not None:
@@ -292,7 +306,12 @@ def _status(args: argparse.Namespace) -> int:
 
             doc["lag"] = lag_json(lag)
         if problems is not None:
-            doc["check"] = {"ok": not problems, "max_age_seconds": max_age, "problems": problems}
+            doc["check"] = {
+                "ok": not problems,
+                "max_age_seconds": max_age,
+                "max_lag": max_lag,
+                "problems": problems,
+            }
         _print(json.dumps(doc, indent=2))
     else:
         lines = _status_text(status)
@@ -306,8 +325,14 @@ def _status(args: argparse.Namespace) -> int:
     return CHECK_FAILED if problems else 0
 
 
-def check_problems(status: ops.Status, max_age: float | None) -> list[str]:
-    """What fails `outbox status --check`: dead rows, and waiting rows older than max_age."""
+def check_problems(
+    status: ops.Status,
+    max_age: float | None,
+    lag: Sequence[Any] | None = None,
+    max_lag: int | None = None,
+) -> list[str]:
+    """What fails `outbox status --check`: dead rows, waiting rows older than max_age, and
+    consumer groups (`lag`, GroupLag) lagging more than max_lag or whose lag cannot be read."""
     problems = []
     for q in status.queues:
         for topic, per_state in q.topics.items():
@@ -323,6 +348,12 @@ def check_problems(status: ops.Status, max_age: float | None) -> list[str]:
                         f"{q.table}: {state} row of topic {topic} waiting "
                         f"{_age(count.oldest_age)} (> {max_age:g} s)"
                     )
+    if max_lag is not None:
+        for g in lag or ():
+            if g.error is not None:
+                problems.append(f"consumer group {g.group}: cannot read its lag: {g.error}")
+            elif g.total > max_lag:
+                problems.append(f"consumer group {g.group}: lag {g.total} (> {max_lag})")
     return problems
 
 

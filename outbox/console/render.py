@@ -19,6 +19,7 @@ from outbox.cli.operations import (
     _age,
     _key_cell,
     _payload,
+    _raw_header_json,
     _when,
 )
 from outbox.console.throughput import Rate
@@ -205,7 +206,8 @@ def dead_letters(page: ops.DeadLetterPage, *, read_only: bool) -> str:
             esc(_key_cell(r.key)),
             esc(r.attempts),
             esc(_when(r.dead_at)),
-            f'<span class="error">{esc(r.error_summary)}</span>',
+            f'<span class="error">{"(quarantined) " if r.quarantined else ""}'
+            f"{esc(r.error_summary)}</span>",
             f'<button type="button" class="open" data-queue="{esc(page.queue)}" '
             f'data-id="{esc(r.id)}">open</button>',
         ]
@@ -269,9 +271,34 @@ def row_detail(row: ops.QueueRow, *, read_only: bool) -> str:
         f'<span class="state {esc(row.state)}">{esc(row.state)}</span></h3>'
         f'{actions}<table class="fields">{table}</table>'
         f"<h4>headers</h4><pre>{esc(headers)}</pre>"
+        f"{_raw_headers(row)}"
         f'<h4>error</h4><pre class="error">{esc(row.last_error or "(none)")}</pre>'
         f'<h4>payload <small id="payload-size">{esc(size)}, {esc(what)}{esc(cut)}</small></h4>'
         f'<pre class="payload">{esc(payload)}</pre>'
+    )
+
+
+def _raw_headers(row: ops.QueueRow) -> str:
+    """A quarantined row's headers as received: names and values as text, else as hex."""
+    if row.raw_headers is None:
+        return ""
+
+    def cell(text: str | None, encoding: str | None) -> str:
+        if text is None:
+            return '<span class="none">(no value)</span>'
+        return esc(text) if encoding == "utf-8" else f"<code>hex:{esc(text)}</code>"
+
+    rows = []
+    for name, value in row.raw_headers:
+        doc = _raw_header_json(name, value)
+        rows.append(
+            [cell(doc["name"], doc["name_encoding"]), cell(doc["value"], doc["value_encoding"])]
+        )
+    return (
+        f'<h4>raw headers <small id="raw-headers-count">{len(rows)}, as received</small></h4>'
+        '<p class="none">Quarantined: stored dead on arrival, it could not be an ordinary row '
+        "(reason in the error). Requeued, its handler gets the raw payload as bytes and no "
+        "headers.</p>" + _table(["name", "value"], rows, "raw-headers")
     )
 
 

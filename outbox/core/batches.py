@@ -209,7 +209,7 @@ class InboxBatch:
         timestamp: Any = None,
     ) -> None:
         """Append a record in outbox's wire format (see `decode_record`)."""
-        if type(headers) is not list and type(headers) is not tuple:
+        if not isinstance(headers, list | tuple):  # UnreadableHeaders is a tuple: kept
             headers = list(headers)
         raw_id, raw_created, content_type, user_headers, problem = split_headers(headers)
         message_id = header_text(raw_id)

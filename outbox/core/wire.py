@@ -117,7 +117,7 @@ def decode(
 ) -> InboxRow:
     """`decode_record`, positional (it runs once per record); `timestamp_of(timestamp)` is
     called only if the creation time header or the outbox message id is missing."""
-    if type(headers) is not list and type(headers) is not tuple:
+    if not isinstance(headers, list | tuple):  # UnreadableHeaders is a tuple: kept
         headers = list(headers)
     raw_id, raw_created, content_type, user_headers, problem = split_headers(headers)
     message_id = parse_id(header_text(raw_id)) or foreign_id(
@@ -222,6 +222,23 @@ def text_or_bytes(value: bytes | str | None) -> str | bytes:
         return bytes(value)
 
 
+class UnreadableHeaders(tuple):  # type: ignore[type-arg]
+    """No headers: the client could not give a record's headers (confluent-kafka's
+    `Message.headers()` raised, as it may for a name that is not UTF-8); `reason` says why. The
+    record is quarantined with what can be read of it."""
+
+    reason: str
+
+    @classmethod
+    def because(cls, exc: BaseException) -> UnreadableHeaders:
+        """Empty headers remembering why they could not be read."""
+        headers = cls()
+        headers.reason = storable(
+            f"the record's headers cannot be read: {type(exc).__name__}: {first_line(exc)}"
+        )
+        return headers
+
+
 def split_headers(
     headers: RawHeaders,
 ) -> tuple[Any, Any, str | None, dict[str, str | bytes] | None, str | None]:
@@ -259,6 +276,8 @@ def split_headers(
             f"content-type header {storable(repr(raw_type))} is not storable text "
             f"(NUL or not UTF-8)"
         )
+    if type(headers) is UnreadableHeaders:
+        problem = headers.reason
     return raw_id, raw_created, content_type, user_headers, problem
 
 

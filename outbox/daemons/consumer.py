@@ -137,8 +137,13 @@ class Consumer:
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or transport or an old
-        schema."""
-        check_database(self._connect, self.config.schema)
+        schema (waiting for the database first if `--wait-for-database`)."""
+        check_database(
+            self._connect,
+            self.config.schema,
+            wait=self.config.observability.wait_for_database,
+            stopping=lambda: self.stopping,
+        )
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
 

@@ -125,9 +125,10 @@ class LaneRelay(Generic[Row]):
             application_name=f"outbox-{self.kind}",
         )
 
-    def check_database(self) -> None:
-        """Fail fast with one clear error on an unreachable database or a wrong schema."""
-        check_database(self.connect, self.schema)
+    def check_database(self, wait: float = 0.0) -> None:
+        """One clear error on an unreachable database (after waiting up to `wait` seconds
+        for it) or a wrong schema."""
+        check_database(self.connect, self.schema, wait=wait, stopping=lambda: self.stopping)
 
     def serve_forever(self) -> None:
         """Run until `stop()`; reconnect with backoff whenever the database connection drops."""

@@ -165,8 +165,8 @@ class Producer(LaneRelay[OutgoingRecord]):
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or transport or an old
-        schema."""
-        self.check_database()
+        schema (waiting for the database first if `--wait-for-database`)."""
+        self.check_database(self.config.observability.wait_for_database)
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
 

@@ -18,8 +18,16 @@ from confluent_kafka import Consumer as KafkaConsumer
 from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.errors import ConfigurationError
-from outbox.core.wire import FOREIGN_NAMESPACE, RawHeaders, decode, decode_record, foreign_id
+from outbox.core.wire import (
+    FOREIGN_NAMESPACE,
+    RawHeaders,
+    UnreadableHeaders,
+    decode,
+    decode_record,
+    foreign_id,
+)
 from outbox.kafka.publisher import merge_settings
+from outbox.kafka.start import split_start, subscribe_callbacks
 
 __all__ = [
     "FOREIGN_NAMESPACE",
@@ -65,8 +73,9 @@ class KafkaSubscriber:
     """A `Subscriber` on a confluent-kafka consumer group; offsets move only by `commit`."""
 
     def __init__(self, config: Mapping[str, Any], topics: Sequence[str]) -> None:
-        self._consumer = KafkaConsumer(dict(config))
-        self._consumer.subscribe(list(topics))
+        settings, start = split_start(config)  # `--start` rides in the settings: take it out
+        self._consumer = KafkaConsumer(settings)
+        self._consumer.subscribe(list(topics), **subscribe_callbacks(settings, start))
 
     def poll(self, max_records: int, timeout: float) -> InboxBatch:
         """Wait for one record, then take what else is already there, up to `max_records`."""
@@ -135,13 +144,18 @@ def _fields(
     """A confluent-kafka record as the first arguments of `InboxBatch.add`."""
     key = message.key()
     value = message.value()
+    headers: Any
+    try:
+        headers = message.headers() or ()
+    except Exception as exc:  # a header the client cannot convert: quarantine the record
+        headers = UnreadableHeaders.because(exc)
     return (
         message.topic() or "",
         message.partition() or 0,
         message.offset() or 0,
         key.encode() if isinstance(key, str) else key,
         value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else b"",
-        message.headers() or (),  # type: ignore[return-value]
+        headers,
     )
 
 

@@ -94,6 +94,14 @@ METRICS: tuple[MetricInfo, ...] = (
         ("producer",),
     ),
     MetricInfo(
+        "outbox_producer_dead_rows",
+        "gauge",
+        (),
+        "dead rows kept in producer_dead (`outbox dead-letters --queue producer`), refreshed "
+        "periodically with the queue depth",
+        ("producer",),
+    ),
+    MetricInfo(
         "outbox_producer_batch_size",
         "histogram",
         (),
@@ -255,8 +263,11 @@ class Metrics:
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         """One Handler batch: what its workers did."""
 
-    def queue_stats(self, queue: str, depth: int, oldest_age: float) -> None:
-        """The periodic look at a queue table: waiting rows and the oldest one's age."""
+    def queue_stats(
+        self, queue: str, depth: int, oldest_age: float, dead: int | None = None
+    ) -> None:
+        """The periodic look at a queue table: waiting rows, the oldest one's age, and (the
+        producer's) dead rows."""
 
     def serve(self, host: str, port: int) -> int:
         """Start serving /metrics; return the bound port. The base class has nothing to serve."""
@@ -321,6 +332,7 @@ class PrometheusMetrics(Metrics):
             self._delivery = _histogram(
                 registry, prometheus, "outbox_producer_delivery_seconds", SECONDS_BUCKETS
             )
+            self._dead = _gauge(registry, prometheus, "outbox_producer_dead_rows")
         elif kind == "consumer":
             self._counts = _counters(
                 registry, prometheus, "outbox_consumer", "messages_received",
@@ -378,9 +390,13 @@ class PrometheusMetrics(Metrics):
             for seconds in durations:
                 histogram.observe(seconds)
 
-    def queue_stats(self, queue: str, depth: int, oldest_age: float) -> None:
+    def queue_stats(
+        self, queue: str, depth: int, oldest_age: float, dead: int | None = None
+    ) -> None:
         self._depth.labels(queue).set(depth)
         self._oldest.labels(queue).set(oldest_age)
+        if dead is not None and self.kind == "producer":
+            self._dead.set(dead)
 
     def serve(self, host: str, port: int) -> int:
         try:

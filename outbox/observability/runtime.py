@@ -80,6 +80,9 @@ class ObservabilityConfig:
     probe_timeout: float = 3.0
     #: Seconds between refreshes of the queue depth and oldest-age gauges.
     stats_interval: float = 15.0
+    #: Start-up of the daemon process (kept here, beside its other process settings): how
+    #: long to wait for PostgreSQL to accept connections before exiting; 0: fail at once.
+    wait_for_database: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields(
@@ -91,6 +94,7 @@ class ObservabilityConfig:
                 "probe_interval": "seconds",
                 "probe_timeout": "seconds",
                 "stats_interval": "seconds",
+                "wait_for_database": "seconds_or_zero",
             },
             optional=("metrics_port", "health_port"),
         )
@@ -421,7 +425,8 @@ class _Probes:
         return None
 
     def refresh_stats(self) -> None:
-        """Set the queue depth and oldest-age gauges from one query."""
+        """Set the queue depth, oldest-age (and the producer's dead-rows) gauges from one
+        query."""
         try:
             queue = QUEUE_OF[self.owner.kind]
             stats = self._statements.queue_stats(self._connection(), queue)

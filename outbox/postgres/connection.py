@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,12 +65,41 @@ def connect_or_raise(
         raise unavailable(exc, what) from None
 
 
-def check_database(open_connection: Callable[[], Connection], schema: str) -> None:
-    """Connect once and check the schema version; one clear error for either failure."""
-    try:
-        conn = open_connection()
-    except psycopg.Error as exc:
-        raise unavailable(exc) from None
+def check_database(
+    open_connection: Callable[[], Connection],
+    schema: str,
+    *,
+    wait: float = 0.0,
+    stopping: Callable[[], bool] = lambda: False,
+) -> None:
+    """Connect and check the schema version; one clear error for either failure (see
+    `unavailable`).
+
+    With `wait` > 0, a refused connection (PostgreSQL down or still starting) is retried with
+    backoff, a WARNING each time, for up to `wait` seconds or until `stopping()`; a wrong
+    schema version is never waited for.
+    """
+    deadline = time.monotonic() + wait
+    delay = 0.2
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            conn = open_connection()
+            break
+        except psycopg.Error as exc:
+            error = unavailable(exc)
+            left = deadline - time.monotonic()
+            if left <= 0 or stopping():
+                raise error from None
+            log.warning(
+                "%s (attempt %d; waiting up to %.0fs more, --wait-for-database)",
+                error,
+                attempt,
+                left,
+            )
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 5.0)
     with conn:
         check_schema(conn, schema)
 

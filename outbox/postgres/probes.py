@@ -18,8 +18,12 @@ class ProbeStatements:
         """Raise psycopg's error unless PostgreSQL answers on `conn`."""
         conn.execute(self.sql["obs_ping"])
 
-    def queue_stats(self, conn: Connection, queue: str) -> tuple[int, float] | None:
-        """The rows of `queue` (a queue table's name) waiting, not dead and not processed, and
-        the age in seconds of the oldest (0 when none waits)."""
+    def queue_stats(self, conn: Connection, queue: str) -> tuple[int, float, int | None] | None:
+        """The rows of `queue` (a queue table's name) waiting, not dead and not processed, the
+        age in seconds of the oldest (0 when none waits) and, for the producer's queue, the dead
+        rows kept in producer_dead (None for a queue without that count)."""
         row = conn.execute(self.sql[f"obs_{queue}_stats"]).fetchone()
-        return (int(row[0]), float(row[1])) if row is not None else None
+        if row is None:
+            return None
+        dead = int(row[2]) if len(row) > 2 else None
+        return int(row[0]), float(row[1]), dead

@@ -1,8 +1,9 @@
 """Kafka records (rows of the `outbox_kafka` source) -> a service's `consumer_queue`, on Spark.
 
 Contract, the same as the Consumer daemon's: each record becomes the row `to_inbox_row` makes
-of it (a record without an outbox message id gets the same uuid5 of topic/partition/offset),
-stored once per message id (`INSERT ... ON CONFLICT (message_id) DO NOTHING`), followed by the
+of it (a record without an outbox message id gets the same foreign id; a record that cannot be
+an ordinary row is quarantined: stored dead with its reason and raw headers), stored once per
+message id (`INSERT ... ON CONFLICT (message_id) DO NOTHING`), followed by the
 same NOTIFY when a Handler sleeps. The Handler cannot tell which relay stored a row.
 
 Each Spark task writes its own share on the executor, in transactions of at most
@@ -28,9 +29,11 @@ from confluent_kafka import (
 )
 from pyspark.sql import DataFrame
 
+from outbox.core.batches import quarantined_row
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import to_json
 from outbox.kafka.subscriber import InboxRow, to_inbox_row
+from outbox.postgres.inbox_store import quarantine_params
 from outbox.postgres.queries import channel, queries, validate_schema
 
 #: Schema of what each task reports back to the driver.
@@ -106,14 +109,19 @@ def inbox_rows(batch: pa.RecordBatch) -> Iterator[InboxRow]:
 def store_rows(conn: psycopg.Connection[Any], schema: str, rows: Sequence[InboxRow]) -> int:
     """Store rows in one transaction: COPY to a staging table, insert new ones, NOTIFY.
 
-    Returns how many were new.
+    A row `to_inbox_row` marked for quarantine is stored dead with its reason and raw headers,
+    by the Consumer daemon's statement (`inbox_quarantine`). Returns how many rows were new,
+    quarantined ones included.
     """
     sql = queries(schema)
+    quarantined = [quarantined_row(r) for r in rows if r.quarantine is not None]
     with conn.transaction(), conn.cursor() as cursor:
         cursor.execute(sql["spark_inbox_stage"])
         with cursor.copy(sql["spark_inbox_copy"]) as copy:
             copy.set_types(STAGE_TYPES)
             for r in rows:
+                if r.quarantine is not None:
+                    continue
                 copy.write_row(
                     (
                         r.message_id,
@@ -130,7 +138,12 @@ def store_rows(conn: psycopg.Connection[Any], schema: str, rows: Sequence[InboxR
                 )
         cursor.execute(sql["spark_inbox_merge"], {"channel": channel(schema, "consumer_queue")})
         found = cursor.fetchone()
-    return int(found[0]) if found else 0
+        stored = int(found[0]) if found else 0
+        if quarantined:
+            cursor.execute(sql["inbox_quarantine"], quarantine_params(quarantined))
+            dead = cursor.fetchone()
+            stored += sum(dead[0].values()) if dead and dead[0] else 0
+    return stored
 
 
 def store_batches(target: InboxTarget, batches: Iterable[pa.RecordBatch]) -> StoreCounts:

@@ -23,6 +23,7 @@ __all__ = [
     "DeadLetter",
     "DrainResult",
     "DrainTimeout",
+    "PostgresLog",
     "PostgresServer",
     "ServerError",
     "Servers",
@@ -36,9 +37,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from outbox.testing.draining import DeadLetter, DrainResult, DrainTimeout, drain
+    from outbox.testing.draining import DeadLetter, DrainResult, DrainTimeout, PostgresLog, drain
 
-_DRAINING = ("DeadLetter", "DrainResult", "DrainTimeout", "drain")
+_DRAINING = ("DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain")
 
 
 def __getattr__(name: str) -> Any:

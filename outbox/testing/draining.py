@@ -2,11 +2,13 @@
 
 For tests of a service's handlers: send in a transaction, `drain(...)`, assert the effect. It
 runs the real daemons (the `Producer`, the `Consumer` and the `HandlerRunner`, each in a thread
-of this process) over a real broker or an `InMemoryTransport`, and stops them once
+of this process) over a real Kafka broker, the log kept in PostgreSQL (`PostgresLog`, or a
+`postgresql://` URL) or an `InMemoryTransport`, and stops them once
 
 - `producer_queue` (of every sending database) has no row to send now,
 - the transport holds nothing the Consumer has not stored (every message the Producer relayed
-  to a handled topic is stored; with the in-memory transport: nothing uncommitted at all),
+  to a handled topic is stored; with the in-memory transport and the PostgreSQL log: the
+  group's lag on the handled topics is 0 as well),
 - `consumer_queue` has no pending row that is due,
 
 twice in a row with nothing happening in between. Rows waiting for a later retry are left
@@ -31,6 +33,8 @@ from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.pglog import DEFAULT_PARTITIONS, PgLogPublisher, PgLogSubscriber, check_log
+from outbox.pglog.log import DEFAULT_SCHEMA as DEFAULT_LOG_SCHEMA
 from outbox.ports import (
     DeliveryFailure,
     Publisher,
@@ -42,7 +46,7 @@ from outbox.postgres.queries import quote_ident, validate_schema
 from outbox.testing.memory import InMemoryTransport
 from outbox.transports import kafka_publishers, kafka_subscribers
 
-__all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "drain"]
+__all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain"]
 
 #: Pause between two looks at the queues.
 CHECK_INTERVAL = 0.02
@@ -54,9 +58,10 @@ class DrainTimeout(AssertionError):
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A row kept as dead in one of the queues, with the first line of its last error."""
+    """A dead row, with the first line of its last error: in `producer_dead` (the outbox's dead
+    rows, `outbox dead-letters --queue producer`) or `consumer_queue` (the inbox's)."""
 
-    queue: Literal["producer_queue", "consumer_queue"]
+    queue: Literal["producer_dead", "consumer_queue"]
     message_id: UUID
     topic: str
     error: str
@@ -84,6 +89,33 @@ class DrainResult:
 
 
 # -- the transport, wrapped to know what was relayed and what was stored -----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresLog:
+    """The log kept in PostgreSQL (`outbox.pglog`) as drain's transport: the log database's
+    URL, its schema (migrated: `outbox migrate --log-url URL`, or `outbox.pglog.log.upgrade`)
+    and the partitions of the topics the relay creates on first publish."""
+
+    url: str
+    schema: str = DEFAULT_LOG_SCHEMA
+    partitions: int = DEFAULT_PARTITIONS
+
+    def __repr__(self) -> str:  # the URL may hold a password
+        return f"PostgresLog(schema={self.schema!r}, partitions={self.partitions})"
+
+
+#: What `drain` accepts as its transport.
+Transport = str | InMemoryTransport | PostgresLog
+
+_LOG_URL_PREFIXES = ("postgresql://", "postgres://")
+
+
+def as_transport(transport: Transport) -> Transport:
+    """A `postgresql://` URL string becomes `PostgresLog(url)`; anything else is unchanged."""
+    if isinstance(transport, str) and transport.startswith(_LOG_URL_PREFIXES):
+        return PostgresLog(transport)
+    return transport
 
 
 @dataclass
@@ -221,11 +253,24 @@ SELECT message_id, topic, attempts, next_attempt_at <= now(), last_error
 FROM {schema}.consumer_queue WHERE processed_at IS NULL AND dead_at IS NULL
 ORDER BY id LIMIT %(limit)s
 """
+#: The group's lag on the handled topics of the PostgreSQL log: records after its committed
+#: offset, or (a partition it has not read yet) after the earliest record retained, which is
+#: where it will start (log_start_position).
+LOG_LAG = """
+SELECT COALESCE(sum(p.next_offset - COALESCE(
+    o.next_offset,
+    (SELECT min(r.log_offset) FROM {schema}.log_records r WHERE r.partition_id = p.id),
+    p.next_offset
+)), 0)
+FROM {schema}.log_topics t
+JOIN {schema}.log_partitions p ON p.topic_id = t.id
+LEFT JOIN {schema}.log_groups g ON g.name = %(group)s
+LEFT JOIN {schema}.log_group_offsets o ON o.group_id = g.id AND o.partition_id = p.id
+WHERE t.name = ANY(%(topics)s)
+"""
 DEAD_ROWS = """
 SELECT message_id, topic, last_error FROM {schema}.{table} WHERE dead_at IS NOT NULL ORDER BY id
 """
-#: Where the dead rows of each queue are: producer_queue moves them to producer_dead.
-DEAD_TABLES = {"producer_queue": "producer_dead", "consumer_queue": "consumer_queue"}
 
 
 def _last_line(text: str | None) -> str:
@@ -243,10 +288,17 @@ class _Queues:
         producer_urls: Sequence[str],
         consumer_url: str,
         unordered_topics: list[str],
+        log: PostgresLog | None = None,
     ) -> None:
         self._schema = quote_ident(schema)
         self._unordered = unordered_topics
         self._stack = ExitStack()
+        self._log_schema = quote_ident(log.schema) if log is not None else ""
+        self._log = (
+            self._stack.enter_context(psycopg.connect(log.url, autocommit=True))
+            if log is not None
+            else None
+        )
         self._producers = [
             self._stack.enter_context(psycopg.connect(url, autocommit=True))
             for url in producer_urls
@@ -267,9 +319,11 @@ class _Queues:
             assert row is not None
             to_send[conn.info.dbname] = int(row[0])
             retrying += int(row[1])
-            dead.extend(self._dead(conn, "producer_queue"))
+            dead.extend(self._dead(conn, "producer_dead"))
         unstored = ledger.outstanding()
         unconsumed = transport.lag(group, ledger.topics) if transport is not None else 0
+        if self._log is not None:
+            unconsumed += self._log_lag(group, ledger.topics)
         row = self._consumer.execute(
             CONSUMER_STATE.format(schema=self._schema), {"unordered": self._unordered}
         ).fetchone()
@@ -279,6 +333,13 @@ class _Queues:
             samples.extend(self._pending_samples())
         dead.extend(self._dead(self._consumer, "consumer_queue"))
         return _Look(to_send, unstored, unconsumed, due, retrying, tuple(samples), tuple(dead))
+
+    def _log_lag(self, group: str, topics: frozenset[str]) -> int:
+        assert self._log is not None
+        row = self._log.execute(
+            LOG_LAG.format(schema=self._log_schema), {"group": group, "topics": sorted(topics)}
+        ).fetchone()
+        return int(row[0]) if row else 0
 
     def _pending_samples(self, limit: int = 5) -> list[str]:
         rows = self._consumer.execute(
@@ -292,11 +353,11 @@ class _Queues:
         ]
 
     def _dead(
-        self, conn: psycopg.Connection[Any], queue: Literal["producer_queue", "consumer_queue"]
+        self, conn: psycopg.Connection[Any], table: Literal["producer_dead", "consumer_queue"]
     ) -> list[DeadLetter]:
-        table = DEAD_TABLES[queue]
+        """The dead rows of `table` (every row of producer_dead is dead)."""
         rows = conn.execute(DEAD_ROWS.format(schema=self._schema, table=table)).fetchall()
-        return [DeadLetter(queue, mid, topic, _last_line(error)) for mid, topic, error in rows]
+        return [DeadLetter(table, mid, topic, _last_line(error)) for mid, topic, error in rows]
 
 
 # -- running the daemons -----------------------------------------------------------------------
@@ -365,7 +426,7 @@ def _as_list(urls: str | Sequence[str] | None, default: str) -> list[str]:
 
 
 def _factories(
-    transport: str | InMemoryTransport,
+    transport: Transport,
     ledger: _Ledger,
     group: str,
     producer_kafka_config: Mapping[str, str] | None,
@@ -378,10 +439,22 @@ def _factories(
             lambda: _LedgerPublisher(transport.publisher(), ledger),
             lambda: _LedgerSubscriber(transport.subscriber(topics, group), ledger),
         )
+    if isinstance(transport, PostgresLog):
+        log = transport
+        check_log(log.url, log.schema)  # one clear error: unreachable, or not migrated
+        return (
+            lambda: _LedgerPublisher(
+                PgLogPublisher(log.url, log.schema, partitions=log.partitions), ledger
+            ),
+            lambda: _LedgerSubscriber(
+                PgLogSubscriber(log.url, topics, group, log.schema, rebalance_interval=0.2),
+                ledger,
+            ),
+        )
     if not isinstance(transport, str) or not transport:
         raise ConfigurationError(
-            "transport must be a Kafka bootstrap address (host:port) or an InMemoryTransport, "
-            f"got {transport!r}"
+            "transport must be a Kafka bootstrap address (host:port), a PostgresLog (or a "
+            f"postgresql:// URL of the log database) or an InMemoryTransport, got {transport!r}"
         )
     publishers, probe = kafka_publishers(transport, producer_kafka_config)
     probe.check(10.0)
@@ -395,7 +468,7 @@ def _factories(
 def drain(
     handlers: Handlers,
     database_url: str,
-    transport: str | InMemoryTransport,
+    transport: Transport,
     *,
     producer_database_urls: str | Sequence[str] | None = None,
     schema: str = "outbox",
@@ -410,14 +483,16 @@ def drain(
 
     `database_url` is the receiving service's database (its `consumer_queue`, where the
     `handlers` run); `producer_database_urls` the sending services' (default: the same one).
-    `transport` is a Kafka bootstrap address or an `InMemoryTransport`. The Consumer reads the
-    handlers' topics as consumer group `group`, from its committed offsets (the earliest record
-    the first time). With `wait_for_retries`, rows waiting for a retry are waited for until
+    `transport` is a Kafka bootstrap address, a `PostgresLog` (or the `postgresql://` URL of a
+    migrated log database, schema `outbox_log`) or an `InMemoryTransport`. The Consumer reads
+    the handlers' topics as consumer group `group`, from its committed offsets (the earliest
+    record the first time). With `wait_for_retries`, rows waiting for a retry are waited for until
     they are handled or dead.
     """
     validate_schema(schema)
     if not len(handlers):
         raise ConfigurationError("drain needs a Handlers registry with at least one handler")
+    transport = as_transport(transport)
     ledger = _Ledger(topics=frozenset(handlers.topics))
     publisher_factory, subscriber_factory = _factories(
         transport, ledger, group, producer_kafka_config, consumer_kafka_config
@@ -449,7 +524,8 @@ def drain(
             handlers,
         ),
     )
-    queues = _Queues(schema, producer_urls, database_url, handlers.unordered_topics)
+    log = transport if isinstance(transport, PostgresLog) else None
+    queues = _Queues(schema, producer_urls, database_url, handlers.unordered_topics, log)
     memory = transport if isinstance(transport, InMemoryTransport) else None
     try:
         with _running(daemons) as threads:

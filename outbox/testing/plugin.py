@@ -4,7 +4,8 @@ Servers start once per session (per xdist worker) on first use, as chosen by
 `outbox.testing.servers.start_servers`; every test gets its own database cloned from a migrated
 template and its own topics. Tests marked `kafka_only` are skipped when the broker is Tansu.
 `outbox_memory_transport` and `outbox_drain` let a service test its own handlers in three lines
-(see docs/testing.md).
+(see docs/testing.md); `outbox_log_url` is a fresh database holding the PostgreSQL log (the
+second transport), for `outbox_drain(handlers, transport=outbox_log_url)`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from outbox.testing.servers import (
 if TYPE_CHECKING:  # the package under test is imported late, in the fixtures
     from outbox.core.handlers import Handlers
     from outbox.memory import InMemoryTransport
-    from outbox.testing.draining import DrainResult
+    from outbox.testing.draining import DrainResult, PostgresLog
 
 __all__ = ["DatabaseFactory", "Drain", "TopicFactory"]
 
@@ -43,8 +44,21 @@ __all__ = ["DatabaseFactory", "Drain", "TopicFactory"]
 #: refuses session timeouts under 6 s, and keeps its defaults).
 TANSU_CONSUMER_SETTINGS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 
+#: The markers this plugin gives a meaning to, registered by `pytest_configure` so that a
+#: project running with `--strict-markers` can use them without declaring them itself.
+MARKERS = {
+    "kafka_only": "needs real Apache Kafka: skipped when the session's broker is Tansu "
+    "(outbox.testing)",
+}
+
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
 _TOPIC_MAX_LEN = 100
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the plugin's markers."""
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
 class DatabaseFactory(Protocol):
@@ -70,7 +84,7 @@ class Drain(Protocol):
         self,
         handlers: Handlers,
         *,
-        transport: str | InMemoryTransport | None = None,
+        transport: str | InMemoryTransport | PostgresLog | None = None,
         database_url: str | None = None,
         producer_database_urls: str | Sequence[str] | None = None,
         timeout: float = 30.0,
@@ -80,7 +94,8 @@ class Drain(Protocol):
 
         Defaults: this test's `outbox_memory_transport` and `outbox_database_url` (as both
         the sending and the receiving database). Pass `transport=outbox_kafka_bootstrap` for
-        the session's real broker.
+        the session's real broker, `transport=outbox_log_url` (or a `PostgresLog`) for the
+        log kept in PostgreSQL.
         """
         ...
 
@@ -226,26 +241,37 @@ def outbox_memory_transport() -> InMemoryTransport:
 
 
 @pytest.fixture
+def outbox_log_url(outbox_database_factory: DatabaseFactory) -> str:
+    """URL (postgresql://...) of a fresh database holding a migrated PostgreSQL log (schema
+    `outbox_log`, the second transport: `outbox.pglog`); dropped at the end of the test."""
+    from outbox.pglog.log import upgrade  # the package under test; imported late
+
+    url = outbox_database_factory(migrated=False)
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
 def outbox_drain(
     request: pytest.FixtureRequest,
     outbox_database_url: str,
     outbox_memory_transport: InMemoryTransport,
 ) -> Drain:
     """Run relay, Consumer and handlers in-process until the queues are empty (`Drain`)."""
-    from outbox.testing.draining import drain
+    from outbox.testing.draining import as_transport, drain
 
     def run(
         handlers: Handlers,
         *,
-        transport: str | InMemoryTransport | None = None,
+        transport: str | InMemoryTransport | PostgresLog | None = None,
         database_url: str | None = None,
         producer_database_urls: str | Sequence[str] | None = None,
         timeout: float = 30.0,
         wait_for_retries: bool = False,
     ) -> DrainResult:
-        chosen = outbox_memory_transport if transport is None else transport
+        chosen = outbox_memory_transport if transport is None else as_transport(transport)
         consumer_settings = None
-        if isinstance(chosen, str):
+        if isinstance(chosen, str):  # a Kafka bootstrap address
             servers: Servers = request.getfixturevalue("outbox_servers")
             if isinstance(servers.kafka, TansuBroker):
                 consumer_settings = TANSU_CONSUMER_SETTINGS

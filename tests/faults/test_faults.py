@@ -2,6 +2,8 @@
 
 Each scenario sends messages through the whole path (Broker.send -> producer_queue ->
 `outbox producer` -> Kafka -> `outbox consumer` -> consumer_queue -> `outbox handler`),
+the SIGKILL and PostgreSQL-restart ones on both transports (Kafka, and the log kept in
+PostgreSQL, which the restart takes down too),
 injects its fault, restarts what died, and counts: every message is handled exactly once
 (or, where the fault makes it undeliverable, kept dead), none lost, no effect twice.
 """
@@ -24,6 +26,7 @@ from outbox.testing.servers import Servers
 from ..integration import inbox_app
 from ..integration.relay_helpers import (
     Daemon,
+    RelayTransport,
     count,
     spawn_consumer,
     spawn_handler,
@@ -107,7 +110,7 @@ class Pipeline:
     def stop(self) -> None:
         for name, daemon in self.daemons.items():
             if daemon.process.poll() is None:
-                daemon.signal(signal.SIGTERM)
+                daemon.terminate()
                 code = daemon.wait(60)
                 assert code == 0, f"{name} exited {code} on SIGTERM:\n{daemon.output()}"
             daemon.close()
@@ -135,13 +138,17 @@ def _effects(url: str) -> Counter[Any]:
 
 
 def _dead(url: str, table: str) -> set[Any]:
+    """Dead rows of a queue; the producer moves its dead rows to producer_dead."""
     with psycopg.connect(url) as conn:
-        return {
+        dead = {
             r[0]
             for r in conn.execute(
                 f"SELECT message_id FROM outbox.{table} WHERE dead_at IS NOT NULL"
             )
         }
+        if table == "producer_queue":
+            dead |= {r[0] for r in conn.execute("SELECT message_id FROM outbox.producer_dead")}
+    return dead
 
 
 def _handled(url: str) -> int:
@@ -166,7 +173,7 @@ def _account(
     expect_dead: int = 0,
 ) -> None:
     effects = _effects(receiver)
-    dead = _dead(sender, "producer_queue") | _dead(receiver, "consumer_queue")
+    dead = _dead(sender, "producer_dead") | _dead(receiver, "consumer_queue")
     handled_once = sum(1 for i in ids if effects[i] == 1)
     duplicates = sum(1 for i in ids if effects[i] > 1)
     lost = sum(1 for i in ids if effects[i] == 0 and i not in dead)
@@ -194,18 +201,18 @@ def test_sigkill_at_each_point_of_each_loop(
     daemon: str,
     point: str,
     two_services: tuple[str, str],
-    outbox_kafka_bootstrap: str,
-    outbox_topic: str,
+    relay_transport: RelayTransport,
     fault_results: list[FaultResult],
 ) -> None:
     sender, receiver = two_services
+    topic = relay_transport.topic()
     started = time.monotonic()
-    ids = _send(sender, outbox_topic, [{"n": i} for i in range(600)])
+    ids = _send(sender, topic, [{"n": i} for i in range(600)])
     pipeline = Pipeline(
         sender,
         receiver,
-        outbox_kafka_bootstrap,
-        outbox_topic,
+        relay_transport.endpoint,
+        topic,
         failpoints={daemon: point},
         producer_args=("--batch-size", "100"),
     )
@@ -215,24 +222,25 @@ def test_sigkill_at_each_point_of_each_loop(
     finally:
         pipeline.stop()
     assert pipeline.killed[daemon] == 1, f"the failpoint {point} never fired"
-    _account(f"SIGKILL at {point.split('@')[0]}", sender, receiver, ids, fault_results, started)
+    fault = f"SIGKILL at {point.split('@')[0]} ({relay_transport.name})"
+    _account(fault, sender, receiver, ids, fault_results, started)
 
 
 def test_postgres_restarted_under_load(
     outbox_servers: Servers,
     two_services: tuple[str, str],
-    outbox_kafka_bootstrap: str,
-    outbox_topic: str,
+    relay_transport: RelayTransport,
     fault_results: list[FaultResult],
 ) -> None:
     postgres = outbox_servers.postgres
     if not hasattr(postgres, "restart") or outbox_servers.postgres.source != "local":  # type: ignore[attr-defined]
         pytest.skip("needs a PostgreSQL server the harness started")
     sender, receiver = two_services
+    topic = relay_transport.topic()
     started = time.monotonic()
-    ids = _send(sender, outbox_topic, [{"n": i, "sleep": 0.002} for i in range(600)])
+    ids = _send(sender, topic, [{"n": i, "sleep": 0.002} for i in range(600)])
     pipeline = Pipeline(
-        sender, receiver, outbox_kafka_bootstrap, outbox_topic, producer_args=("--batch-size", "50")
+        sender, receiver, relay_transport.endpoint, topic, producer_args=("--batch-size", "50")
     )
     pipeline.start()
     try:
@@ -241,7 +249,8 @@ def test_postgres_restarted_under_load(
         pipeline.wait(lambda: _handled(receiver) == len(ids), 180, "every message handled")
     finally:
         pipeline.stop()
-    _account("PostgreSQL restarted", sender, receiver, ids, fault_results, started)
+    fault = f"PostgreSQL restarted ({relay_transport.name})"
+    _account(fault, sender, receiver, ids, fault_results, started)
 
 
 def test_broker_stopped_for_seconds_then_resumed(
@@ -328,9 +337,11 @@ def test_message_larger_than_the_broker_accepts(
         pipeline.wait(lambda: _handled(receiver) == len(ids), 60, "the others handled")
     finally:
         pipeline.stop()
-    assert _dead(sender, "producer_queue") == set(big)
+    # A message that can never be delivered leaves producer_queue for producer_dead.
+    assert _dead(sender, "producer_dead") == set(big)
+    assert count(sender, "producer_queue") == 0
     with psycopg.connect(sender) as conn:
-        error = conn.execute("SELECT last_error FROM outbox.producer_queue").fetchone()[0]
+        error = conn.execute("SELECT last_error FROM outbox.producer_dead").fetchone()[0]
     assert "MSG_SIZE_TOO_LARGE" in error
     _account(
         "message too large", sender, receiver, ids + big, fault_results, started, expect_dead=1

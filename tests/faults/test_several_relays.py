@@ -1,9 +1,9 @@
-"""Several producer and handler processes on one database: each row once, per-key order kept."""
+"""Several producer and handler processes on one database: each row once, per-key order kept,
+on both transports (Kafka and the log kept in PostgreSQL)."""
 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -15,9 +15,8 @@ from outbox import Broker, Message
 
 from ..integration import inbox_app
 from ..integration.relay_helpers import (
-    consume,
+    RelayTransport,
     count,
-    header,
     spawn_consumer,
     spawn_handler,
     spawn_producer,
@@ -40,22 +39,21 @@ def _lane_owners(url: str) -> int:
 
 
 def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
-    outbox_database_factory: Any, outbox_kafka_bootstrap: str, outbox_topic: str
+    outbox_database_factory: Any, relay_transport: RelayTransport
 ) -> None:
     sender, receiver = outbox_database_factory(), outbox_database_factory()
+    outbox_topic = relay_transport.topic()
+    endpoint = relay_transport.endpoint
     with psycopg.connect(receiver) as conn:
         conn.execute(inbox_app.SCHEMA)
     keys, total = 30, 3000
     env = {"INBOX_APP_TOPIC": outbox_topic}
-    producers = [
-        spawn_producer(sender, outbox_kafka_bootstrap, "--batch-size", "100", env=env)
-        for _ in range(3)
-    ]
+    producers = [spawn_producer(sender, endpoint, "--batch-size", "100", env=env) for _ in range(3)]
     handlers = [
         spawn_handler(receiver, APP, "--concurrency", "2", "--batch-size", "50", env=env)
         for _ in range(3)
     ]
-    consumer = spawn_consumer(receiver, outbox_kafka_bootstrap, outbox_topic, "g-several", env=env)
+    consumer = spawn_consumer(receiver, endpoint, outbox_topic, "g-several", env=env)
     daemons = [*producers, *handlers, consumer]
     try:
         # Give every relay time to register, so the lanes are shared from the start.
@@ -89,22 +87,22 @@ def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
         )
     finally:
         for daemon in daemons:
-            daemon.signal(signal.SIGTERM)
+            daemon.terminate()
         for daemon in daemons:
             assert daemon.wait(60) == 0, daemon.output()
             daemon.close()
 
-    # Kafka: each key in one partition, in send order (duplicates would be allowed, and
+    # The topic: each key in one partition, in send order (duplicates would be allowed, and
     # none are expected without a crash).
-    messages = consume(outbox_kafka_bootstrap, outbox_topic, expected=total, timeout=60)
-    on_kafka: dict[str, list[int]] = defaultdict(list)
+    records = relay_transport.records(outbox_topic, expected=total, timeout=60)
+    on_topic: dict[str, list[int]] = defaultdict(list)
     partitions: dict[str, set[int]] = defaultdict(set)
-    for m in messages:
-        body = json.loads(m.value())
-        on_kafka[body["key"]].append(body["seq"])
-        partitions[body["key"]].add(m.partition())
-    assert len({header(m, "outbox-message-id") for m in messages}) == total
-    assert all(seqs == list(range(total // keys)) for seqs in on_kafka.values())
+    for record in records:
+        body = json.loads(record.value)
+        on_topic[body["key"]].append(body["seq"])
+        partitions[body["key"]].add(record.partition)
+    assert len({r.message_id for r in records}) == total
+    assert all(seqs == list(range(total // keys)) for seqs in on_topic.values())
     assert all(len(p) == 1 for p in partitions.values())
 
     # Handlers: each message once, and per key in order of handling.

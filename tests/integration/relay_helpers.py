@@ -1,15 +1,24 @@
-"""Shared steps of the integration tests: run the relay, read a topic back, count rows."""
+"""Shared steps of the integration tests: run the relay, read a topic back, count rows.
+
+The daemons' transport is Kafka or the log kept in PostgreSQL: `spawn_producer` and
+`spawn_consumer` take a Kafka bootstrap address or the log database's `postgresql://` URL in
+the same place, and `RelayTransport` (the `relay_transport` fixture of tests/conftest.py,
+parametrized over both) makes topics, reads them back, and builds in-process publishers and
+subscribers for either.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -18,9 +27,9 @@ from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from outbox.core.handlers import Handlers
-from outbox.daemons.consumer import ConsumerConfig
+from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
-from outbox.daemons.producer import ProducerConfig
+from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.transports import kafka_consumer, kafka_producer
 
 R = TypeVar("R", bound="Runnable")
@@ -118,6 +127,31 @@ class Daemon:
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
+    def catches(self, signum: int) -> bool | None:
+        """Whether the process has a handler for `signum` yet (None: cannot tell here)."""
+        try:
+            with open(f"/proc/{self.process.pid}/status") as status:
+                for line in status:
+                    if line.startswith("SigCgt:"):
+                        return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+        except OSError:
+            return None
+        return None
+
+    def terminate(self, timeout: float = 30) -> None:
+        """SIGTERM once the daemon handles it: a daemon restarted a moment ago is still
+        importing, and SIGTERM would kill it (-15) instead of stopping it cleanly."""
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            caught = self.catches(signal.SIGTERM)
+            if caught is None:
+                time.sleep(3)  # no /proc: give it the time a start takes
+                break
+            if caught:
+                break
+            time.sleep(0.05)
+        self.signal(signal.SIGTERM)
+
     def wait(self, timeout: float) -> int:
         return self.process.wait(timeout)
 
@@ -138,12 +172,46 @@ class Daemon:
         self.close()
 
 
+def is_log_url(endpoint: str) -> bool:
+    """True for the PostgreSQL log's URL, False for a Kafka bootstrap address."""
+    return endpoint.startswith(("postgresql://", "postgres://"))
+
+
+def transport_args(endpoint: str) -> list[str]:
+    """The daemons' flags for a Kafka bootstrap address or the PostgreSQL log's URL."""
+    if is_log_url(endpoint):
+        return ["--transport", "postgres", "--log-url", endpoint]
+    return ["--kafka-bootstrap", endpoint]
+
+
+def _for_transport(endpoint: str, extra: tuple[str, ...]) -> list[str]:
+    """`extra` without its librdkafka settings when the transport is the PostgreSQL log."""
+    if not is_log_url(endpoint):
+        return list(extra)
+    out: list[str] = []
+    skip = False
+    for arg in extra:
+        if skip:
+            skip = False
+        elif arg == "--kafka-config":
+            skip = True
+        elif not arg.startswith("--kafka-config="):
+            out.append(arg)
+    return out
+
+
 def spawn_producer(
     url: str, bootstrap: str, *extra: str, env: dict[str, str] | None = None
 ) -> Daemon:
-    """Start `outbox producer` as a separate process."""
+    """Start `outbox producer` as a separate process; `bootstrap` is a Kafka bootstrap
+    address or the PostgreSQL log's URL (then `--kafka-config` settings are left out)."""
     return Daemon(
-        "producer", "--database-url", url, "--kafka-bootstrap", bootstrap, *extra, env=env
+        "producer",
+        "--database-url",
+        url,
+        *transport_args(bootstrap),
+        *_for_transport(bootstrap, extra),
+        env=env,
     )
 
 
@@ -155,20 +223,19 @@ def spawn_consumer(
     *extra: str,
     env: dict[str, str] | None = None,
 ) -> Daemon:
-    """Start `outbox consumer` as a separate process, with test-friendly group timings."""
+    """Start `outbox consumer` as a separate process, with test-friendly group timings;
+    `bootstrap` is a Kafka bootstrap address or the PostgreSQL log's URL."""
     settings = [f"--kafka-config={k}={v}" for k, v in TEST_CONSUMER_KAFKA.items()]
     return Daemon(
         "consumer",
         "--database-url",
         url,
-        "--kafka-bootstrap",
-        bootstrap,
+        *transport_args(bootstrap),
         "--topic",
         topic,
         "--group",
         group,
-        *settings,
-        *extra,
+        *_for_transport(bootstrap, (*settings, *extra)),
         env=env,
     )
 
@@ -223,3 +290,108 @@ def header(message: Any, name: str) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+# -- either transport --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record read back from a topic: where it is, its value and outbox's message id."""
+
+    partition: int
+    offset: int
+    value: bytes
+    message_id: str | None
+
+
+@dataclass
+class RelayTransport:
+    """One of the daemons' transports, for tests parametrized over both (`relay_transport`).
+
+    `endpoint` goes where `spawn_producer` / `spawn_consumer` take the bootstrap address: the
+    Kafka bootstrap address, or the log database's URL.
+    """
+
+    name: str  # "kafka" or "postgres"
+    endpoint: str
+    make_topic: Callable[[int], str]
+    consumer_settings: dict[str, str]
+
+    @property
+    def is_log(self) -> bool:
+        return self.name == "postgres"
+
+    def topic(self, partitions: int = 3) -> str:
+        """A new topic unique to the test."""
+        return self.make_topic(partitions)
+
+    def publisher(self) -> Any:
+        """A Publisher as the producer daemon builds it (close it after use)."""
+        if self.is_log:
+            from outbox.pglog import PgLogPublisher
+
+            return PgLogPublisher(self.endpoint)
+        from outbox.kafka.publisher import KafkaPublisher, producer_config
+
+        return KafkaPublisher(producer_config(self.endpoint))
+
+    def subscriber_factory(self, topics: list[str], group: str) -> Callable[[], Any]:
+        """The `subscriber_factory` of a Consumer daemon reading `topics` as `group`."""
+        if self.is_log:
+            from outbox.pglog import PgLogSubscriber
+
+            return lambda: PgLogSubscriber(self.endpoint, topics, group, rebalance_interval=0.2)
+        from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+
+        config = consumer_config(self.endpoint, group, self.consumer_settings)
+        return lambda: KafkaSubscriber(config, topics)
+
+    def consumer(self, url: str, topics: list[str], group: str, **options: Any) -> Consumer:
+        """A Consumer daemon (not started) storing `topics` into `url`'s inbox."""
+        config = ConsumerConfig(
+            database_url=url,
+            kafka_bootstrap="" if self.is_log else self.endpoint,
+            topics=topics,
+            group=group,
+            **options,
+        )
+        return Consumer(config, subscriber_factory=self.subscriber_factory(topics, group))
+
+    def producer(self, url: str, **options: Any) -> Producer:
+        """A Producer daemon (not started) relaying `url`'s outbox."""
+        config = ProducerConfig(
+            database_url=url, kafka_bootstrap="" if self.is_log else self.endpoint, **options
+        )
+        return Producer(config, publisher_factory=self.publisher)
+
+    def records(self, topic: str, expected: int, timeout: float = 30) -> list[Record]:
+        """Every record of `topic`, in offset order within each partition."""
+        if not self.is_log:
+            return [
+                Record(
+                    m.partition(),
+                    m.offset(),
+                    m.value(),
+                    (header(m, "outbox-message-id") or b"").decode() or None,
+                )
+                for m in consume(self.endpoint, topic, expected, timeout)
+            ]
+        from outbox.pglog.log import decode_headers
+
+        with psycopg.connect(self.endpoint) as conn:
+            rows = conn.execute(
+                "SELECT p.partition, r.log_offset, r.value, r.headers "
+                "FROM outbox_log.log_records r "
+                "JOIN outbox_log.log_partitions p ON p.id = r.partition_id "
+                "JOIN outbox_log.log_topics t ON t.id = p.topic_id "
+                "WHERE t.name = %s ORDER BY p.partition, r.log_offset",
+                (topic,),
+            ).fetchall()
+        out = []
+        for partition, offset, value, headers in rows:
+            ids = [v for k, v in decode_headers(headers) if k == "outbox-message-id"]
+            out.append(
+                Record(partition, offset, bytes(value), ids[0].decode() if ids and ids[0] else None)
+            )
+        return out

@@ -118,6 +118,15 @@ async def test_sync_and_async_handles_are_not_mixed_up(seeded: str) -> None:
     with psycopg.connect(seeded) as conn:
         with pytest.raises(UnsupportedTransaction, match=r"broker\.send\("):
             await broker.send_async(conn, "t", b"x")
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    engine = create_async_engine(sqlalchemy_url(seeded))
+    try:
+        async with AsyncSession(engine) as session:
+            with pytest.raises(UnsupportedTransaction, match="AsyncSession is asynchronous"):
+                broker.send(session, "t", b"x")
+    finally:
+        await engine.dispose()
 
 
 def test_autocommit_outside_a_transaction_is_refused(seeded: str) -> None:

@@ -254,3 +254,41 @@ def test_database_names() -> None:
     assert parse_database("eu=host=h dbname=shop") == ("eu", "host=h dbname=shop")
     with pytest.raises(ConfigurationError):
         parse_database("not a url at all")
+
+
+def test_a_quarantined_rows_raw_headers_are_shown_decoded_as_dead_letters_show_does(
+    outbox_database_url: str,
+) -> None:
+    url = outbox_database_url
+    quarantined, _ = insert(url, "consumer", "dead", error="header name 'bad\\x00name' ...")
+    ordinary, _ = insert(url, "consumer", "dead")
+    raw = [
+        [base64.b64encode(b"bad\x00name").decode(), base64.b64encode(b"\x00\x01").decode()],
+        [base64.b64encode(b"content-type").decode(), base64.b64encode(b"<b>json</b>").decode()],
+        [base64.b64encode(b"x-empty").decode(), None],
+    ]
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE outbox.consumer_queue SET raw_headers = %s WHERE id = %s",
+            (json.dumps(raw), quarantined),
+        )
+    with console(url) as app:
+        client = Client(app)
+        client.open_page()
+        _, view = client.get_json("/api/view?db=orders&queue=consumer")
+        marked = view["dead"].split(f'data-id="{quarantined}"')[0].rsplit("<tr>", 1)[1]
+        assert "(quarantined)" in marked
+        assert (
+            "(quarantined)"
+            not in view["dead"].split(f'data-id="{ordinary}"')[0].rsplit("<tr>", 1)[1]
+        )
+        _, detail = client.get_json(f"/api/row?db=orders&queue=consumer&id={quarantined}")
+        html = detail["html"]
+        assert '<small id="raw-headers-count">3, as received</small>' in html
+        # As `outbox dead-letters show --json` decodes them: text when printable, else hex.
+        bad_name = b"bad\x00name".hex()
+        assert f"<td><code>hex:{bad_name}</code></td><td><code>hex:0001</code>" in html
+        assert "<td>content-type</td><td>&lt;b&gt;json&lt;/b&gt;</td>" in html
+        assert '<td>x-empty</td><td><span class="none">(no value)</span></td>' in html
+        _, plain = client.get_json(f"/api/row?db=orders&queue=consumer&id={ordinary}")
+        assert "raw headers" not in plain["html"]

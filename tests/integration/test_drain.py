@@ -9,12 +9,15 @@ import psycopg
 import pytest
 
 from outbox import Backoff, Broker, Handlers, InboxMessage
-from outbox.core.errors import ConfigurationError
+from outbox.core.errors import ConfigurationError, SchemaNotMigrated
+from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.memory import InMemoryTransport
-from outbox.testing import DeadLetter, DrainTimeout, drain
+from outbox.pglog import PgLogPublisher
+from outbox.pglog.log import upgrade as upgrade_log
+from outbox.testing import DeadLetter, DrainTimeout, PostgresLog, drain
 from outbox.testing.plugin import DatabaseFactory, Drain, TopicFactory
 
-from .relay_helpers import count
+from .relay_helpers import count, running, wait_for
 
 FAST = Backoff(initial=0.01, maximum=0.05, jitter=0)
 EFFECTS = "CREATE TABLE effects (topic text, body jsonb, message_id uuid)"
@@ -135,7 +138,7 @@ def test_a_message_the_transport_refuses_is_reported_dead(outbox_database_url: s
         InMemoryTransport(max_message_bytes=1000),
     )
     (dead,) = result.dead
-    assert dead.queue == "producer_queue"
+    assert dead.queue == "producer_dead"
     assert dead.error.startswith("MSG_SIZE_TOO_LARGE")
     assert (result.relayed, result.handled) == (0, 0)
 
@@ -200,10 +203,72 @@ def test_drain_through_the_real_broker(
     assert (again.relayed, again.stored, again.handled) == (1, 1, 1)
 
 
+def test_drain_through_the_postgres_log(
+    outbox_database_url: str, outbox_drain: Drain, outbox_log_url: str
+) -> None:
+    """The same as through the broker, with the log kept in PostgreSQL as a URL string."""
+    prepare(outbox_database_url)
+    handlers = recording_handlers("orders.created")
+
+    @handlers.handler("orders.failing", max_attempts=1)
+    def fail(message: InboxMessage, conn: Any) -> None:
+        raise ValueError("poison")
+
+    send(outbox_database_url, "orders.created", {"n": 1}, {"n": 2})
+    send(outbox_database_url, "orders.failing", {"n": 3})
+    result = outbox_drain(handlers, transport=outbox_log_url)
+    assert effects(outbox_database_url) == [
+        ("orders.created", {"n": 1}),
+        ("orders.created", {"n": 2}),
+    ]
+    assert (result.relayed, result.stored, result.handled) == (3, 3, 2)
+    assert [(d.queue, d.topic, d.error) for d in result.dead] == [
+        ("consumer_queue", "orders.failing", "ValueError: poison")
+    ]
+    # The group resumes after what it committed: a second drain stores only the new message.
+    send(outbox_database_url, "orders.created", {"n": 4})
+    again = outbox_drain(handlers, transport=PostgresLog(outbox_log_url, partitions=2))
+    assert (again.relayed, again.stored, again.handled) == (1, 1, 1)
+    with psycopg.connect(outbox_log_url) as conn:
+        lag = conn.execute(
+            "SELECT sum(p.next_offset - o.next_offset) FROM outbox_log.log_partitions p "
+            "JOIN outbox_log.log_group_offsets o ON o.partition_id = p.id"
+        ).fetchone()
+    assert lag == (0,)
+
+
+def test_drain_waits_for_log_records_it_did_not_relay(
+    outbox_database_factory: DatabaseFactory, outbox_log_url: str
+) -> None:
+    """Records already in the log (another service's relay wrote them) count as lag: drain
+    returns only once its group has stored them, not merely once its own relay is done."""
+    other, receiver = outbox_database_factory(), outbox_database_factory()
+    prepare(receiver)
+    send(other, "orders.created", *({"n": n} for n in range(50)))
+    # Relay the other service's outbox into the log by hand, with no drain running.
+    producer = Producer(
+        ProducerConfig(database_url=other),
+        publisher_factory=lambda: PgLogPublisher(outbox_log_url),
+    )
+    with running(producer):
+        wait_for(lambda: count(other) == 0, 30, "the other service's relay")
+    result = drain(recording_handlers("orders.created"), receiver, outbox_log_url)
+    assert (result.relayed, result.stored, result.handled) == (0, 50, 50)
+    assert len(effects(receiver)) == 50
+    # A log database that is not migrated: one clear error, before any daemon starts.
+    bare = outbox_database_factory(migrated=False)
+    with pytest.raises(SchemaNotMigrated, match="no log schema 'outbox_log'"):
+        drain(recording_handlers("t"), receiver, PostgresLog(bare))
+    upgrade_log(bare, "other_log")
+    send(receiver, "t", {"n": 1})
+    result = drain(recording_handlers("t"), receiver, PostgresLog(bare, "other_log"))
+    assert result.handled == 1
+
+
 def test_bad_arguments_are_refused(outbox_database_url: str) -> None:
     with pytest.raises(ConfigurationError, match="at least one handler"):
         drain(Handlers(), outbox_database_url, InMemoryTransport())
-    with pytest.raises(ConfigurationError, match="Kafka bootstrap address"):
+    with pytest.raises(ConfigurationError, match="a PostgresLog"):
         drain(recording_handlers("t"), outbox_database_url, cast(Any, 42))
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,15 @@ from examples import orders_service, shipping_service
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.testing.plugin import DatabaseFactory
 
-from .relay_helpers import count, spawn_consumer, spawn_handler, spawn_producer, wait_for
+from .relay_helpers import (
+    Daemon,
+    RelayTransport,
+    count,
+    spawn_consumer,
+    spawn_handler,
+    spawn_producer,
+    wait_for,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HANDLERS = "examples.shipping_service.handlers:handlers"
@@ -55,13 +62,34 @@ def _place_orders(url: str, total: int, decline_every: int) -> tuple[dict[int, U
     return committed, rolled_back
 
 
+def _relays(
+    relay_transport: RelayTransport, orders_url: str, shipping_url: str, topic: str
+) -> tuple[Daemon, Daemon]:
+    """`outbox producer` and `outbox consumer` of the example: on Kafka with flags, on the
+    PostgreSQL log as examples/README.md shows it, with OUTBOX_TRANSPORT and OUTBOX_LOG_URL."""
+    group = f"shipping-{topic}"
+    if not relay_transport.is_log:
+        return (
+            spawn_producer(orders_url, relay_transport.endpoint),
+            spawn_consumer(shipping_url, relay_transport.endpoint, topic, group),
+        )
+    env = {"OUTBOX_TRANSPORT": "postgres", "OUTBOX_LOG_URL": relay_transport.endpoint}
+    return (
+        Daemon("producer", "--database-url", orders_url, env=env),
+        Daemon(
+            "consumer", "--database-url", shipping_url, "--topic", topic, "--group", group, env=env
+        ),
+    )
+
+
 def test_orders_and_shipping_services_with_the_daemons_as_processes(
     outbox_database_factory: DatabaseFactory,
-    outbox_kafka_bootstrap: str,
-    outbox_topic: str,
+    relay_transport: RelayTransport,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """30 orders, every 5th rolled back: each of the 24 committed is shipped exactly once."""
+    """30 orders, every 5th rolled back: each of the 24 committed is shipped exactly once,
+    through Kafka and through the log kept in PostgreSQL."""
+    outbox_topic = relay_transport.topic()
     orders_url = outbox_database_factory()
     shipping_url = outbox_database_factory()
     orders_service.create_schema(orders_url)
@@ -72,13 +100,8 @@ def test_orders_and_shipping_services_with_the_daemons_as_processes(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     )
 
-    with (
-        spawn_producer(orders_url, outbox_kafka_bootstrap) as producer,
-        spawn_consumer(
-            shipping_url, outbox_kafka_bootstrap, outbox_topic, f"shipping-{outbox_topic}"
-        ) as consumer,
-        spawn_handler(shipping_url, HANDLERS) as handler,
-    ):
+    producer, consumer = _relays(relay_transport, orders_url, shipping_url, outbox_topic)
+    with producer, consumer, spawn_handler(shipping_url, HANDLERS) as handler:
         committed, rolled_back = _place_orders(orders_url, total=30, decline_every=5)
         assert len(committed) == 24
         assert len(rolled_back) == 6
@@ -89,7 +112,7 @@ def test_orders_and_shipping_services_with_the_daemons_as_processes(
         )
         time.sleep(0.5)  # room for a duplicate delivery or handling to show up
         for daemon in (producer, consumer, handler):
-            daemon.signal(signal.SIGTERM)
+            daemon.terminate()
         for daemon in (producer, consumer, handler):
             assert daemon.wait(30) == 0, daemon.output()
 

@@ -23,10 +23,11 @@ from outbox.postgres.queries import channel, queries
 
 from . import inbox_app
 from .relay_helpers import (
+    RelayTransport,
     consumer_thread,
     count,
     handler_thread,
-    producer_thread,
+    running,
     spawn_consumer,
     spawn_handler,
     wait_for,
@@ -370,14 +371,16 @@ def test_dedup_window_retention_forgets_processed_rows(outbox_database_url: str)
         wait_for(lambda: count(outbox_database_url, "consumer_queue") == 0, 30, "retention")
 
 
-def test_end_to_end_through_kafka_with_daemons_killed_and_restarted(
+def test_end_to_end_with_daemons_killed_and_restarted(
     outbox_database_url: str,
-    outbox_kafka_bootstrap: str,
-    outbox_topic: str,
+    relay_transport: RelayTransport,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Producer -> Kafka -> Consumer (SIGKILLed once) -> Handler (SIGKILLed once): each once."""
+    """Producer -> transport -> Consumer (SIGKILLed once: its batch is delivered again) ->
+    Handler (SIGKILLed once): each once, on Kafka and on the log kept in PostgreSQL."""
     url = outbox_database_url
+    outbox_topic = relay_transport.topic()
+    outbox_kafka_bootstrap = relay_transport.endpoint
     _prepare(url)
     monkeypatch.setenv("INBOX_APP_TOPIC", outbox_topic)
     total = 400
@@ -389,7 +392,7 @@ def test_end_to_end_through_kafka_with_daemons_killed_and_restarted(
                 for i in range(total)
             ],
         )
-    with producer_thread(url, outbox_kafka_bootstrap):
+    with running(relay_transport.producer(url)):
         wait_for(lambda: count(url) == 0, 60, "the relay")
 
     group = f"g-{outbox_topic}"
@@ -410,7 +413,7 @@ def test_end_to_end_through_kafka_with_daemons_killed_and_restarted(
     ):
         wait_for(lambda: processed(url) == total, 120, "every message handled")
         for daemon in (h, c):
-            daemon.signal(signal.SIGTERM)
+            daemon.terminate()
             assert daemon.wait(30) == 0, daemon.output()
     assert count(url, "consumer_queue") == total
     effects = Counter(r[0] for r in _effects(url))

@@ -181,6 +181,30 @@ def test_metrics_count_every_message_per_topic_in_each_daemon(
     assert (value(handled, "outbox_seconds_since_progress") or 0) < 5
 
 
+def test_dead_producer_rows_are_a_gauge(
+    outbox_database_url: str, outbox_kafka_bootstrap: str, outbox_topic: str
+) -> None:
+    # gap: nothing exported how many rows producer_dead holds
+    from outbox.postgres.queries import queries
+
+    url = outbox_database_url
+    _send(url, {outbox_topic: 3})
+    with psycopg.connect(url) as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM outbox.producer_queue LIMIT 2")]
+        conn.execute(
+            queries("outbox")["producer_fail"],
+            {"ids": ids, "errors": ["refused for good"] * 2, "delays": [None, None]},
+        )
+    observe = ObservabilityConfig(**FAST)  # type: ignore[arg-type]
+    with producer_thread(url, outbox_kafka_bootstrap, observability=observe) as p:
+        port = _port(p, "metrics_port")
+        wait_for(
+            lambda: value(scrape(port), "outbox_producer_dead_rows") == 2,
+            10,
+            "the dead-rows gauge to show producer_dead",
+        )
+
+
 def test_failed_and_dead_handler_messages_are_counted(
     outbox_database_url: str, outbox_topic: str
 ) -> None:

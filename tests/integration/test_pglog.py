@@ -363,8 +363,11 @@ def test_the_transport_comes_from_the_environment(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("OUTBOX_TRANSPORT", "rabbit")
-    assert main(["producer", "--database-url", outbox_database_url]) == 1
-    assert "--transport must be one of kafka, postgres" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # a usage error, as for any bad flag value
+        main(["producer", "--database-url", outbox_database_url])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--transport: must be one of kafka, postgres" in err and "OUTBOX_TRANSPORT" in err
 
 
 def test_the_log_migration_goes_down_and_up_again(

@@ -260,3 +260,46 @@ def test_cli_consumer_refuses_bad_input_before_starting(
     err = capsys.readouterr().err.strip()
     assert err.startswith("outbox: error: ") and message in err
     assert "\n" not in err
+
+
+def test_records_the_daemon_quarantines_are_quarantined_alike(
+    spark: Any,
+    outbox_database_factory: Any,
+    outbox_kafka_bootstrap: str,
+    outbox_topic: str,
+    tmp_path: Path,
+) -> None:
+    # gap: the Spark path stored a poison record as an ordinary pending row, and lost its
+    # reason and its headers as received
+    from outbox.spark.stream import InboxStream, StreamConfig
+
+    poison = [
+        Sent(b"k", b"one", [("content-type", b"text\x00plain"), ("x", b"\xff")], None),
+        Sent(b"k", b"two", [("content-type", b"\xfe")], None),
+    ]
+    produce(outbox_kafka_bootstrap, outbox_topic, [*poison, *outbox_records(3)])
+    by_spark, by_daemon = outbox_database_factory(), outbox_database_factory()
+    with consumer_thread(by_daemon, outbox_kafka_bootstrap, [outbox_topic]) as consumer:
+        wait_for(lambda: consumer.received == 5, 60, "the Consumer daemon to store all")
+    assert consumer.quarantined == 2
+    stream = InboxStream(
+        spark,
+        StreamConfig(
+            database_url=by_spark,
+            kafka_bootstrap=outbox_kafka_bootstrap,
+            topics=[outbox_topic],
+            checkpoint=str(tmp_path / "checkpoint"),
+            available_now=True,
+        ),
+    )
+    stream.run()
+    assert (stream.counts.received, stream.counts.stored) == (5, 5)
+    query = (
+        f"SELECT {ROW}, raw_headers, last_error, attempts, dead_at IS NOT NULL "
+        "FROM outbox.consumer_queue ORDER BY dead_at IS NULL, source_partition, source_offset"
+    )
+    with psycopg.connect(by_spark) as a, psycopg.connect(by_daemon) as b:
+        rows = a.execute(query).fetchall()
+        assert rows == b.execute(query).fetchall()
+    assert [r[-1] for r in rows] == [True, True, False, False, False]
+    assert all("content-type" in r[-3] and r[-4] for r in rows[:2])

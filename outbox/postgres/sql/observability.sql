@@ -4,9 +4,11 @@
 
 -- name: obs_producer_queue_stats
 -- Rows waiting to be relayed (pending or retrying, not dead) and the age in seconds of the
--- oldest, 0 when none waits. Reads the partial index of waiting rows.
+-- oldest, 0 when none waits; reads the partial index of waiting rows. Then the dead rows,
+-- which producer_fail moved to producer_dead (a small table: an operator empties it).
 SELECT count(*),
-       COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(created_at))), 0)::float8
+       COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(created_at))), 0)::float8,
+       (SELECT count(*) FROM {schema}.producer_dead)
 FROM {schema}.producer_queue
 WHERE dead_at IS NULL;
 

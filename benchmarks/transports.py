@@ -1,0 +1,409 @@
+"""(transports) Kafka and the log kept in PostgreSQL side by side, in one run, on the same servers.
+
+    python -m benchmarks --only transports
+
+For each transport, with the daemons as real processes (as production runs them):
+
+- relay throughput: a backlog of 100 B messages (1,000 keys) in producer_queue, drained by one
+  `outbox producer`; timed from process start until producer_queue is empty.
+- inbox throughput: records with outbox's headers already on the topic (Kafka: produced with
+  librdkafka in big batches; the log: `PgLogPublisher`, batches of 1,000), stored by one
+  `outbox consumer --batch-size 1000`; the rate from the first stored row to the last.
+- transport write and read: the clients alone, no outbox table: Kafka produce() of the same
+  records, and a plain consumer reading them; the log's `PgLogPublisher.publish` of batches of
+  1,000 and one `PgLogSubscriber` member reading them with poll(1000) + commit. These are the
+  figures the reference design publishes (writes/s, reads/s).
+- end-to-end latency, sender commit -> handler callback start, at 100/s and 1,000/s (one
+  message per transaction), through `outbox producer`, `outbox consumer` and `outbox handler`.
+  Kafka runs on the Tansu broker, which answers a fetch only when fetch.wait.max.ms runs out:
+  the consumer runs with fetch.wait.max.ms=1 and the producer with linger.ms=0, its best case
+  (outbox's defaults are 25 and 5). The log's consumer waits on LISTEN/NOTIFY (0.2 s fallback).
+
+Topics have 3 partitions on both transports. Beside them, the reference design's published
+figures (/work/shared/reference/postgres-log-design.md: 4 vCPU, readers polling, no NOTIFY).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from benchmarks.harness import Context, Result
+from benchmarks.latency import (
+    WARMUP,
+    arrivals_of,
+    latency_result,
+    outbox_daemon,
+    send_paced,
+    wait_arrivals,
+)
+from benchmarks.throughput import (
+    KEYS,
+    Daemon,
+    produce_direct,
+    scalar,
+    send_backlog,
+    stop_all,
+    timeout_for,
+    vacuum_analyze,
+    wait_for,
+)
+
+SCENARIO = "transports: Kafka (Tansu) and the PostgreSQL log side by side"
+DETAIL = "transports: end-to-end latency in detail"
+TRANSPORTS = ("kafka", "postgres")
+LABELS = {"kafka": "Kafka (Tansu)", "postgres": "PostgreSQL log", "reference": "reference design"}
+PARTITIONS = 3
+RATES = (100, 1000)
+#: The reference design's published figures (4 vCPU; readers poll, no NOTIFY).
+REFERENCE = {"write": 5_000.0, "read": 25_000.0, "p50": 8.8, "p99": 60.0}
+#: Tansu joins a group in half of session.timeout.ms.
+GROUP_TIMINGS = ("session.timeout.ms=2000", "heartbeat.interval.ms=500")
+#: Kafka's best case for latency on Tansu (outbox's defaults: fetch.wait.max.ms=25, linger.ms=5).
+KAFKA_CONSUMER_LATENCY = ("fetch.wait.max.ms=1",)
+KAFKA_PRODUCER_LATENCY = ("linger.ms=0",)
+
+
+class Endpoint:
+    """Where one transport is: its topics, and the daemons' flags for it."""
+
+    def __init__(self, ctx: Context, name: str) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.log_url = ""
+        if name == "postgres":
+            from outbox.pglog.log import upgrade
+
+            self.log_url = ctx.new_database(migrated=False)
+            upgrade(self.log_url)
+
+    def topic(self, prefix: str) -> str:
+        if self.name == "kafka":
+            return self.ctx.new_topic(prefix, partitions=PARTITIONS)
+        from outbox.pglog import PgLog
+
+        name = f"bench.{prefix}.{uuid.uuid4().hex[:8]}"
+        PgLog(self.log_url).create_topic(name, PARTITIONS)
+        return name
+
+    def flags(self, *kafka_config: str) -> list[str]:
+        if self.name == "postgres":
+            return ["--transport", "postgres", "--log-url", self.log_url]
+        extra = [f"--kafka-config={setting}" for setting in kafka_config]
+        return ["--kafka-bootstrap", self.ctx.bootstrap, *extra]
+
+    def producer(self, url: str, *kafka_config: str) -> list[str]:
+        return ["producer", "--database-url", url, *self.flags(*kafka_config)]
+
+    def consumer(self, url: str, topic: str, group: str, *kafka_config: str) -> list[str]:
+        flags = self.flags(*GROUP_TIMINGS, *kafka_config)
+        return ["consumer", "--database-url", url, *flags, "--topic", topic, "--group", group]
+
+
+# -- the messages -----------------------------------------------------------------------------
+
+
+def _stored_messages(topic: str, n: int, size: int) -> list[Any]:
+    from outbox.core.envelope import StoredMessage
+    from outbox.core.ids import uuid7
+
+    now = datetime.now(UTC)
+    payload = b"x" * size
+    return [
+        StoredMessage(
+            id=i,
+            message_id=uuid7(),
+            topic=topic,
+            key=f"key-{i % KEYS}".encode(),
+            payload=payload,
+            content_type="application/octet-stream",
+            headers={},
+            created_at=now,
+            attempts=0,
+        )
+        for i in range(n)
+    ]
+
+
+def log_write(url: str, topic: str, messages: int, size: int = 100) -> float:
+    """Messages/s appended by one `PgLogPublisher`, batches of 1,000 (as the relay's)."""
+    from outbox.pglog import PgLogPublisher
+
+    batches = [_stored_messages(topic, 1000, size) for _ in range(max(1, messages // 1000))]
+    publisher = PgLogPublisher(url)
+    try:
+        started = time.perf_counter()
+        for batch in batches:
+            if any(r is not None for r in publisher.publish(batch)):
+                raise RuntimeError("log publish failed")
+        return len(batches) * 1000 / (time.perf_counter() - started)
+    finally:
+        publisher.close()
+
+
+def log_read(url: str, topic: str, expected: int) -> float:
+    """Records/s read by one member of a new group, poll(1000) + commit (joining included)."""
+    from outbox.pglog import PgLogSubscriber
+
+    subscriber = PgLogSubscriber(url, [topic], f"reader-{uuid.uuid4().hex[:6]}")
+    got = 0
+    try:
+        started = time.perf_counter()
+        while got < expected:
+            rows = subscriber.poll(1000, 1.0)
+            if not rows:
+                raise RuntimeError(f"log read stalled at {got} of {expected}")
+            subscriber.commit(rows)
+            got += len(rows)
+        return got / (time.perf_counter() - started)
+    finally:
+        subscriber.close()
+
+
+def kafka_read(bootstrap: str, topic: str, expected: int) -> float:
+    """Records/s read by a plain consumer (partitions assigned, no group join), from the
+    first record received to the last."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 1,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        got = after_first = 0
+        first: float | None = None
+        deadline = time.monotonic() + timeout_for(expected)
+        while got < expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kafka read stalled at {got} of {expected}")
+            batch = [m for m in consumer.consume(1000, 0.5) if m.error() is None]
+            if first is None:
+                if batch:
+                    first = time.perf_counter()  # the rate counts what came after it
+            else:
+                after_first += len(batch)
+            got += len(batch)
+        assert first is not None
+        return after_first / (time.perf_counter() - first)
+    finally:
+        consumer.close()
+
+
+def log_fill(url: str, topic: str, messages: int, size: int = 100) -> float:
+    """Put `messages` records on the log (batches of 1,000); seconds it took."""
+    started = time.perf_counter()
+    log_write(url, topic, messages, size)
+    return time.perf_counter() - started
+
+
+# -- relay and inbox ---------------------------------------------------------------------------
+
+
+def relay_rate(ctx: Context, endpoint: Endpoint, messages: int) -> float:
+    url = ctx.new_database()
+    topic = endpoint.topic("relay")
+    send_backlog(url, topic, messages, b"x" * 100)
+    vacuum_analyze(url, "outbox.producer_queue")
+    min_id = "SELECT min(id) FROM outbox.producer_queue"
+    daemons: list[Daemon] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        try:
+            daemons.append(Daemon(*endpoint.producer(url)))
+            seconds = wait_for(
+                lambda: scalar(conn, min_id) is None,
+                since=started,
+                timeout=timeout_for(messages),
+                daemons=daemons,
+                what=f"draining producer_queue ({endpoint.name})",
+            )
+        finally:
+            stop_all(daemons)
+    return messages / seconds
+
+
+def inbox_rate(ctx: Context, endpoint: Endpoint, messages: int) -> tuple[float, float]:
+    """(stored/s by one consumer, write/s of the input as the transport's client alone)."""
+    url = ctx.new_database()
+    topic = endpoint.topic("inbox")
+    if endpoint.name == "kafka":
+        produced = produce_direct(ctx.bootstrap, topic, messages, 100)
+    else:
+        produced = log_fill(endpoint.log_url, topic, messages)
+    max_id = "SELECT max(id) FROM outbox.consumer_queue"
+    count = "SELECT count(*) FROM outbox.consumer_queue"
+    daemons: list[Daemon] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = time.perf_counter()
+        try:
+            args = endpoint.consumer(url, topic, f"bench-{uuid.uuid4().hex[:8]}")
+            daemons.append(Daemon(*args, "--batch-size", "1000"))
+            timeout = timeout_for(messages)
+            startup = wait_for(
+                lambda: scalar(conn, max_id) is not None,
+                since=started,
+                timeout=timeout,
+                daemons=daemons,
+                what="the first stored batch",
+            )
+            first_rows = scalar(conn, count)
+            seconds = wait_for(
+                lambda: scalar(conn, count) >= messages,
+                since=started,
+                timeout=timeout,
+                daemons=daemons,
+                what=f"storing every message ({endpoint.name})",
+            )
+        finally:
+            stop_all(daemons)
+    return (messages - first_rows) / (seconds - startup), messages / produced
+
+
+# -- latency -----------------------------------------------------------------------------------
+
+
+def latencies(ctx: Context, endpoint: Endpoint, seconds: float) -> list[Result]:
+    from benchmarks.latency_handlers import SCHEMA
+
+    sender, receiver = ctx.new_database(), ctx.new_database()
+    topic = endpoint.topic("latency")
+    with psycopg.connect(receiver, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    group = f"bench-latency-{uuid.uuid4().hex[:8]}"
+    daemons = [
+        outbox_daemon("outbox producer", *endpoint.producer(sender, *KAFKA_PRODUCER_LATENCY)),
+        outbox_daemon(
+            "outbox consumer", *endpoint.consumer(receiver, topic, group, *KAFKA_CONSUMER_LATENCY)
+        ),
+        outbox_daemon(
+            "outbox handler",
+            "handler",
+            "benchmarks.latency_handlers:handlers",
+            "--database-url",
+            receiver,
+            env={"LATENCY_TOPIC": topic},
+        ),
+    ]
+    how = (
+        "consumer fetch.wait.max.ms=1, producer linger.ms=0 (Tansu answers a fetch only when "
+        "fetch.wait.max.ms runs out)"
+        if endpoint.name == "kafka"
+        else "consumer on LISTEN/NOTIFY (0.2 s fallback)"
+    )
+    results: list[Result] = []
+    try:
+        send_paced(sender, topic, 20, WARMUP)
+        complete, _ = wait_arrivals(receiver, WARMUP, 90, daemons)
+        if not complete:
+            raise TimeoutError(
+                "warm-up messages were not handled within 90 s:\n"
+                + "\n".join(f"-- {d.name}:\n{d.output()}" for d in daemons)
+            )
+        total = WARMUP
+        for rate in RATES:
+            count = int(rate * seconds)
+            committed, elapsed = send_paced(sender, topic, rate, count)
+            total += count
+            wait_arrivals(receiver, total, 60 + count / 100, daemons)
+            started, received = arrivals_of(receiver, list(committed))
+            results.append(
+                latency_result(
+                    f"{LABELS[endpoint.name]}, {rate:,}/s",
+                    committed,
+                    started,
+                    {"target /s": rate, "achieved /s": count / elapsed},
+                    f"one send per transaction, daemons as processes, handler 4 workers; {how}",
+                    stage=("to inbox", received),
+                    scenario=DETAIL,
+                )
+            )
+    finally:
+        for d in daemons:
+            d.stop()
+    return results
+
+
+# -- the scenario ------------------------------------------------------------------------------
+
+
+def _row(measure: str, values: dict[str, float], notes: str = "") -> Result:
+    return Result(SCENARIO, measure, {LABELS[k]: v for k, v in values.items()}, notes=notes)
+
+
+def run(ctx: Context) -> list[Result]:
+    backlog = ctx.scale(50_000, 3_000)
+    raw = ctx.scale(100_000, 5_000)
+    seconds = 2.0 if ctx.smoke else 15.0
+    endpoints = {name: Endpoint(ctx, name) for name in TRANSPORTS}
+    relay: dict[str, float] = {}
+    inbox: dict[str, float] = {}
+    write: dict[str, float] = {}
+    read: dict[str, float] = {}
+    detail: list[Result] = []
+    for name, endpoint in endpoints.items():
+        print(f"   {name}: relay", file=sys.stderr, flush=True)
+        relay[name] = relay_rate(ctx, endpoint, backlog)
+        print(f"   {name}: inbox", file=sys.stderr, flush=True)
+        inbox[name], _ = inbox_rate(ctx, endpoint, backlog)
+        print(f"   {name}: write and read", file=sys.stderr, flush=True)
+        topic = endpoint.topic("raw")
+        if name == "kafka":
+            write[name] = raw / produce_direct(ctx.bootstrap, topic, raw, 100)
+            read[name] = kafka_read(ctx.bootstrap, topic, raw)
+        else:
+            write[name] = log_write(endpoint.log_url, topic, raw)
+            read[name] = log_read(endpoint.log_url, topic, raw)
+        print(f"   {name}: latency", file=sys.stderr, flush=True)
+        detail += latencies(ctx, endpoint, seconds)
+    rows = [
+        _row(
+            f"relay throughput, msg/s: backlog of {backlog:,} x 100 B, 1 `outbox producer`",
+            {**relay, "reference": REFERENCE["write"]},
+            "reference: its writes/s (batched writers, no outbox table)",
+        ),
+        _row(
+            f"inbox throughput, msg/s: {backlog:,} records stored by 1 `outbox consumer`",
+            {**inbox, "reference": REFERENCE["read"]},
+            "batch 1000; reference: its reads/s (no inbox table)",
+        ),
+        _row(
+            f"transport write, msg/s: {raw:,} x 100 B, the client alone",
+            {**write, "reference": REFERENCE["write"]},
+            "Kafka: librdkafka produce(), linger.ms=20, batches up to 10,000; "
+            "log: PgLogPublisher.publish, batches of 1,000, one transaction each",
+        ),
+        _row(
+            f"transport read, msg/s: {raw:,} records, one reader",
+            {**read, "reference": REFERENCE["read"]},
+            "Kafka: plain consumer, partitions assigned; log: one PgLogSubscriber member, "
+            "poll(1000) + commit, decoding included",
+        ),
+    ]
+    for rate in RATES:
+        for quantile in ("p50", "p99"):
+            values = {
+                r.variant.split(",")[0]: r.metrics[f"{quantile} ms"]
+                for r in detail
+                if r.variant.endswith(f" {rate:,}/s")
+            }
+            rows.append(
+                Result(
+                    SCENARIO,
+                    f"commit -> handler start at {rate:,}/s, {quantile} ms",
+                    {**values, LABELS["reference"]: REFERENCE[quantile]},
+                    notes="Kafka: consumer fetch.wait.max.ms=1, producer linger.ms=0; "
+                    "log: LISTEN/NOTIFY; reference: end to end, readers polling",
+                )
+            )
+    return rows + detail

@@ -1,0 +1,244 @@
+"""Where a new consumer group starts reading, and the log lines of joins and rebalances.
+
+`outbox consumer --start earliest|latest|<ISO 8601 time>` decides what a group reads from a
+partition it has never committed an offset for; a partition with a committed offset always
+resumes there, whatever `--start` says.
+
+- `earliest` (the default): the oldest record the broker still keeps (`auto.offset.reset`).
+- `latest`: only the records produced after the group joined (`auto.offset.reset=latest`).
+- a time, e.g. `2024-05-01T12:00:00Z`: the first record whose timestamp is at or after it,
+  found with `offsets_for_times` when the partition is assigned (`on_assign`); a partition with
+  no record that recent starts at its end. The time must name its offset (`Z`, `+02:00`).
+
+The start position travels from the command line to the subscriber inside the librdkafka
+settings, under `START_KEY` (a key librdkafka does not know): `split_start` takes it out before
+a client is made. `subscribe_callbacks` gives the `on_assign`/`on_revoke`/`on_lost` callbacks
+of `Consumer.subscribe`: they log, at INFO, the group joined and each assignment and
+revocation, and seek a time start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+
+from outbox.core.errors import ConfigurationError
+
+__all__ = [
+    "START_KEY",
+    "StartPosition",
+    "parse_start",
+    "split_start",
+    "subscribe_callbacks",
+]
+
+log = logging.getLogger("outbox.consumer")
+
+#: The librdkafka-settings key that carries `--start` to the subscriber (removed before use).
+START_KEY = "outbox.start"
+#: Seconds the `on_assign` callback waits for committed offsets and for `offsets_for_times`.
+LOOKUP_TIMEOUT = 10.0
+#: What a partition without a committed offset reports as its committed offset.
+_NO_OFFSET = -1001  # confluent_kafka.OFFSET_INVALID
+
+
+@dataclass(frozen=True, slots=True)
+class StartPosition:
+    """`earliest`, `latest`, or a time (`at`, timezone-aware)."""
+
+    kind: str
+    at: datetime | None = None
+
+    def __str__(self) -> str:
+        return self.at.isoformat() if self.at is not None else self.kind
+
+    @property
+    def millis(self) -> int:
+        """The time as milliseconds since the epoch (what Kafka timestamps are)."""
+        assert self.at is not None
+        return int(self.at.timestamp() * 1000)
+
+
+EARLIEST = StartPosition("earliest")
+LATEST = StartPosition("latest")
+
+
+def parse_start(text: str) -> StartPosition:
+    """`earliest`, `latest` or an ISO 8601 time with its offset; ValueError otherwise."""
+    word = text.strip().lower()
+    if word == "earliest":
+        return EARLIEST
+    if word == "latest":
+        return LATEST
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"expected earliest, latest or an ISO 8601 time such as 2024-05-01T12:00:00Z, "
+            f"got {text!r}"
+        ) from None
+    if at.tzinfo is None:
+        raise ValueError(
+            f"the time {text!r} has no UTC offset: add one (Z for UTC, or e.g. +02:00) so that "
+            "it names one instant"
+        )
+    return StartPosition("time", at.astimezone(UTC))
+
+
+def split_start(config: Mapping[str, Any]) -> tuple[dict[str, Any], StartPosition | None]:
+    """The librdkafka settings without `START_KEY`, and the start position it held (or None).
+
+    `latest` and `earliest` become `auto.offset.reset`; a time leaves the reset policy as it is
+    (it is used only for a partition whose timestamp lookup fails).
+    """
+    settings = dict(config)
+    raw = settings.pop(START_KEY, None)
+    if raw is None:
+        return settings, None
+    if isinstance(raw, StartPosition):
+        start = raw
+    else:
+        try:
+            start = parse_start(str(raw))
+        except ValueError as exc:
+            raise ConfigurationError(f"--start: {exc}") from None
+    if start.at is None:
+        settings["auto.offset.reset"] = start.kind
+    return settings, start
+
+
+def _names(partitions: Sequence[TopicPartition]) -> str:
+    """`topic[0,1,2], other[0]`, or `nothing`."""
+    by_topic: dict[str, list[int]] = {}
+    for p in partitions:
+        by_topic.setdefault(p.topic, []).append(p.partition)
+    if not by_topic:
+        return "nothing"
+    return ", ".join(
+        f"{topic}[{','.join(str(n) for n in sorted(numbers))}]"
+        for topic, numbers in sorted(by_topic.items())
+    )
+
+
+class _Rebalance:
+    """The state of the rebalance callbacks of one subscriber."""
+
+    def __init__(self, group: str, start: StartPosition | None, *, cooperative: bool) -> None:
+        self.group = group
+        self.start = start
+        #: Incremental rebalancing (`cooperative-sticky`): `incremental_assign`, not `assign`.
+        self.cooperative = cooperative
+        self.joined = False
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not self.joined:
+            self.joined = True
+            log.info(
+                "joined consumer group %s (member %s, start %s for partitions never committed)",
+                self.group,
+                _member_id(consumer),
+                self.start or EARLIEST,
+            )
+        log.info("group %s assigned %s", self.group, _names(partitions))
+        if self.start is None or self.start.at is None or not partitions:
+            return
+        positioned = self._seek_time(consumer, partitions, self.start)
+        if self.cooperative:
+            consumer.incremental_assign(positioned)
+        else:
+            consumer.assign(positioned)
+
+    def _seek_time(
+        self, consumer: Consumer, partitions: list[TopicPartition], start: StartPosition
+    ) -> list[TopicPartition]:
+        """`partitions`, those without a committed offset set to the first record at `start`."""
+        try:
+            committed = consumer.committed(
+                [TopicPartition(p.topic, p.partition) for p in partitions],
+                timeout=LOOKUP_TIMEOUT,
+            )
+        except KafkaException as exc:
+            log.warning(
+                "group %s: cannot read committed offsets (%s); partitions start by "
+                "auto.offset.reset",
+                self.group,
+                exc,
+            )
+            return partitions
+        fresh = [
+            TopicPartition(c.topic, c.partition, start.millis)
+            for c in committed
+            if c.offset < 0 and c.error is None
+        ]
+        if not fresh:
+            return partitions
+        try:
+            found = consumer.offsets_for_times(fresh, timeout=LOOKUP_TIMEOUT)
+        except KafkaException as exc:
+            log.warning(
+                "group %s: cannot find the offsets at %s (%s); partitions start by "
+                "auto.offset.reset",
+                self.group,
+                start,
+                exc,
+            )
+            return partitions
+        offsets = {
+            (f.topic, f.partition): (f.offset if f.offset >= 0 else OFFSET_END)
+            for f in found
+            if f.error is None
+        }
+        for (topic, partition), offset in sorted(offsets.items()):
+            log.info(
+                "group %s: %s[%d] has no committed offset; starts at %s (first record at or "
+                "after %s)",
+                self.group,
+                topic,
+                partition,
+                "the end" if offset == OFFSET_END else f"offset {offset}",
+                start,
+            )
+        return [
+            TopicPartition(p.topic, p.partition, offsets.get((p.topic, p.partition), p.offset))
+            for p in partitions
+        ]
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        del consumer
+        log.info("group %s revoked %s", self.group, _names(partitions))
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        del consumer
+        log.warning(
+            "group %s lost %s (the session expired; another member may have them)",
+            self.group,
+            _names(partitions),
+        )
+
+
+def _member_id(consumer: Consumer) -> str:
+    try:
+        return consumer.memberid() or "?"
+    except (KafkaException, RuntimeError):
+        return "?"
+
+
+def subscribe_callbacks(
+    settings: Mapping[str, Any], start: StartPosition | None
+) -> dict[str, Callable[[Consumer, list[TopicPartition]], None]]:
+    """The `on_assign`, `on_revoke` and `on_lost` keyword arguments of `Consumer.subscribe`
+    for a consumer of these librdkafka `settings` (its group, its assignment strategy)."""
+    strategy = str(settings.get("partition.assignment.strategy", ""))
+    rebalance = _Rebalance(
+        str(settings.get("group.id", "")), start, cooperative="cooperative" in strategy
+    )
+    return {
+        "on_assign": rebalance.on_assign,
+        "on_revoke": rebalance.on_revoke,
+        "on_lost": rebalance.on_lost,
+    }

@@ -1,0 +1,65 @@
+"""A daemon started while PostgreSQL is down: exits 1 at once, or waits with --wait-for-database."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+import pytest
+
+from outbox import Broker
+from outbox.core.errors import DatabaseUnavailable
+from outbox.daemons.producer import ProducerConfig
+from outbox.observability.runtime import ObservabilityConfig
+from outbox.testing.servers import Servers
+from outbox.transports import kafka_producer
+from tests.integration.relay_helpers import count, producer_thread, wait_for
+
+pytestmark = pytest.mark.faults
+
+
+def _down(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=1).close()
+    except psycopg.OperationalError:
+        return True
+    return False
+
+
+def test_a_daemon_started_while_postgres_is_down_waits_for_it_when_asked(
+    outbox_servers: Servers,
+    outbox_database_url: str,
+    outbox_kafka_bootstrap: str,
+    outbox_topic: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    postgres = outbox_servers.postgres
+    if not hasattr(postgres, "restart") or postgres.source != "local":  # type: ignore[attr-defined]
+        pytest.skip("needs a PostgreSQL server the harness started")
+    url = outbox_database_url
+    with psycopg.connect(url) as conn, conn.transaction():
+        Broker().send(conn, outbox_topic, {"n": 1}, key="k")
+    restarting = threading.Thread(
+        target=postgres.restart,  # type: ignore[attr-defined]
+        kwargs={"downtime": 4.0},
+        daemon=True,
+    )
+    restarting.start()
+    wait_for(lambda: _down(url), 30, "PostgreSQL to go down", interval=0.02)
+    # By default: one clear error at once, for a supervisor to restart the daemon.
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
+        kafka_producer(
+            ProducerConfig(database_url=url, kafka_bootstrap=outbox_kafka_bootstrap)
+        ).run()
+    assert time.monotonic() - started < 3
+    # --wait-for-database: waits, with a WARNING per attempt, then relays.
+    caplog.set_level(logging.WARNING, "outbox.relay")
+    observe = ObservabilityConfig(wait_for_database=60)
+    with producer_thread(url, outbox_kafka_bootstrap, observability=observe):
+        wait_for(lambda: not _down(url) and count(url) == 0, 60, "the message relayed")
+    restarting.join(30)
+    waits = [r for r in caplog.records if "--wait-for-database" in r.getMessage()]
+    assert waits and "cannot connect to PostgreSQL" in waits[0].getMessage()

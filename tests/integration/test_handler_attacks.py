@@ -1,0 +1,180 @@
+"""A callback that misbehaves cannot stop the Handler, lose another message's effects or hold
+its key for ever: it exits, interrupts, swallows a failed statement, ends or closes the
+transaction it was given, or kills its own session. Each is recorded as a failed attempt."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import Backoff, Handlers, InboxMessage
+from outbox.core.batches import InboxBatch
+from outbox.core.envelope import InboxRow
+from outbox.core.lanes import lane_for
+from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.queries import channel, queries
+
+from .relay_helpers import count, handler_thread, wait_for
+
+FAST = Backoff(initial=0.01, maximum=0.05, jitter=0)
+
+
+class _Custom(BaseException):
+    pass
+
+
+# Each returns what the connection's method returned: the async callback awaits it.
+
+
+def _exit(conn: Any) -> Any:
+    sys.exit(3)
+
+
+def _interrupt(conn: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+def _base(conn: Any) -> Any:
+    raise _Custom("not an Exception")
+
+
+async def _swallow_async(conn: Any) -> None:
+    with contextlib.suppress(psycopg.errors.DivisionByZero):
+        await conn.execute("SELECT 1/0")
+
+
+def _swallow(conn: Any) -> Any:
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _swallow_async(conn)
+    with contextlib.suppress(psycopg.errors.DivisionByZero):
+        conn.execute("SELECT 1/0")  # the transaction is aborted: its later statements fail
+    return None
+
+
+def _rollback(conn: Any) -> Any:
+    return conn.execute("ROLLBACK")
+
+
+def _commit(conn: Any) -> Any:
+    return conn.execute("COMMIT")
+
+
+def _close(conn: Any) -> Any:
+    return conn.close()
+
+
+def _kill(conn: Any) -> Any:
+    return conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+MISDEEDS: dict[str, Callable[[Any], Any]] = {
+    "sys.exit": _exit,
+    "KeyboardInterrupt": _interrupt,
+    "BaseException": _base,
+    "swallowed-error": _swallow,
+    "ROLLBACK": _rollback,
+    "COMMIT": _commit,
+    "close": _close,
+    "terminate-own-backend": _kill,
+}
+
+
+def _put(url: str, rows: list[tuple[bytes, bytes]]) -> list[uuid.UUID]:
+    """Inbox rows of topic "t": (key, payload) each, in this order."""
+    stored = []
+    ids = []
+    for offset, (key, payload) in enumerate(rows):
+        mid = uuid.uuid4()
+        ids.append(mid)
+        row = InboxRow(
+            mid, "t", key, payload, {}, "application/json", lane_for(key, mid),
+            datetime.now(UTC), 0, offset,
+        )  # fmt: skip
+        stored.append(row)
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS effects (n int)")
+        conn.execute(
+            queries("outbox")["inbox_insert"],
+            insert_params(InboxBatch.of(stored), channel("outbox", "consumer_queue")),
+        )
+    return ids
+
+
+def _effects(url: str) -> list[int]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute("SELECT n FROM effects ORDER BY n")]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async", "batch"])
+@pytest.mark.parametrize("misdeed", list(MISDEEDS))
+def test_a_misbehaving_callback_is_a_recorded_failure(
+    outbox_database_url: str, misdeed: str, flavour: str
+) -> None:
+    url = outbox_database_url
+    bad = MISDEEDS[misdeed]
+    handlers = Handlers()
+
+    def effect(message: InboxMessage, conn: Any) -> None:
+        conn.execute("INSERT INTO effects VALUES (%s)", (message.payload["n"],))
+
+    if flavour == "sync":
+
+        @handlers.handler("t", max_attempts=2, backoff=FAST)
+        def sync(message: InboxMessage, conn: Any) -> None:
+            effect(message, conn)
+            if message.payload.get("bad"):
+                bad(conn)
+
+    elif flavour == "async":
+
+        @handlers.handler("t", max_attempts=2, backoff=FAST)
+        async def run_async(message: InboxMessage, conn: Any) -> None:
+            await conn.execute("INSERT INTO effects VALUES (%s)", (message.payload["n"],))
+            if message.payload.get("bad"):
+                result = bad(conn)
+                if inspect.isawaitable(result):
+                    await result
+
+    else:
+
+        @handlers.batch_handler("t", max_attempts=2, backoff=FAST)
+        def batch(messages: list[InboxMessage], conn: Any) -> None:
+            for m in messages:
+                effect(m, conn)
+            if any(m.payload.get("bad") for m in messages):
+                bad(conn)
+
+    # One transaction holds the three (transaction_size 100, one worker): the good row
+    # before the bad one must keep its effect, the one after must be handled too.
+    _put(url, [(b"a", b'{"n": 1}'), (b"b", b'{"n": 2, "bad": true}'), (b"c", b'{"n": 3}')])
+    with handler_thread(url, handlers, concurrency=1, lease=30) as runner:
+        wait_for(
+            lambda: (
+                count(url, "consumer_queue", "processed_at IS NOT NULL") == 2
+                and count(url, "consumer_queue", "dead_at IS NOT NULL") == 1
+            ),
+            30,
+            "two handled, the bad one dead",
+        )
+        assert runner.failed == 2
+    with psycopg.connect(url) as conn:
+        attempts, error = conn.execute(
+            "SELECT attempts, last_error FROM outbox.consumer_queue WHERE dead_at IS NOT NULL"
+        ).fetchone()
+    assert attempts == 2 and error
+    effects = _effects(url)
+    if misdeed == "COMMIT":
+        # The callback committed its own writes and those of the messages before it in the
+        # transaction: they are handled again (at least once, documented), none is lost.
+        assert {1, 3} <= set(effects)
+    else:
+        # Each good message's effect committed exactly once, with its processed mark.
+        assert effects == [1, 3]

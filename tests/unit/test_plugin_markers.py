@@ -1,0 +1,62 @@
+"""The pytest plugin registers every marker it documents: `--strict-markers` accepts them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from outbox.testing import plugin
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _documented_markers() -> set[str]:
+    """Markers named in the plugin's docstring and in docs/testing.md (`marked `name``)."""
+    text = (plugin.__doc__ or "") + (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    return set(re.findall(r"marked `(\w+)`", text))
+
+
+def test_every_documented_marker_is_registered() -> None:
+    documented = _documented_markers()
+    assert documented, "the docs name the plugin's markers as `marked `name``"
+    assert documented <= set(plugin.MARKERS)
+
+
+def test_a_project_with_strict_markers_can_use_them(tmp_path: Path) -> None:
+    # A project of its own: no pyproject.toml of this repository declares the markers.
+    body = "".join(
+        f"@pytest.mark.{name}\ndef test_{name}():\n    pass\n\n\n" for name in plugin.MARKERS
+    )
+    (tmp_path / "test_marked.py").write_text(f"import pytest\n\n\n{body}", encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        # Load the plugin by name only (as the entry point would), and no other.
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
+    args = [sys.executable, "-m", "pytest", "-p", "outbox.testing.plugin", "-q"]
+    collected = subprocess.run(
+        [*args, "--collect-only"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    assert f"{len(plugin.MARKERS)} test" in collected.stdout
+    listed = subprocess.run(
+        [*args, "--markers"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    for name in plugin.MARKERS:
+        assert f"@pytest.mark.{name}:" in listed.stdout
+
+    unknown = tmp_path / "test_unknown.py"
+    unknown.write_text("import pytest\n\n\n@pytest.mark.not_a_marker\ndef test_x():\n    pass\n")
+    refused = subprocess.run(
+        [*args, "--collect-only", str(unknown)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0, "--strict-markers is in force in the subprocess"
