@@ -4,7 +4,9 @@ Two users, one dispatch (`flavour`). `broker.send` runs its statement in the cal
 transaction handle, whose library and kind pick the flavour (`executor`, checked: never in
 autocommit, never in a failed transaction). The Handler opens a connection of its own in the
 flavour of `Handlers(transaction=...)` and runs each batch in one of its transactions, whose
-handle (connection or session) it passes to the callbacks.
+handle (connection or session) it passes to the callbacks; after each callback, `check()`
+raises `Misused` if the callback left that transaction unusable (closed, ended or aborted),
+and `broken` tells a lost connection from a failed statement.
 
 Contract: nothing here commits a caller's transaction, opens a connection for `send` or runs
 DDL. The sync flavours import nothing of SQLAlchemy's asyncio (which needs greenlet): a plain
@@ -82,6 +84,37 @@ def _unsupported(handle: object, verb: str) -> UnsupportedTransaction:
     )
 
 
+class Misused(Exception):
+    """A callback left the transaction it was given unusable: it closed the connection, ended
+    the transaction itself (COMMIT or ROLLBACK) or went on after one of its statements failed.
+    Its message fails like any callback error; the other messages of the transaction are
+    handled again in a new one."""
+
+
+def misuse(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Misused | None:
+    """What a callback did to its transaction's connection, if it left it unusable.
+
+    A connection whose server side is lost (broken) is not a misuse: the statement that lost
+    it raised already, or the next one will.
+    """
+    if conn.closed:
+        if conn.broken:
+            return None
+        return Misused("the callback closed the database connection it was given")
+    status = conn.info.transaction_status
+    if status == TransactionStatus.IDLE:
+        return Misused(
+            "the callback ended the transaction it was given (COMMIT or ROLLBACK); the messages "
+            "handled before it in that transaction are handled again"
+        )
+    if status == TransactionStatus.INERROR:
+        return Misused(
+            "a statement of the callback failed and the callback went on: the transaction is "
+            "aborted (catch database errors inside a savepoint: conn.transaction())"
+        )
+    return None
+
+
 def disconnects() -> tuple[type[Exception], ...]:
     """What a lost connection raises, in either library (not a statement's failure)."""
     from sqlalchemy.exc import OperationalError
@@ -125,6 +158,12 @@ class PsycopgSession:
     def broken(self) -> bool:
         """Whether the connection is lost (as opposed to a statement having failed)."""
         return self.conn.broken or self.conn.closed
+
+    def check(self) -> None:
+        """Raise `Misused` if the callback left the transaction unusable."""
+        misused = misuse(self.conn)
+        if misused is not None:
+            raise misused
 
     def flush(self, handle: Any) -> None:
         """Nothing to flush: psycopg writes go to the server as they are executed."""
@@ -182,6 +221,14 @@ class SqlAlchemySession:
     def broken(self) -> bool:
         return self.conn.invalidated or self.conn.closed
 
+    def check(self) -> None:
+        """Raise `Misused` if the callback left the transaction unusable (the psycopg
+        connection under the session)."""
+        raw = self.conn.connection.driver_connection
+        misused = misuse(raw) if isinstance(raw, psycopg.Connection) else None
+        if misused is not None:
+            raise misused
+
     def flush(self, handle: Any) -> None:
         """Send the callback's ORM changes now, so that a failure is its own."""
         handle.flush()
@@ -225,6 +272,17 @@ class AsyncPsycopgSession:
     async def transaction(self) -> AsyncIterator[tuple[AsyncExecute, Any]]:
         async with self.conn.transaction():
             yield self.conn.execute, self.conn
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection is lost (as opposed to a statement having failed)."""
+        return self.conn.broken or self.conn.closed
+
+    def check(self) -> None:
+        """Raise `Misused` if the callback left the transaction unusable."""
+        misused = misuse(self.conn)
+        if misused is not None:
+            raise misused
 
     async def close(self) -> None:
         await self.conn.close()
@@ -286,6 +344,13 @@ class AsyncSqlAlchemySession:
                 await session.flush()
             finally:
                 await session.close()
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.conn.closed or self.conn.invalidated)
+
+    def check(self) -> None:
+        """The ORM session's own checks suffice here (its flush fails on a broken one)."""
 
     async def close(self) -> None:
         await self.conn.close()

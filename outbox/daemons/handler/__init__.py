@@ -7,7 +7,7 @@ them; failures.py: what a failure records; config.py: the settings and the regis
 
 from outbox.core.inbox_rows import Pending
 from outbox.daemons.handler.config import HandlerConfig, load_handlers
-from outbox.daemons.handler.failures import Undecodable
+from outbox.daemons.handler.failures import Misused, Undecodable
 from outbox.daemons.handler.runner import HandlerRunner
 
-__all__ = ["HandlerConfig", "HandlerRunner", "Pending", "Undecodable", "load_handlers"]
+__all__ = ["HandlerConfig", "HandlerRunner", "Misused", "Pending", "Undecodable", "load_handlers"]

@@ -6,6 +6,10 @@ savepoints (each would cost two more round trips). When one raises, the whole tr
 back; the rows before it are handled again in a new batch, the failure is recorded on its own,
 and the rows after it follow. A crash before the commit leaves every row of the batch to be
 handled again, with none of the batch's writes kept.
+
+A callback that misbehaves fails its own message like one that raises: a BaseException, a
+transaction it closed, ended (COMMIT, ROLLBACK) or left aborted (checked after each callback
+unless pipelined), or its connection lost while it ran (`_lost_in_callback`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import psycopg
 from outbox import tracing
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.text import first_line
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.handler.config import HandlerConfig
 from outbox.daemons.handler.failures import ConnectionLost, Failure, RollBack
@@ -51,7 +56,9 @@ class Batches:
         self._sync: Session | None = None
 
     def session(self) -> Session:
-        """The sync session, opened when first needed."""
+        """The sync session, opened when first needed (again after it broke)."""
+        if self._sync is not None and self._sync.broken:  # closed by a callback, say
+            self._reset()
         if self._sync is None:
             url = self.config.database_url
             try:
@@ -69,6 +76,10 @@ class Batches:
                     sync.close()
             else:
                 sync.close()
+
+    def _reset(self) -> None:
+        """Drop the sessions after a lost connection (a worker drops its async one too)."""
+        self.close_session(quietly=True)
 
     def blocked(self, row: Pending, failed_keys: set[bytes]) -> bool:
         """A row whose key already failed in this group stays behind it, in order."""
@@ -136,8 +147,12 @@ class Batches:
                         while end < len(rows) and rows[end].topic == row.topic:
                             end += 1
                         positions = [i for i in range(index, end) if rows[i].id in claimed]
-                        failure = self._call_batch(rows, positions, spec, claimed, handle, tx)
+                        failure = self._call_batch(
+                            rows, positions, spec, claimed, handle, tx, pipelined
+                        )
                         if failure is not None:
+                            if isinstance(failure.error, disconnects()):
+                                raise failure.error  # the connection is gone: see below
                             raise RollBack from failure.error
                         seconds = (time.monotonic() - self.started) / len(positions)
                         done.extend(rows[i].id for i in positions)
@@ -151,9 +166,16 @@ class Batches:
                         with tracing.handling(message):
                             spec.func(message, handle)
                             tx.flush(handle)
-                    except disconnects():
+                        if not pipelined:
+                            tx.check()
+                    except disconnects() as exc:
+                        # Lost while the callback ran (or its own error of that class, such as
+                        # a statement timeout): the callback's failure if the database answers.
+                        failure = Failure(index, row, spec, claimed[row.id], exc)
                         raise
-                    except Exception as exc:
+                    except BaseException as exc:
+                        # Any callback error, SystemExit and KeyboardInterrupt too: callbacks
+                        # run in worker threads, where neither comes from the process's signals.
                         failure = Failure(index, row, spec, claimed[row.id], exc)
                         raise RollBack from exc
                     finally:
@@ -171,12 +193,16 @@ class Batches:
                 return self._try_batch(rows, pipelined=False)
             return failure
         except psycopg.Error as exc:
+            if failure is not None:
+                return self._lost_in_callback(failure)
             if pipelined and not tx.broken:
                 return self._try_batch(rows, pipelined=False)  # a statement failed, late
             if isinstance(exc, psycopg.OperationalError):
                 raise ConnectionLost(str(exc)) from exc
             raise
         except disconnects() as exc:
+            if failure is not None:
+                return self._lost_in_callback(failure)
             raise ConnectionLost(str(exc)) from exc
         self.outcomes.count_handled(handled)
         return None
@@ -189,11 +215,13 @@ class Batches:
         claimed: dict[int, Claimed],
         handle: Any,
         tx: Session,
+        pipelined: bool,
     ) -> Failure | None:
         """Call a batch handler once with the claimed messages at `positions` of `rows`; on
         failure, where and why. A message that cannot be decoded is named exactly; a callback
         that raises for several messages names their whole span (size > 1), to be handled one
-        by one."""
+        by one. Any exception counts, BaseException too, and a lost connection (`_try_batch`
+        tells it apart)."""
         self.started = time.monotonic()
         messages = []
         for i in positions:
@@ -205,14 +233,25 @@ class Batches:
         try:
             spec.func(messages, handle)
             tx.flush(handle)
-        except disconnects():
-            raise
-        except Exception as exc:
+            if not pipelined:
+                tx.check()
+        except BaseException as exc:  # a lost connection too: _try_batch tells them apart
             first, last = positions[0], positions[-1]
             return Failure(first, rows[first], spec, claimed[rows[first].id], exc, last - first + 1)
         finally:
             self.current = None
         return None
+
+    def _lost_in_callback(self, failure: Failure) -> Failure:
+        """The connection was lost (or closed) while a callback ran, or the transaction could
+        not end after a callback failed: a failed attempt of that callback's message if the
+        database answers a new connection, else a database outage (`ConnectionLost`, nothing
+        counted). A retired worker's loss is its lease's, counted by the dispatcher."""
+        self._reset()
+        if self.retired:
+            raise ConnectionLost(first_line(failure.error))
+        self.session()  # raises ConnectionLost while the database is down
+        return failure
 
     def _record_failure(
         self, row: Pending, spec: HandlerSpec | None, claimed: Claimed | None, exc: BaseException

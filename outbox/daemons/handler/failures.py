@@ -3,7 +3,10 @@
 Contract: the recorded error is always storable, whatever the exception's text (NUL, lone
 surrogates, a __str__ that raises), so recording a failure cannot fail. A payload that cannot
 be decoded (`Undecodable`) is dead at once; any other failure is retried with its handler's
-backoff until `max_attempts`, then dead.
+backoff until `max_attempts`, then dead. A failure is any exception a callback raises
+(BaseException too: SystemExit, KeyboardInterrupt), a transaction it left unusable (`Misused`,
+found by the session's `check()`) or a connection lost while it ran, if the database answers
+a new connection at once (else an outage, `ConnectionLost`, nothing counted).
 """
 
 from __future__ import annotations
@@ -17,6 +20,19 @@ from outbox.core.headers import from_json
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
 from outbox.core.serializers import Serializer, decode_payload
 from outbox.core.text import first_line, storable
+from outbox.postgres.sessions import Misused
+
+__all__ = [
+    "ConnectionLost",
+    "Failure",
+    "Misused",
+    "RollBack",
+    "Undecodable",
+    "decode",
+    "error_text",
+    "failed_attempt",
+    "unregistered",
+]
 
 
 class Undecodable(Exception):

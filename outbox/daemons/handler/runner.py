@@ -67,7 +67,7 @@ class HandlerRunner(LaneRelay[Pending]):
     @observed
     def run(self) -> None:
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
-        self.check_database()
+        self.check_database(self.config.observability.wait_for_database)
         self._workers = [self._worker(i) for i in range(self.config.concurrency)]
         try:
             self.serve_forever()

@@ -143,25 +143,41 @@ class Worker(Batches):
         tx = await self._async_session()
         self.backend_pid = tx.backend_pid
         claimed: Claimed | None = None
+        calling = False
+        error: BaseException
         try:
             async with tx.transaction() as (execute, handle):
                 claimed = await self.store.claim_async(execute, row.id)
                 if claimed is None:
                     return True
                 message = self.outcomes.message(claimed)
+                calling = True
                 with tracing.handling(message):
                     await spec.func(message, handle)
+                tx.check()
+                calling = False
                 await self.store.done_async(execute, row.id)
                 failpoint("handler.before_commit")
         except disconnects() as exc:
-            raise ConnectionLost(str(exc)) from exc
-        except Exception as exc:
-            failure = self.outcomes.failure(row, spec, claimed, exc)
-            try:
-                async with tx.transaction() as (execute, _handle):
-                    await self.store.fail_async(execute, failure)
-            except disconnects() as lost:
-                raise ConnectionLost(str(lost)) from lost
-            return False
-        self.outcomes.count_handled([(row.topic, time.monotonic() - self.started)])
-        return True
+            # Lost while the callback ran: its failure if the database answers (as in
+            # Batches._lost_in_callback); lost anywhere else, or by a retired worker: an outage.
+            if not calling or self.retired:
+                raise ConnectionLost(str(exc)) from exc
+            error = exc
+        except BaseException as exc:  # any callback error (see Batches._try_batch)
+            error = exc
+        else:
+            self.outcomes.count_handled([(row.topic, time.monotonic() - self.started)])
+            return True
+        if tx.broken:
+            self._async = None
+            with suppress(Exception):
+                await tx.close()
+            tx = await self._async_session()  # raises ConnectionLost while the database is down
+        failure = self.outcomes.failure(row, spec, claimed, error)
+        try:
+            async with tx.transaction() as (execute, _handle):
+                await self.store.fail_async(execute, failure)
+        except disconnects() as lost:
+            raise ConnectionLost(str(lost)) from lost
+        return False
