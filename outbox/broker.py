@@ -12,8 +12,8 @@ from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, OutgoingMessage, com
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check
 from outbox.core.serializers import JsonSerializer, Serializer
-from outbox.postgres import writer
-from outbox.postgres.queries import channel, queries, validate_schema
+from outbox.postgres.queries import validate_schema
+from outbox.postgres.writer import Writer
 
 #: The old name of `DEFAULT_MAX_MESSAGE_BYTES` (the limit now bounds the whole Kafka record).
 DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
@@ -70,9 +70,7 @@ class Broker:
             limit = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else max_message_bytes
             check("max_message_bytes", limit, "count")
         self.max_message_bytes: int = limit
-        self._sql = queries(self.schema)["send"]
-        self._sql_one = queries(self.schema)["send_one"]
-        self._channel = channel(self.schema, "producer_queue")
+        self._writer = Writer(self.schema)
 
     @property
     def max_payload_bytes(self) -> int:
@@ -140,14 +138,13 @@ class Broker:
         id and gets its id as causation id; `correlation_id` overrides the inherited one.
         """
         message = self._compose(topic, payload, key, headers, message_id, correlation_id)
-        writer.execute(tx, self._sql_one, writer.send_one_params(message, self._channel))
+        self._writer.write(tx, [message])
         return message.message_id
 
     def send_many(self, tx: object, messages: Iterable[Message]) -> list[UUID]:
         """Write a batch of messages in one statement; all are checked before any is written."""
         batch = self._compose_many(messages)
-        if batch:
-            writer.execute(tx, self._sql, writer.send_params(batch, self._channel))
+        self._writer.write(tx, batch)
         return [m.message_id for m in batch]
 
     async def send_async(
@@ -163,14 +160,11 @@ class Broker:
     ) -> UUID:
         """`send` for psycopg `AsyncConnection` and SQLAlchemy `AsyncConnection`/`AsyncSession`."""
         message = self._compose(topic, payload, key, headers, message_id, correlation_id)
-        await writer.execute_async(
-            tx, self._sql_one, writer.send_one_params(message, self._channel)
-        )
+        await self._writer.write_async(tx, [message])
         return message.message_id
 
     async def send_many_async(self, tx: object, messages: Iterable[Message]) -> list[UUID]:
         """`send_many` for asynchronous transaction handles."""
         batch = self._compose_many(messages)
-        if batch:
-            await writer.execute_async(tx, self._sql, writer.send_params(batch, self._channel))
+        await self._writer.write_async(tx, batch)
         return [m.message_id for m in batch]

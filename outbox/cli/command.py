@@ -238,7 +238,7 @@ def _revision(url: str, version_sql: str, what: str = "PostgreSQL") -> str | Non
     """The revision a schema is at by its Alembic version table; None when it has none yet."""
     import psycopg
 
-    from outbox.postgres.connect import connect_or_raise
+    from outbox.postgres.connection import connect_or_raise
 
     with connect_or_raise(url, what=what, application_name="outbox-migrate") as conn:
         try:
@@ -423,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _remember_secrets(args: argparse.Namespace) -> None:
     """Mask the secrets of the command line wherever they might be printed."""
-    from outbox.observability.redact import (
+    from outbox.core.redact import (
         remember_secrets,
         secrets_of_settings,
         secrets_of_url,
@@ -438,7 +438,7 @@ def _remember_secrets(args: argparse.Namespace) -> None:
 
 def _fatal(args: argparse.Namespace, reason: str) -> None:
     """The one line that says why the command failed: on stderr, or as a JSON log line."""
-    from outbox.observability.redact import redact_text
+    from outbox.core.redact import redact_text
 
     if getattr(args, "log_format", "text") == "json":
         logging.getLogger("outbox").error(

@@ -52,7 +52,7 @@ from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
 from outbox.core.numbers import flag_type
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
-from outbox.postgres.connect import connect_or_raise
+from outbox.postgres.connection import connect_or_raise
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 

@@ -489,7 +489,7 @@ def render_python_api(build: Callable[[], argparse.ArgumentParser]) -> str:
         (ConsumerConfig, ("consumer",)),
         (HandlerConfig, ("handler",)),
     ):
-        out.append(f"#### `outbox.daemons.{cls.__module__.rsplit('.', 1)[1]}.{cls.__name__}`\n")
+        out.append(f"#### `outbox.daemons.{cls.__module__.split('.')[2]}.{cls.__name__}`\n")
         out.extend(_config_table(cls, commands[path], path))
         out.append("")
     return "\n".join(out)

@@ -79,7 +79,7 @@ def run_console(args: argparse.Namespace) -> int:
     from types import FrameType
 
     from outbox.console.server import Console, ConsoleConfig, Database, parse_database
-    from outbox.observability.redact import remember_secrets, secrets_of_url
+    from outbox.core.redact import remember_secrets, secrets_of_url
 
     urls = args.database_urls or (
         [os.environ[ENV_DATABASE_URL]] if os.environ.get(ENV_DATABASE_URL) else []

@@ -41,9 +41,9 @@ from outbox.cli.operations import LOCK_TIMEOUT_SECONDS, _status_json
 from outbox.console import assets, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.kafka.lag import GroupLag, LagReader, lag_json
-from outbox.observability.redact import redact_text, redact_url
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 
@@ -117,7 +117,7 @@ def parse_database(text: str, index: int = 0) -> tuple[str, str]:
 
     A string libpq parses as a whole (a URL, or `host=... dbname=...`) has no NAME.
     """
-    from outbox.observability.redact import parse_conninfo
+    from outbox.core.redact import parse_conninfo
 
     whole = parse_conninfo(text)
     if whole is not None:

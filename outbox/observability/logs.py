@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
-from outbox.observability.redact import redact_text
+from outbox.core.redact import redact_text
 
 LogFormat = Literal["text", "json"]
 FORMATS: tuple[LogFormat, ...] = ("text", "json")

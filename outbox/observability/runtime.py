@@ -27,6 +27,14 @@ import psycopg
 
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check_fields
+from outbox.core.redact import (
+    redact_settings,
+    redact_text,
+    redact_url,
+    remember_secrets,
+    secrets_of_settings,
+    secrets_of_url,
+)
 from outbox.core.text import first_line
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
 from outbox.observability.logs import topic_summary
@@ -36,16 +44,9 @@ from outbox.observability.metrics import (
     Metrics,
     PrometheusMetrics,
 )
-from outbox.observability.redact import (
-    redact_settings,
-    redact_text,
-    redact_url,
-    remember_secrets,
-    secrets_of_settings,
-    secrets_of_url,
-)
 from outbox.ports import DeliveryFailure, TransportProbe
-from outbox.postgres.queries import queries
+from outbox.postgres.connection import Connection, connect
+from outbox.postgres.probes import ProbeStatements
 
 #: Default bind address of the metrics and health servers: every interface, so that a
 #: Prometheus server or a kubelet on another host reaches them. Use 127.0.0.1 on shared hosts.
@@ -356,12 +357,11 @@ class _Probes:
         self.owner = owner
         self.config = owner.config
         self._stop = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: Connection | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"outbox-{owner.kind}-probes", daemon=True
         )
-        sql = queries(owner.daemon_config.schema)
-        self._stats_sql = sql[f"obs_{QUEUE_OF[owner.kind]}_stats"]
+        self._statements = ProbeStatements(owner.daemon_config.schema)
 
     def start(self) -> None:
         self._thread.start()
@@ -398,21 +398,20 @@ class _Probes:
             failures[transport.name] = self._check_transport(transport)
         return failures
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             if self._conn is not None:
                 self._conn.close()
-            self._conn = psycopg.connect(
+            self._conn = connect(
                 self.owner.daemon_config.database_url,
-                autocommit=True,
-                connect_timeout=max(1, math.ceil(self.config.probe_timeout)),
+                timeout=self.config.probe_timeout,
                 application_name=f"outbox-{self.owner.kind}-probe",
             )
         return self._conn
 
     def _check_postgres(self) -> str | None:
         try:
-            self._connection().execute("SELECT 1")
+            self._statements.ping(self._connection())
         except psycopg.Error as exc:
             self._drop_connection()
             return f"PostgreSQL unreachable: {redact_text(first_line(exc))}"
@@ -429,15 +428,14 @@ class _Probes:
         """Set the queue depth, oldest-age (and the producer's dead-rows) gauges from one
         query."""
         try:
-            row = self._connection().execute(self._stats_sql).fetchone()
+            queue = QUEUE_OF[self.owner.kind]
+            stats = self._statements.queue_stats(self._connection(), queue)
         except psycopg.Error as exc:
             self._drop_connection()
             log.debug("queue statistics not refreshed: %s", redact_text(first_line(exc)))
             return
-        if row is not None:
-            queue = QUEUE_OF[self.owner.kind]
-            dead = int(row[2]) if len(row) > 2 else None
-            self.owner.metrics.queue_stats(queue, int(row[0]), float(row[1]), dead)
+        if stats is not None:
+            self.owner.metrics.queue_stats(queue, *stats)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -23,7 +23,7 @@ from outbox.core.errors import (
     SchemaTooNew,
 )
 from outbox.core.topics import validate_topic
-from outbox.postgres.connect import connect_or_raise
+from outbox.postgres.connection import connect_or_raise
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 

@@ -12,9 +12,9 @@ import psycopg
 from outbox.core.batches import OutgoingRecord
 from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
 from outbox.core.partitioning import partition_for
+from outbox.core.redact import redact_text
 from outbox.core.text import first_line, storable
 from outbox.core.topics import validate_topic
-from outbox.observability.redact import redact_text
 from outbox.pglog.log import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PARTITIONS,

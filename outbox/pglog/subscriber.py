@@ -13,8 +13,8 @@ import psycopg
 from outbox.core.batches import InboxBatch
 from outbox.core.errors import ConfigurationError
 from outbox.core.ids import process_id
+from outbox.core.redact import redact_text
 from outbox.core.topics import validate_topic
-from outbox.observability.redact import redact_text
 from outbox.pglog.log import (
     DEFAULT_SCHEMA,
     Connection,

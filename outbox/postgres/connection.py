@@ -1,8 +1,15 @@
-"""The daemons' connections to PostgreSQL: connecting, the schema check, riding out outages."""
+"""Connections to PostgreSQL: connecting, the schema check, riding out outages.
+
+One way to connect (`connect`), for the daemons' loops, which retry on `DatabaseLost`; and one
+way to connect or fail with a clear error (`connect_or_raise`, `check_database`), for commands
+and start-up checks: `DatabaseUnavailable` with one line, every secret masked (psycopg's
+messages may quote the connection string).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,8 +19,8 @@ from psycopg.rows import tuple_row
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from outbox.core.errors import DatabaseUnavailable
+from outbox.core.redact import redact_text
 from outbox.core.text import first_line
-from outbox.observability.redact import redact_text
 from outbox.postgres.migrate import check_schema
 
 log = logging.getLogger("outbox.relay")
@@ -23,15 +30,39 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 DatabaseLost = psycopg.OperationalError
 
 
-def connect(url: str, *, timeout: float, application_name: str) -> Connection:
-    """An autocommit connection for a daemon's control loop."""
+def connect(
+    url: str, *, timeout: float, application_name: str, autocommit: bool = True
+) -> Connection:
+    """A connection (autocommit unless asked otherwise); psycopg's error if it cannot."""
     return psycopg.connect(
         url,
-        autocommit=True,
+        autocommit=autocommit,
         row_factory=tuple_row,
-        connect_timeout=max(1, int(timeout)),
+        connect_timeout=max(1, math.ceil(timeout)),
         application_name=application_name,
     )
+
+
+def unavailable(exc: psycopg.Error, what: str = "PostgreSQL") -> DatabaseUnavailable:
+    """The one error for a failed connection: `cannot connect to WHAT: <first line>`, redacted."""
+    return DatabaseUnavailable(redact_text(f"cannot connect to {what}: {first_line(exc)}"))
+
+
+def connect_or_raise(
+    url: str,
+    *,
+    what: str = "PostgreSQL",
+    timeout: float = 10.0,
+    application_name: str = "outbox",
+    autocommit: bool = True,
+) -> Connection:
+    """A connection to `url`, or `DatabaseUnavailable` (see `unavailable`)."""
+    try:
+        return connect(
+            url, timeout=timeout, application_name=application_name, autocommit=autocommit
+        )
+    except psycopg.Error as exc:
+        raise unavailable(exc, what) from None
 
 
 def check_database(
@@ -41,8 +72,8 @@ def check_database(
     wait: float = 0.0,
     stopping: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Connect and check the schema version; one clear error for either failure (the
-    connection error's text redacted).
+    """Connect and check the schema version; one clear error for either failure (see
+    `unavailable`).
 
     With `wait` > 0, a refused connection (PostgreSQL down or still starting) is retried with
     backoff, a WARNING each time, for up to `wait` seconds or until `stopping()`; a wrong
@@ -57,10 +88,10 @@ def check_database(
             conn = open_connection()
             break
         except psycopg.Error as exc:
-            error = redact_text(f"cannot connect to PostgreSQL: {first_line(exc)}")
+            error = unavailable(exc)
             left = deadline - time.monotonic()
             if left <= 0 or stopping():
-                raise DatabaseUnavailable(error) from None
+                raise error from None
             log.warning(
                 "%s (attempt %d; waiting up to %.0fs more, --wait-for-database)",
                 error,

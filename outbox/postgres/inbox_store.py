@@ -1,18 +1,27 @@
-"""The inbox's statements on `consumer_queue` for the Consumer: insert and quarantine.
+"""The inbox's statements on `consumer_queue` (the inbox store).
 
-The inbox store turns the core batches a transport delivers into the bind parameters of
-`inbox_insert` and `inbox_quarantine`; no transport knows them.
+For the Consumer: insert and quarantine, turning the core batches a transport delivers into the
+bind parameters of `inbox_insert` and `inbox_quarantine` (no transport knows them). For the
+Handler: fetch what is due, claim, mark done, record a failure, forget old processed rows, and
+end a transaction that overran its lease.
+
+The Handler's transactions are those of `outbox.postgres.sessions` (psycopg or SQLAlchemy, sync
+or async): their statements run through the session's `execute`; the Handler's control loop
+passes its own psycopg connection.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from outbox.core.batches import InboxBatch, Quarantined
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
 from outbox.postgres.connection import Connection
 from outbox.postgres.queries import channel, queries
+from outbox.postgres.sessions import AsyncExecute, Execute
 
 
 def insert_params(batch: InboxBatch, wake_channel: str) -> dict[str, Any]:
@@ -53,10 +62,11 @@ Stored = Callable[[], Counter[str]]
 
 
 class InboxStore:
-    """Stores received batches in `consumer_queue` (one schema), waking a sleeping Handler.
+    """The statements on `consumer_queue` (one schema): the Consumer's and the Handler's.
 
-    Each method starts one statement (atomic on its own in autocommit) and returns a function
-    that gives, once the statement's results are in, the rows stored per topic.
+    The Consumer's methods start one statement (atomic on its own in autocommit) and return a
+    function that gives, once the statement's results are in, the rows stored per topic; a
+    stored batch wakes a sleeping Handler.
     """
 
     def __init__(self, schema: str) -> None:
@@ -72,6 +82,67 @@ class InboxStore:
         """Store records that cannot be ordinary rows as dead rows, once per message id."""
         cursor = conn.execute(self.sql["inbox_quarantine"], quarantine_params(records))
         return lambda: _counts(cursor.fetchone(), 0)
+
+    # -- the Handler's control connection ---------------------------------------------------
+
+    def fetch(
+        self, conn: Connection, lanes: list[int], limit: int, unordered: list[str]
+    ) -> list[Pending]:
+        """The next rows of `lanes` due for handling, in id order; a key waits behind its
+        retrying row, except on the `unordered` topics."""
+        params = {"lanes": lanes, "limit": limit, "unordered": unordered}
+        return [Pending._make(r) for r in conn.execute(self.sql["handler_fetch"], params)]
+
+    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
+        """Seconds until a retrying row of `lanes` may be fetched (negative: due), or None."""
+        row = conn.execute(self.sql["handler_next_retry"], {"lanes": lanes}).fetchone()
+        return float(row[0]) if row and row[0] is not None else None
+
+    def forget_processed(self, conn: Connection, window: float, limit: int) -> int:
+        """Delete up to `limit` rows processed more than `window` seconds ago; how many."""
+        params = {"window": window, "limit": limit}
+        return conn.execute(self.sql["handler_retention"], params).rowcount
+
+    def attempts(self, conn: Connection, row_id: int) -> int:
+        """The attempts a row has had (0 if it is gone)."""
+        row = conn.execute(self.sql["handler_attempts"], {"id": row_id}).fetchone()
+        return int(row[0]) if row else 0
+
+    def terminate(self, conn: Connection, backend_pid: int) -> None:
+        """End the backend of a transaction that overran its lease: it rolls back and releases
+        its row locks, so nothing it wrote can commit."""
+        conn.execute(self.sql["handler_terminate"], {"pid": backend_pid})
+
+    # -- in a handler transaction (a session's `execute`) --------------------------------------
+
+    def claim_many(self, execute: Execute, ids: list[int]) -> dict[int, Claimed]:
+        """Lock the rows of `ids` that are still pending and not held by another transaction."""
+        rows = execute(self.sql["handler_claim_many"], {"ids": ids}).fetchall()
+        return {row[0]: Claimed._make(row) for row in rows}
+
+    def done_many(self, execute: Execute, ids: list[int]) -> None:
+        """Mark rows processed; they stay (payload cleared) for the dedup window."""
+        execute(self.sql["handler_done_many"], {"ids": ids})
+
+    def fail(self, execute: Execute, failed: FailedAttempt) -> None:
+        """Record a failed attempt (see `FailedAttempt`)."""
+        execute(self.sql["handler_fail"], failed._asdict())
+
+    async def claim_async(self, execute: AsyncExecute, row_id: int) -> Claimed | None:
+        """Lock one pending row, or None if it is handled or held by another transaction."""
+        result = await execute(self.sql["handler_claim"], {"id": row_id})
+        # psycopg's async cursor fetches asynchronously; SQLAlchemy's result is buffered.
+        fetched = result.fetchone()
+        row = await fetched if inspect.isawaitable(fetched) else fetched
+        return None if row is None else Claimed._make(row)
+
+    async def done_async(self, execute: AsyncExecute, row_id: int) -> None:
+        """Mark one row processed."""
+        await execute(self.sql["handler_done"], {"id": row_id})
+
+    async def fail_async(self, execute: AsyncExecute, failed: FailedAttempt) -> None:
+        """Record a failed attempt."""
+        await execute(self.sql["handler_fail"], failed._asdict())
 
 
 def _counts(row: Any, column: int) -> Counter[str]:

@@ -2,7 +2,8 @@
 
 Nothing here commits, opens a connection or runs DDL. Supported handles: psycopg 3 `Connection`
 and `AsyncConnection`; SQLAlchemy `Connection`, `Session`, `AsyncConnection` and `AsyncSession`
-on the psycopg driver (`postgresql+psycopg://`).
+on the psycopg driver (`postgresql+psycopg://`), checked and run by `sessions` (the dispatch
+the Handler's transactions share).
 """
 
 from __future__ import annotations
@@ -11,15 +12,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
-from psycopg.pq import TransactionStatus
-
 from outbox.core.envelope import OutgoingMessage
-from outbox.core.errors import NotInTransaction, UnsupportedTransaction
 from outbox.core.headers import to_json
-
-SUPPORTED_SYNC = "psycopg.Connection, sqlalchemy Connection or Session"
-SUPPORTED_ASYNC = "psycopg.AsyncConnection, sqlalchemy AsyncConnection or AsyncSession"
+from outbox.postgres import sessions
+from outbox.postgres.queries import channel, queries
 
 
 def send_params(messages: Sequence[OutgoingMessage], channel: str) -> dict[str, Any]:
@@ -50,114 +46,35 @@ def send_one_params(message: OutgoingMessage, channel: str) -> dict[str, Any]:
     }
 
 
-def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    status = conn.info.transaction_status
-    if status == TransactionStatus.INERROR:
-        raise NotInTransaction(
-            "the connection's transaction has already failed; roll it back before sending"
-        )
-    if conn.autocommit and status == TransactionStatus.IDLE:
-        raise NotInTransaction(
-            "the connection is in autocommit mode outside a transaction, so the message would "
-            "commit on its own: call send inside `with conn.transaction():`"
-        )
-
-
-def _check_driver(driver_connection: object, kind: str) -> None:
-    if not isinstance(driver_connection, psycopg.Connection | psycopg.AsyncConnection):
-        raise UnsupportedTransaction(
-            f"SQLAlchemy {kind} uses the driver {type(driver_connection).__module__}; outbox "
-            "supports the psycopg 3 driver: create the engine with a postgresql+psycopg:// URL"
-        )
-    if driver_connection.autocommit:
-        raise NotInTransaction(
-            f"the SQLAlchemy {kind} uses AUTOCOMMIT isolation, so the message would commit on "
-            "its own: send inside a transaction"
-        )
-
-
-def _is_sqlalchemy(tx: object) -> bool:
-    """True for SQLAlchemy objects (and subclasses), without importing SQLAlchemy otherwise."""
-    return any(cls.__module__.startswith("sqlalchemy.") for cls in type(tx).__mro__)
-
-
 def execute(tx: object, sql: str, params: dict[str, Any]) -> None:
-    """Run one statement with a synchronous transaction handle."""
-    if isinstance(tx, psycopg.Connection):
-        _check_psycopg(tx)
-        tx.execute(sql, params)
-        return
-    if _is_sqlalchemy(tx):
-        _execute_sqlalchemy(tx, sql, params)
-        return
-    if isinstance(tx, psycopg.AsyncConnection):
-        raise UnsupportedTransaction(
-            "psycopg.AsyncConnection is asynchronous: use `await broker.send_async(...)`"
-        )
-    raise UnsupportedTransaction(
-        f"cannot send with a {type(tx).__module__}.{type(tx).__name__}; "
-        f"pass a {SUPPORTED_SYNC} (or use send_async with a {SUPPORTED_ASYNC})"
-    )
-
-
-def _is_sqlalchemy_async(tx: object) -> bool:
-    """True for SQLAlchemy's asyncio objects, without importing `sqlalchemy.ext.asyncio`
-    (which needs greenlet, absent from a plain install: the sync path must not import it)."""
-    return any(cls.__module__.startswith("sqlalchemy.ext.asyncio") for cls in type(tx).__mro__)
-
-
-def _execute_sqlalchemy(tx: object, sql: str, params: dict[str, Any]) -> None:
-    from sqlalchemy.engine import Connection
-    from sqlalchemy.orm import Session
-
-    if isinstance(tx, Session):
-        tx = tx.connection()
-    if isinstance(tx, Connection):
-        _check_driver(tx.connection.driver_connection, "connection")
-        tx.exec_driver_sql(sql, params)
-        return
-    if _is_sqlalchemy_async(tx):
-        raise UnsupportedTransaction(
-            f"{type(tx).__name__} is asynchronous: use `await broker.send_async(...)`"
-        )
-    raise UnsupportedTransaction(
-        f"cannot send with a {type(tx).__module__}.{type(tx).__name__}; "
-        f"pass a {SUPPORTED_SYNC} (or use send_async with a {SUPPORTED_ASYNC})"
-    )
+    """Run one statement in the caller's synchronous transaction handle."""
+    sessions.executor(tx)(sql, params)
 
 
 async def execute_async(tx: object, sql: str, params: dict[str, Any]) -> None:
-    """Run one statement with an asynchronous transaction handle."""
-    if isinstance(tx, psycopg.AsyncConnection):
-        _check_psycopg(tx)
-        await tx.execute(sql, params)
-        return
-    if _is_sqlalchemy(tx):
-        await _execute_sqlalchemy_async(tx, sql, params)
-        return
-    if isinstance(tx, psycopg.Connection):
-        raise UnsupportedTransaction("psycopg.Connection is synchronous: use `broker.send(...)`")
-    raise UnsupportedTransaction(
-        f"cannot send_async with a {type(tx).__module__}.{type(tx).__name__}; "
-        f"pass a {SUPPORTED_ASYNC} (or use send with a {SUPPORTED_SYNC})"
-    )
+    """Run one statement in the caller's asynchronous transaction handle."""
+    run = await sessions.async_executor(tx)
+    await run(sql, params)
 
 
-async def _execute_sqlalchemy_async(tx: object, sql: str, params: dict[str, Any]) -> None:
-    from sqlalchemy.engine import Connection
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-    from sqlalchemy.orm import Session
+class Writer:
+    """Writes composed messages to one schema's `producer_queue` in the caller's transaction."""
 
-    if isinstance(tx, AsyncSession):
-        tx = await tx.connection()
-    if isinstance(tx, AsyncConnection):
-        raw = await tx.get_raw_connection()
-        _check_driver(raw.driver_connection, "AsyncConnection")
-        await tx.exec_driver_sql(sql, params)
-        return
-    if isinstance(tx, Connection | Session):
-        raise UnsupportedTransaction(f"{type(tx).__name__} is synchronous: use `broker.send(...)`")
-    raise UnsupportedTransaction(
-        f"cannot send_async with a {type(tx).__module__}.{type(tx).__name__}; "
-        f"pass a {SUPPORTED_ASYNC} (or use send with a {SUPPORTED_SYNC})"
-    )
+    def __init__(self, schema: str) -> None:
+        sql = queries(schema)
+        self._send, self._send_one = sql["send"], sql["send_one"]
+        self._channel = channel(schema, "producer_queue")
+
+    def write(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
+        """Insert `messages` (one statement) with the caller's sync handle `tx`."""
+        if len(messages) == 1:
+            execute(tx, self._send_one, send_one_params(messages[0], self._channel))
+        elif messages:
+            execute(tx, self._send, send_params(messages, self._channel))
+
+    async def write_async(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
+        """`write` with the caller's async handle."""
+        if len(messages) == 1:
+            await execute_async(tx, self._send_one, send_one_params(messages[0], self._channel))
+        elif messages:
+            await execute_async(tx, self._send, send_params(messages, self._channel))

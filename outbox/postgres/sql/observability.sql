@@ -19,3 +19,7 @@ SELECT count(*),
        COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(received_at))), 0)::float8
 FROM {schema}.consumer_queue
 WHERE processed_at IS NULL AND dead_at IS NULL;
+
+-- name: obs_ping
+-- The readiness probe's check that PostgreSQL answers.
+SELECT 1;

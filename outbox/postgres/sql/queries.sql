@@ -366,3 +366,8 @@ WHERE id IN (
 
 -- name: handler_attempts
 SELECT attempts FROM {schema}.consumer_queue WHERE id = %(id)s;
+
+-- name: handler_terminate
+-- End the backend running a handler transaction that overran its lease: its transaction rolls
+-- back and its row locks are released, so nothing it wrote can commit.
+SELECT pg_terminate_backend(%(pid)s);

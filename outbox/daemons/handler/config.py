@@ -1,0 +1,86 @@
+"""The Handler's settings, and the registry of callbacks it runs."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from outbox.core.errors import ConfigurationError
+from outbox.core.handlers import Handlers
+from outbox.core.numbers import check_fields
+from outbox.daemons.lanes import new_relay_id
+from outbox.observability.runtime import ObservabilityConfig
+from outbox.postgres.queries import validate_schema
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """Settings of one Handler process; validated at construction."""
+
+    database_url: str
+    schema: str = "outbox"
+    concurrency: int = 4
+    batch_size: int = 200
+    poll_interval: float = 1.0
+    rebalance_interval: float = 2.0
+    #: Processed rows are kept this long (seconds) to recognise a redelivered message.
+    dedup_window: float = 24 * 3600.0
+    retention_interval: float = 30.0
+    retention_batch: int = 5000
+    #: Messages handled in one database transaction (a failure rolls it back and splits it).
+    transaction_size: int = 100
+    #: Longest a callback may run (seconds). Past it the callback's transaction is terminated
+    #: (so nothing it wrote can commit), the attempt counts as failed, and the row is retried.
+    lease: float = 300.0
+    connect_timeout: float = 10.0
+    relay_id: str = field(default_factory=new_relay_id)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            raise ConfigurationError("database URL is not set (--database-url)")
+        validate_schema(self.schema)
+        check_fields(
+            self,
+            {
+                "concurrency": "count",
+                "batch_size": "count",
+                "poll_interval": "seconds",
+                "rebalance_interval": "seconds",
+                "dedup_window": "seconds_or_zero",
+                "retention_interval": "seconds_or_zero",
+                "retention_batch": "count",
+                "transaction_size": "count",
+                "lease": "seconds",
+                "connect_timeout": "seconds",
+            },
+        )
+
+
+def load_handlers(path: str) -> Handlers:
+    """Import `package.module:attribute` and check that it names a `Handlers` registry."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(
+            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
+            f"got {path!r}"
+        )
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(target, Handlers):
+        raise ConfigurationError(
+            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
+        )
+    if not len(target):
+        raise ConfigurationError(f"{path} has no handlers registered")
+    return target

@@ -1,0 +1,117 @@
+"""What a failed attempt records, and the exceptions a worker's transactions pass among them.
+
+Contract: the recorded error is always storable, whatever the exception's text (NUL, lone
+surrogates, a __str__ that raises), so recording a failure cannot fail. A payload that cannot
+be decoded (`Undecodable`) is dead at once; any other failure is retried with its handler's
+backoff until `max_attempts`, then dead. A failure is any exception a callback raises
+(BaseException too: SystemExit, KeyboardInterrupt), a transaction it left unusable (`Misused`,
+found by the session's `check()`) or a connection lost while it ran, if the database answers
+a new connection at once (else an outage, `ConnectionLost`, nothing counted).
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import NamedTuple
+
+from outbox.core.envelope import InboxMessage
+from outbox.core.handlers import HandlerSpec
+from outbox.core.headers import from_json
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.serializers import Serializer, decode_payload
+from outbox.core.text import first_line, storable
+from outbox.postgres.sessions import Misused
+
+__all__ = [
+    "ConnectionLost",
+    "Failure",
+    "Misused",
+    "RollBack",
+    "Undecodable",
+    "decode",
+    "error_text",
+    "failed_attempt",
+    "unregistered",
+]
+
+
+class Undecodable(Exception):
+    """A message's payload cannot be decoded as its content type: no attempt can succeed, so
+    the message is dead at once (not retried); the decoder's error is the cause."""
+
+
+class RollBack(Exception):
+    """Raised inside a batch transaction to roll it back after a callback failed."""
+
+
+class ConnectionLost(Exception):
+    """The worker's database connection broke; the row stays for a later attempt."""
+
+
+class Failure(NamedTuple):
+    """Where a handler transaction failed. `size` 1 names the failing row; more is a batch
+    handler that raised for rows [position, position + size), each to be handled alone."""
+
+    position: int
+    row: Pending
+    spec: HandlerSpec | None
+    claimed: Claimed | None
+    error: BaseException
+    size: int = 1
+
+
+def decode(claimed: Claimed, serializer: Serializer) -> InboxMessage:
+    """The message a callback receives for a claimed row; `Undecodable` if its payload is not
+    its content type."""
+    payload = bytes(claimed.payload)
+    try:
+        decoded = decode_payload(payload, claimed.content_type, serializer)
+    except Exception as exc:
+        raise Undecodable(
+            f"cannot decode the payload as {claimed.content_type!r}: {first_line(exc)}"
+        ) from exc
+    return InboxMessage(
+        id=claimed.message_id,
+        topic=claimed.topic,
+        key=bytes(claimed.key) if claimed.key is not None else None,
+        payload=decoded,
+        raw_payload=payload,
+        content_type=claimed.content_type,
+        headers=from_json(claimed.headers),
+        attempt=claimed.attempts + 1,
+        created_at=claimed.created_at,
+        received_at=claimed.received_at,
+        partition=claimed.partition,
+        offset=claimed.offset,
+    )
+
+
+def error_text(exc: BaseException) -> str:
+    """The traceback of `exc` as storable text; never raises."""
+    try:
+        return storable("".join(traceback.format_exception(exc)))
+    except Exception:  # traceback copes with a raising __str__; this is the last resort
+        return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def failed_attempt(
+    row: Pending, spec: HandlerSpec | None, exc: BaseException, attempts: int
+) -> FailedAttempt:
+    """What attempt `attempts + 1` of `row`, failed with `exc`, records."""
+    attempt = attempts + 1
+    max_attempts = spec.max_attempts if spec is not None else 1
+    dead = attempt >= max_attempts or isinstance(exc, Undecodable)
+    delay = 0.0 if dead or spec is None else spec.backoff.delay(attempt)
+    return FailedAttempt(id=row.id, error=error_text(exc), dead=dead, delay=delay)
+
+
+def unregistered(row: Pending, registered: list[str]) -> FailedAttempt:
+    """A row of a topic no handler is registered for: dead at once."""
+    return FailedAttempt(
+        id=row.id,
+        error=storable(
+            f"no handler registered for topic {row.topic!r} (registered: {', '.join(registered)})"
+        ),
+        dead=True,
+        delay=0.0,
+    )

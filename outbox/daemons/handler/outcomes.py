@@ -1,0 +1,97 @@
+"""What became of each message, counted and logged: handled, failed, dead, past its lease.
+
+Shared by the dispatcher and the workers (thread-safe). The counts are for logs and tests; the
+tally feeds the metrics and the log line of each batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from outbox.core.envelope import InboxMessage
+from outbox.core.handlers import Handlers, HandlerSpec
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.text import first_line
+from outbox.daemons.handler.failures import decode, failed_attempt, unregistered
+from outbox.observability.metrics import HandlerTally, HandlerTallyBook
+
+log = logging.getLogger("outbox.handler")
+
+
+class Outcomes:
+    """The outcomes of one Handler process."""
+
+    def __init__(self, handlers: Handlers) -> None:
+        self.handlers = handlers
+        self._lock = threading.Lock()
+        self._tally = HandlerTallyBook()
+        self.handled = 0
+        self.failed = 0
+        self.dead = 0
+        self.lease_expired = 0
+
+    def message(self, claimed: Claimed) -> InboxMessage:
+        """The message a callback receives; `Undecodable` if its payload cannot be decoded."""
+        return decode(claimed, self.handlers.serializer)
+
+    def count_handled(self, callbacks: list[tuple[str, float]]) -> None:
+        """Count committed callbacks, given as (topic, seconds)."""
+        with self._lock:
+            self.handled += len(callbacks)
+        self._tally.handled(callbacks)
+
+    def no_handler(self, row: Pending) -> FailedAttempt:
+        """A row of an unregistered topic: dead at once, counted and logged."""
+        with self._lock:
+            self.dead += 1
+        self._tally.failed(row.topic, dead=True)
+        log.error(
+            "message row %d: no handler registered for topic %r",
+            row.id,
+            row.topic,
+            extra={"topic": row.topic},
+        )
+        return unregistered(row, self.handlers.topics)
+
+    def failure(
+        self,
+        row: Pending,
+        spec: HandlerSpec | None,
+        claimed: Claimed | None,
+        exc: BaseException,
+        attempts: int | None = None,
+    ) -> FailedAttempt:
+        """What a failed attempt records (failures.py), counted and logged. `attempts`, the
+        row's attempts before this one, is the claimed row's unless given."""
+        if attempts is None:
+            attempts = claimed.attempts if claimed is not None else 0
+        failed = failed_attempt(row, spec, exc, attempts)
+        with self._lock:
+            self.failed += 1
+            if failed.dead:
+                self.dead += 1
+        self._tally.failed(row.topic, dead=failed.dead)
+        message_id = str(claimed.message_id) if claimed is not None else None
+        log.warning(
+            "message %s (row %d) topic %r attempt %d/%d failed%s: %s",
+            message_id,
+            row.id,
+            row.topic,
+            attempts + 1,
+            spec.max_attempts if spec is not None else 1,
+            " (now dead)" if failed.dead else f" (retry in {failed.delay:.1f}s)",
+            first_line(exc),
+            extra={"message_id": message_id, "topic": row.topic},
+        )
+        return failed
+
+    def expired(self, row: Pending) -> None:
+        """Count a callback that overran its lease (its failure is counted by `failure`)."""
+        with self._lock:
+            self.lease_expired += 1
+        self._tally.lease_expired(row.topic)
+
+    def take_tally(self) -> HandlerTally:
+        """The tally since the last call (for the batch's metrics and log line)."""
+        return self._tally.take()

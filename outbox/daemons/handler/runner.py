@@ -1,0 +1,195 @@
+"""The Handler runner: `consumer_queue` -> the service's decorated callbacks.
+
+Contract: each message is handled in one database transaction that (1) locks its row, (2) runs
+the callback with that transaction's connection or session, and (3) marks the row processed.
+The callback's writes and "processed" commit together or not at all, and a processed row stays
+(payload cleared) for the dedup window, so a message is never handled twice. A callback that
+raises is rolled back, the error recorded, and the row retried with backoff until its handler's
+`max_attempts`, then kept as dead. Messages of one key are handled in order: they share a lane,
+a lane belongs to one worker of one process, and a key waits behind its failing message.
+
+This module is the relay's side: the loop's hooks (fetch, dispatch to the workers, the lease,
+retention) and the counts. The workers (worker.py, batches.py) run the transactions; every
+statement is the inbox store's (outbox/postgres/inbox_store.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from outbox.core.handlers import Handlers
+from outbox.core.inbox_rows import Pending
+from outbox.daemons.handler.config import HandlerConfig
+from outbox.daemons.handler.outcomes import Outcomes
+from outbox.daemons.handler.worker import Worker
+from outbox.daemons.lanes import Connection, LaneRelay
+from outbox.observability.runtime import Observability, observed
+from outbox.postgres.inbox_store import InboxStore
+
+log = logging.getLogger("outbox.handler")
+
+
+class HandlerRunner(LaneRelay[Pending]):
+    """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop."""
+
+    table = "consumer_queue"
+    kind = "handler"
+
+    def __init__(self, config: HandlerConfig, handlers: Handlers) -> None:
+        super().__init__(
+            database_url=config.database_url,
+            schema=config.schema,
+            poll_interval=config.poll_interval,
+            rebalance_interval=config.rebalance_interval,
+            connect_timeout=config.connect_timeout,
+            relay_id=config.relay_id,
+        )
+        self.config = config
+        self.store = InboxStore(config.schema)
+        self.handlers = handlers
+        self._unordered = handlers.unordered_topics
+        self._workers: list[Worker] = []
+        self._next_retention = 0.0
+        self.outcomes = Outcomes(handlers)
+        self.observability = Observability(
+            "handler",
+            config,
+            heartbeat=self.heartbeat,
+            relay_id=config.relay_id,
+            lanes=lambda: len(self.lanes),
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @observed
+    def run(self) -> None:
+        """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
+        self.check_database(self.config.observability.wait_for_database)
+        self._workers = [self._worker(i) for i in range(self.config.concurrency)]
+        try:
+            self.serve_forever()
+        finally:
+            for worker in self._workers:
+                worker.jobs.put(None)
+            for worker in self._workers:
+                worker.thread.join(30)
+            log.info(
+                "handler stopped: handled=%d failed=%d dead=%d",
+                self.outcomes.handled,
+                self.outcomes.failed,
+                self.outcomes.dead,
+            )
+
+    # -- the relay hooks -----------------------------------------------------------------------
+
+    def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
+        return self.store.fetch(conn, lanes, self.config.batch_size, self._unordered)
+
+    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
+        return self.store.next_due(conn, lanes)
+
+    def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
+        groups: list[list[Pending]] = [[] for _ in self._workers]
+        for row in rows:
+            groups[row.lane % len(self._workers)].append(row)
+        waits = []
+        for worker, group in zip(self._workers, groups, strict=True):
+            if group:
+                done = threading.Event()
+                worker.jobs.put((group, done))
+                waits.append((worker, done))
+        while waits:
+            self.heartbeat.beat()
+            worker, done = waits[0]
+            if done.wait(0.1) or worker.retired:
+                waits.pop(0)
+                if worker.error is not None:
+                    error, worker.error = worker.error, None
+                    raise error
+                continue
+            for other, _ in waits:
+                self._enforce_lease(conn, other)
+        self.observability.handler_batch(len(rows), self.outcomes.take_tally())
+
+    def _enforce_lease(self, conn: Connection, worker: Worker) -> None:
+        """Take a message back from a callback that overran its lease, and replace its worker."""
+        row, pid = worker.current, worker.backend_pid
+        if row is None or worker.retired:
+            return
+        elapsed = time.monotonic() - worker.started
+        if elapsed <= self.config.lease:
+            return
+        worker.retired = True
+        log.error(
+            "message row %d topic %r: handler ran %.1fs, past its lease of %.1fs; terminating "
+            "its transaction and retrying the message",
+            row.id,
+            row.topic,
+            elapsed,
+            self.config.lease,
+            extra={"topic": row.topic},
+        )
+        if pid is not None:
+            # Its writes roll back and its row lock is released: it can never commit now.
+            self.store.terminate(conn, pid)
+        self.outcomes.expired(row)
+        spec = self.handlers.get(row.topic)
+        expired = TimeoutError(f"lease of {self.config.lease:g}s expired")
+        failed = self.outcomes.failure(row, spec, None, expired, self.store.attempts(conn, row.id))
+        self.store.fail(conn.execute, failed)
+        self._workers[worker.index] = self._worker(worker.index)
+
+    def housekeeping(self, conn: Connection, *, busy: bool) -> None:
+        """Forget processed rows older than the dedup window, in bounded batches.
+
+        Runs every `retention_interval`, also while a backlog keeps the handler busy (then one
+        batch at a time, so that handling is not held up), so the table cannot grow without
+        bound under sustained load.
+        """
+        now = time.monotonic()
+        if now < self._next_retention:
+            return
+        self._next_retention = now + self.config.retention_interval
+        window, limit = self.config.dedup_window, self.config.retention_batch
+        total = 0
+        while True:
+            forgotten = self.store.forget_processed(conn, window, limit)
+            total += forgotten
+            more = forgotten >= limit
+            if busy and more:
+                # One batch now and another after the next handled batch, until caught up:
+                # forgetting keeps pace with handling without holding it up.
+                self._next_retention = now
+                break
+            if not more or self.stopping:
+                break
+        if total:
+            log.info("forgot %d processed messages older than the dedup window", total)
+
+    # -- the workers and the counts ------------------------------------------------------------
+
+    def _worker(self, index: int) -> Worker:
+        return Worker(index, self.config, self.handlers, self.store, self.outcomes)
+
+    @property
+    def handled(self) -> int:
+        """Callbacks committed so far."""
+        return self.outcomes.handled
+
+    @property
+    def failed(self) -> int:
+        """Failed attempts so far."""
+        return self.outcomes.failed
+
+    @property
+    def dead(self) -> int:
+        """Messages given up on so far."""
+        return self.outcomes.dead
+
+    @property
+    def lease_expired(self) -> int:
+        """Callbacks that overran their lease so far."""
+        return self.outcomes.lease_expired

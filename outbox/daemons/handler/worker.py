@@ -1,0 +1,183 @@
+"""A worker: one thread, its own database sessions, the rows of its lanes in order.
+
+Contract: a worker handles the rows it is given in their order; a row whose key already failed
+in this group is not handled (it waits behind the failure, unless its handler is unordered).
+Runs of sync callbacks share batch transactions (`batches.py`); an async callback has a
+transaction of its own on the worker's event loop. The dispatcher reads `current`, `started`
+and `backend_pid` to enforce the lease, and sets `retired` when it replaced this worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from contextlib import suppress
+
+from outbox import tracing
+from outbox.core.handlers import Handlers, HandlerSpec
+from outbox.core.inbox_rows import Claimed, Pending
+from outbox.daemons.failpoints import failpoint
+from outbox.daemons.handler.batches import APPLICATION, Batches
+from outbox.daemons.handler.config import HandlerConfig
+from outbox.daemons.handler.failures import ConnectionLost
+from outbox.daemons.handler.outcomes import Outcomes
+from outbox.postgres.inbox_store import InboxStore
+from outbox.postgres.sessions import AsyncSession, disconnects, open_async_session
+
+log = logging.getLogger("outbox.handler")
+
+Job = tuple[list[Pending], threading.Event]
+
+
+class Worker(Batches):
+    """One thread handling the groups of rows the dispatcher puts on `jobs`."""
+
+    def __init__(
+        self,
+        index: int,
+        config: HandlerConfig,
+        handlers: Handlers,
+        store: InboxStore,
+        outcomes: Outcomes,
+    ) -> None:
+        super().__init__(config, handlers, store, outcomes)
+        self.index = index
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        #: What stopped a group (not a callback's failure): the dispatcher re-raises it.
+        self.error: BaseException | None = None
+        self._async: AsyncSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(
+            target=self._main, name=f"outbox-handler-{index}", daemon=True
+        )
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                rows, done = job
+                try:
+                    self._run(rows)
+                except BaseException as exc:  # handed to the dispatcher, which re-raises it
+                    if not self.retired:
+                        self.error = exc
+                finally:
+                    self.current = None
+                    done.set()
+                if self.retired:
+                    return
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        self.close_session()
+        if self._async is not None and self._loop is not None:
+            self._loop.run_until_complete(self._async.close())
+        if self._loop is not None:
+            self._loop.close()
+
+    def _run(self, rows: list[Pending]) -> None:
+        """Handle a group in order: runs of sync handlers in batched transactions."""
+        failed_keys: set[bytes] = set()
+        chunk: list[Pending] = []
+        limit = self.config.transaction_size
+        try:
+            for row in rows:
+                spec = self.handlers.get(row.topic)
+                if spec is not None and spec.is_async:
+                    self.handle_batches(chunk, failed_keys)
+                    chunk = []
+                    self._async_row(row, spec, failed_keys)
+                else:
+                    chunk.append(row)
+                    if len(chunk) >= limit:
+                        self.handle_batches(chunk, failed_keys)
+                        chunk = []
+                if self.retired:
+                    return
+            self.handle_batches(chunk, failed_keys)
+        except ConnectionLost as exc:
+            if not self.retired:
+                log.warning("worker %d lost its database connection: %s", self.index, exc)
+            self._reset()
+        finally:
+            self.current = None
+
+    def _reset(self) -> None:
+        self.close_session(quietly=True)
+        if self._async is not None and self._loop is not None:
+            with suppress(Exception):
+                self._loop.run_until_complete(self._async.close())
+        self._async = None
+
+    # -- async callbacks: one row, one transaction ---------------------------------------------
+
+    def _async_row(self, row: Pending, spec: HandlerSpec, failed_keys: set[bytes]) -> None:
+        if self.blocked(row, failed_keys):
+            return
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        self.started = time.monotonic()
+        self.current = row
+        if not self._loop.run_until_complete(self._handle_async(row, spec)):
+            self.note_failure(row, spec, failed_keys)
+        self.current = None
+
+    async def _async_session(self) -> AsyncSession:
+        if self._async is None:
+            url = self.config.database_url
+            try:
+                library = self.handlers.transaction
+                self._async = await open_async_session(library, url, APPLICATION)
+            except Exception as exc:
+                raise ConnectionLost(str(exc)) from exc
+        return self._async
+
+    async def _handle_async(self, row: Pending, spec: HandlerSpec) -> bool:
+        tx = await self._async_session()
+        self.backend_pid = tx.backend_pid
+        claimed: Claimed | None = None
+        calling = False
+        error: BaseException
+        try:
+            async with tx.transaction() as (execute, handle):
+                claimed = await self.store.claim_async(execute, row.id)
+                if claimed is None:
+                    return True
+                message = self.outcomes.message(claimed)
+                calling = True
+                with tracing.handling(message):
+                    await spec.func(message, handle)
+                tx.check()
+                calling = False
+                await self.store.done_async(execute, row.id)
+                failpoint("handler.before_commit")
+        except disconnects() as exc:
+            # Lost while the callback ran: its failure if the database answers (as in
+            # Batches._lost_in_callback); lost anywhere else, or by a retired worker: an outage.
+            if not calling or self.retired:
+                raise ConnectionLost(str(exc)) from exc
+            error = exc
+        except BaseException as exc:  # any callback error (see Batches._try_batch)
+            error = exc
+        else:
+            self.outcomes.count_handled([(row.topic, time.monotonic() - self.started)])
+            return True
+        if tx.broken:
+            self._async = None
+            with suppress(Exception):
+                await tx.close()
+            tx = await self._async_session()  # raises ConnectionLost while the database is down
+        failure = self.outcomes.failure(row, spec, claimed, error)
+        try:
+            async with tx.transaction() as (execute, _handle):
+                await self.store.fail_async(execute, failure)
+        except disconnects() as lost:
+            raise ConnectionLost(str(lost)) from lost
+        return False
