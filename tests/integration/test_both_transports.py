@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from outbox import Broker, Handlers, InboxMessage, Message
+from outbox.core.batches import outgoing_batch
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
 from outbox.testing.plugin import DatabaseFactory, Drain
@@ -85,7 +86,7 @@ def test_a_record_delivered_twice_is_stored_and_handled_once(
     """A relay that lost its acknowledgement sends again: the log or the broker holds every
     record twice, the inbox stores and handles each message once."""
     topic = relay_transport.topic(3)
-    batch = [_message(topic, n) for n in range(20)]
+    batch = outgoing_batch([_message(topic, n) for n in range(20)])
     publisher = relay_transport.publisher()
     try:
         assert publisher.publish(batch) == [None] * 20
