@@ -489,6 +489,39 @@ def _producer_dead(service: Service) -> set[Any]:
     return dead
 
 
+def where_is(message_id: Any, sender: Service, receiver: Service) -> str:
+    """Where a message that was not handled is: still in the sender's outbox, in the
+    receiver's inbox (and in which state), or in neither (so on the transport: relayed, never
+    stored)."""
+    out = _rows(
+        sender.url,
+        f'SELECT lane, attempts, next_attempt_at, last_error FROM "{sender.schema}".producer_queue'
+        " WHERE message_id = %s",
+        (message_id,),
+    )
+    if out:
+        lane, attempts, due, error = out[0]
+        return (
+            f"{message_id}: in {sender.name}'s producer_queue, lane {lane}, attempts "
+            f"{attempts}, due {due}, last error {error!r}"
+        )
+    inbox = _rows(
+        receiver.url,
+        "SELECT lane, attempts, next_attempt_at, processed_at, dead_at, last_error,"
+        f' source_partition, source_offset FROM "{receiver.schema}".consumer_queue'
+        " WHERE message_id = %s",
+        (message_id,),
+    )
+    if inbox:
+        lane, attempts, due, processed, dead_at, error, partition, offset = inbox[0]
+        return (
+            f"{message_id}: in {receiver.name}'s consumer_queue, lane {lane}, partition "
+            f"{partition} offset {offset}, attempts {attempts}, due {due}, processed "
+            f"{processed}, dead {dead_at}, last error {error!r}"
+        )
+    return f"{message_id}: in neither queue: relayed, never stored by {receiver.name}"
+
+
 def account(
     services: Iterable[Service],
     routes: dict[str, tuple[str, str]],
@@ -538,6 +571,8 @@ def account(
         lost = [sent[i][1:3] for i in sent if times[i] == 0 and i not in dead]
         if lost:
             row.details.append(f"lost (key, seq), first ones: {sorted(lost)[:5]}")
+            missing = [i for i in sent if times[i] == 0 and i not in dead]
+            row.details += [f"  {where_is(i, sender, receiver)}" for i in missing[:5]]
         last: dict[str, int] = {}
         for _mid, key, seq in received:
             if key in last and seq <= last[key]:

@@ -297,7 +297,8 @@ def test_chaos_soak(
                 interval=1.0,
             )
         except AssertionError as exc:
-            drain_error = f"{exc}; {lanes_report(services)}"
+            offsets = _group_offsets(outbox_kafka_bootstrap, services)
+            drain_error = f"{exc}; {lanes_report(services)}; {offsets}"
         drain_seconds = time.monotonic() - drain_started
         stopped = True
         bad_stops = fleet.stop()
@@ -342,3 +343,23 @@ def test_chaos_soak(
     assert not drain_error, table
     assert_clean(rows, table)
     assert not bad_stops, "a daemon did not stop cleanly on SIGTERM\n" + table
+
+
+def _group_offsets(bootstrap: str, services: list[Service]) -> str:
+    """Each consumer group's committed offset and partition end (Tansu's end is only a hint
+    after batched produce): where a drain that did not finish stands on the transport."""
+    from outbox.kafka.lag import LagReader
+
+    parts = []
+    try:
+        reader = LagReader(bootstrap)
+        for service in services:
+            if service.group:
+                lag = reader.group_lag(service.group)
+                parts.append(
+                    f"{service.group}: "
+                    + ", ".join(f"p{p.partition} {p.committed}/{p.end}" for p in lag.partitions)
+                )
+    except Exception as exc:  # a diagnostic only
+        parts.append(f"group offsets unreadable: {exc}")
+    return "committed/end per partition: " + "; ".join(parts)
