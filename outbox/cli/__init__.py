@@ -5,8 +5,8 @@
 - `operations`: `status` and `dead-letters`;
 - `reference`: docs/reference/configuration.md, generated from the parser.
 
-`outbox console` and `outbox spark` declare their flags in `outbox.console.cli` and
-`outbox.spark.cli`.
+`outbox console` and `outbox spark` declare their flags in `outbox.cli.console` and
+`outbox.cli.spark`.
 """
 
 from outbox.cli.command import build_parser, main

@@ -167,11 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_operator_commands(commands)
 
-    from outbox.console.cli import add_console_command
+    from outbox.cli.console import add_console_command
 
     add_console_command(commands)
 
-    from outbox.spark.cli import add_spark_commands
+    from outbox.cli.spark import add_spark_commands
 
     add_spark_commands(commands)
 
@@ -390,11 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         if args.command == "console":
-            from outbox.console.cli import run_console
+            from outbox.cli.console import run_console
 
             return run_console(args)
         if args.command == "spark":
-            from outbox.spark.cli import run_spark_command
+            from outbox.cli.spark import run_spark_command
 
             return run_spark_command(args)
         if args.command not in handlers:

@@ -35,8 +35,8 @@ from outbox.testing.servers import (
 
 if TYPE_CHECKING:  # the package under test is imported late, in the fixtures
     from outbox.core.handlers import Handlers
-    from outbox.memory import InMemoryTransport
     from outbox.testing.draining import DrainResult, PostgresLog
+    from outbox.testing.memory import InMemoryTransport
 
 __all__ = ["DatabaseFactory", "Drain", "TopicFactory"]
 
@@ -235,7 +235,7 @@ def _outbox_skip_kafka_only(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def outbox_memory_transport() -> InMemoryTransport:
     """A new `InMemoryTransport` for this test (topics auto-created with 3 partitions)."""
-    from outbox.memory import InMemoryTransport
+    from outbox.testing.memory import InMemoryTransport
 
     return InMemoryTransport()
 
