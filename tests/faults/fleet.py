@@ -457,6 +457,8 @@ class TopicRow:
     poison_raw_headers: int = 0
     other_dead: int = 0
     details: list[str] = field(default_factory=list)
+    #: Ids of the messages lost (neither handled nor dead), for a closer look.
+    missing: list[Any] = field(default_factory=list)
 
 
 COLUMNS = (
@@ -571,8 +573,8 @@ def account(
         lost = [sent[i][1:3] for i in sent if times[i] == 0 and i not in dead]
         if lost:
             row.details.append(f"lost (key, seq), first ones: {sorted(lost)[:5]}")
-            missing = [i for i in sent if times[i] == 0 and i not in dead]
-            row.details += [f"  {where_is(i, sender, receiver)}" for i in missing[:5]]
+            row.missing = [i for i in sent if times[i] == 0 and i not in dead]
+            row.details += [f"  {where_is(i, sender, receiver)}" for i in row.missing[:5]]
         last: dict[str, int] = {}
         for _mid, key, seq in received:
             if key in last and seq <= last[key]:
@@ -691,3 +693,34 @@ def payload_summary(body: dict[str, Any]) -> str:
 def env_float(name: str, default: float) -> float:
     value = os.environ.get(name, "").strip()
     return float(value) if value else default
+
+
+def find_on_topic(bootstrap: str, topic: str, ids: Iterable[Any]) -> dict[str, tuple[int, int]]:
+    """(partition, offset) of each message id found on `topic`, read from the start of every
+    partition without a group: tells a message the broker holds but the group skipped from
+    one it never stored."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    wanted = {str(i) for i in ids}
+    found: dict[str, tuple[int, int]] = {}
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "soak-forensics", "fetch.wait.max.ms": 10}
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        idle = 0
+        while idle < 20 and len(found) < len(wanted):
+            batch = consumer.consume(1000, 0.5)
+            idle = idle + 1 if not batch else 0
+            for record in batch:
+                if record.error() is not None:
+                    continue
+                for name, value in record.headers() or []:
+                    if name == "outbox-message-id" and isinstance(value, bytes):
+                        text = value.decode(errors="replace")
+                        if text in wanted:
+                            found[text] = (record.partition() or 0, record.offset() or 0)
+    finally:
+        consumer.close()
+    return found

@@ -56,6 +56,7 @@ from .fleet import (
     drained,
     env_float,
     exits_report,
+    find_on_topic,
     lanes_report,
     report,
     wait_fair_lanes,
@@ -308,6 +309,16 @@ def test_chaos_soak(
 
     assert chaos is not None
     rows = account(services, routes, chaos.poisons)
+    for row in rows:
+        if row.missing:  # on the broker (and skipped by the group), or never stored there?
+            on_topic = find_on_topic(outbox_kafka_bootstrap, row.topic, row.missing[:5])
+            for i in row.missing[:5]:
+                place = on_topic.get(str(i))
+                row.details.append(
+                    f"  {i}: on the topic at partition {place[0]} offset {place[1]}"
+                    if place
+                    else f"  {i}: not on the topic"
+                )
     actions = ", ".join(f"{k}={v}" for k, v in sorted(chaos.done.items()))
     extra = [
         f"   seed {seed}; chaos {chaos_seconds:.0f} s; drain {drain_seconds:.1f} s"
