@@ -270,6 +270,7 @@ def test_chaos_soak(
     fleet = Fleet(services)
     chaos: Chaos | None = None
     drain_error = lanes_error = ""
+    consumer_tails: list[str] = []
     stopped = False
     bad_stops = []
     fleet.start()
@@ -300,6 +301,7 @@ def test_chaos_soak(
         except AssertionError as exc:
             offsets = _group_offsets(outbox_kafka_bootstrap, services)
             drain_error = f"{exc}; {lanes_report(services)}; {offsets}"
+            consumer_tails = _consumer_tails(fleet)
         drain_seconds = time.monotonic() - drain_started
         stopped = True
         bad_stops = fleet.stop()
@@ -333,6 +335,7 @@ def test_chaos_soak(
     ]
     extra += [f"   LANES NOT SHARED AT START: {lanes_error}"] if lanes_error else []
     extra += exits_report(fleet.unexpected) + exits_report(bad_stops)
+    extra += consumer_tails
     table = report(f"chaos soak ({seconds:.0f} s, seed {seed})", rows, extra)
     fault_results.append(
         FaultResult(
@@ -374,3 +377,15 @@ def _group_offsets(bootstrap: str, services: list[Service]) -> str:
     except Exception as exc:  # a diagnostic only
         parts.append(f"group offsets unreadable: {exc}")
     return "committed/end per partition: " + "; ".join(parts)
+
+
+def _consumer_tails(fleet: Fleet, lines: int = 15) -> list[str]:
+    """The last lines each running consumer logged: what a consumer that stopped making
+    progress was doing (joined, assigned, revoked, committing, waiting for PostgreSQL)."""
+    out = []
+    for name, daemon in sorted(fleet.daemons.items()):
+        if "consumer" in name and daemon.process.poll() is None:
+            tail = daemon.output().splitlines()[-lines:]
+            out.append(f"   last {len(tail)} lines of {name} (pid {daemon.process.pid}):")
+            out += [f"     {line[:240]}" for line in tail]
+    return out
