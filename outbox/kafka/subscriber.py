@@ -74,7 +74,8 @@ class KafkaSubscriber:
 
     def __init__(self, config: Mapping[str, Any], topics: Sequence[str]) -> None:
         settings, start = split_start(config)  # `--start` rides in the settings: take it out
-        self._consumer = KafkaConsumer(settings)
+        # Commits are asynchronous (see `commit`); their outcome arrives in a later poll.
+        self._consumer = KafkaConsumer({**settings, "on_commit": _committed})
         self._consumer.subscribe(list(topics), **subscribe_callbacks(settings, start))
 
     def poll(self, max_records: int, timeout: float) -> InboxBatch:
@@ -110,17 +111,35 @@ class KafkaSubscriber:
         return records
 
     def commit(self, batch: InboxBatch) -> None:
-        """Commit, synchronously, the offsets after `batch`; a failure is logged, not raised."""
+        """Commit the offsets after `batch` (it is stored), without waiting for the broker.
+
+        Asynchronous on purpose: a synchronous commit can hang in librdkafka while the group
+        coordinator is lost (confluent-kafka-python issue 1801); the hung consumer kept its
+        partitions through its background heartbeat and stopped reading them (the chaos soak
+        found it after broker freezes). A commit still goes out only after the inbox stored
+        the batch, commits are sent in order, and `close` waits for the outstanding ones; one
+        that fails is logged (`_committed`) and only means a redelivery, which the inbox's
+        dedup absorbs.
+        """
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.next_offsets().items()]
         try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
-            # The rows are stored; a lost commit only means a redelivery, which dedup absorbs.
+            self._consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:  # refused at once (no assignment, say)
             log.warning("offset commit failed (the batch will be redelivered): %s", exc)
 
     def close(self) -> None:
         """Leave the group (its partitions go to the other members) and close the client."""
         self._consumer.close()
+
+
+def _committed(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    """librdkafka's report of an asynchronous commit: a failure is logged, never raised."""
+    failed = [p for p in partitions if p.error is not None]
+    if error is not None or failed:
+        log.warning(
+            "offset commit failed (the records will be redelivered, and deduplicated): %s",
+            error.str() if error is not None else failed[0].error,
+        )
 
 
 def kafka_millis(message: Message) -> int | None:
