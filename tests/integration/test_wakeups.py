@@ -59,7 +59,5 @@ def test_a_row_without_any_notify_is_still_relayed_by_the_poll_fallback(
                 "lane) VALUES (gen_random_uuid(), 't.poll', 'x', 'application/octet-stream', 0)"
             )
         # The relay counts a batch after its delete committed: wait for both.
-        wait_for(
-            lambda: count(url) == 0 and relay.relayed >= 1, 10, "the poll fallback to relay"
-        )
+        wait_for(lambda: count(url) == 0 and relay.relayed >= 1, 10, "the poll fallback to relay")
         assert relay.relayed == 1
