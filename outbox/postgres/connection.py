@@ -86,22 +86,28 @@ def check_database(
         attempt += 1
         try:
             conn = open_connection()
-            break
         except psycopg.Error as exc:
             error = unavailable(exc)
-            left = deadline - time.monotonic()
-            if left <= 0 or stopping():
-                raise error from None
-            log.warning(
-                "%s (attempt %d; waiting up to %.0fs more, --wait-for-database)",
-                error,
-                attempt,
-                left,
-            )
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 5.0)
-    with conn:
-        check_schema(conn, schema)
+        else:
+            try:
+                with conn:
+                    check_schema(conn, schema)
+                return
+            except psycopg.OperationalError as exc:
+                # Lost while checking the schema (PostgreSQL shutting down): the same outage as
+                # a refused connection, the same one-line error, and waited for alike.
+                error = unavailable(exc)
+        left = deadline - time.monotonic()
+        if left <= 0 or stopping():
+            raise error from None
+        log.warning(
+            "%s (attempt %d; waiting up to %.0fs more, --wait-for-database)",
+            error,
+            attempt,
+            left,
+        )
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 5.0)
 
 
 def retrying_database(stopping: Callable[[], bool], what: str) -> Retrying:

@@ -63,3 +63,20 @@ def test_a_daemon_started_while_postgres_is_down_waits_for_it_when_asked(
     restarting.join(30)
     waits = [r for r in caplog.records if "--wait-for-database" in r.getMessage()]
     assert waits and "cannot connect to PostgreSQL" in waits[0].getMessage()
+
+
+def test_a_connection_lost_during_the_schema_check_is_the_same_one_line_outage(
+    outbox_database_url: str,
+) -> None:
+    # The chaos soak restarted a daemon while PostgreSQL was shutting down: it connected, lost
+    # the connection during the schema check, and exited with an "unexpected AdminShutdown".
+    from outbox.postgres.connection import check_database, connect
+
+    def terminated() -> psycopg.Connection[tuple[object, ...]]:
+        conn = connect(outbox_database_url, timeout=5, application_name="outbox-test")
+        with psycopg.connect(outbox_database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        return conn
+
+    with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
+        check_database(terminated, "outbox")
