@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
 
 from outbox.core.errors import (
     ConfigurationError,
@@ -23,7 +22,7 @@ from outbox.core.errors import (
     SchemaTooNew,
 )
 from outbox.core.topics import validate_topic
-from outbox.postgres.connection import connect_or_raise
+from outbox.postgres.connection import connect, connect_or_raise
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 
@@ -63,17 +62,6 @@ def queries(schema: str) -> dict[str, str]:
 def wake_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel publishers wake the subscribers of a log schema on."""
     return channel(schema, "log")
-
-
-def connect(url: str, *, timeout: float, application_name: str) -> Connection:
-    """An autocommit connection to the log database."""
-    return psycopg.connect(
-        url,
-        autocommit=True,
-        row_factory=tuple_row,
-        connect_timeout=max(1, int(timeout)),
-        application_name=application_name,
-    )
 
 
 def check_schema(conn: Connection, schema: str) -> None:

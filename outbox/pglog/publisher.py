@@ -22,12 +22,12 @@ from outbox.pglog.log import (
     Connection,
     Topics,
     apply_retention,
-    connect,
     encode_headers,
     queries,
     wake_channel,
 )
 from outbox.ports import DeliveryFailure
+from outbox.postgres.connection import connect
 from outbox.postgres.queries import validate_schema
 
 log = logging.getLogger("outbox.pglog")

@@ -19,13 +19,13 @@ from outbox.pglog.log import (
     DEFAULT_SCHEMA,
     Connection,
     Topics,
-    connect,
     decode_headers,
     lock_class,
     lock_key,
     queries,
     wake_channel,
 )
+from outbox.postgres.connection import connect
 from outbox.postgres.queries import quote_ident, validate_schema
 
 log = logging.getLogger("outbox.pglog")
