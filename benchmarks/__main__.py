@@ -28,6 +28,7 @@ SCENARIOS = {
     "e": "benchmarks.latency",
     "f": "benchmarks.retention",
     "g": "benchmarks.peer",
+    "w": "benchmarks.whole_path",
     "spark": "benchmarks.spark_inbox",
     "transports": "benchmarks.transports",
 }

@@ -259,12 +259,16 @@ FROM (SELECT topic, count(*) AS n FROM inserted GROUP BY topic) AS per_topic;
 -- name: handler_fetch
 -- The next pending rows of the owned lanes, in id order; a key whose earlier row waits for a
 -- retry is held back, so a handler sees each key's messages in order (except on the topics
--- whose handler was declared ordered=False).
+-- whose handler was declared ordered=False). Reads the pending index in id order, the lanes a
+-- filter (migration 0005). The keys in retry are read for every lane, not only the owned ones:
+-- with a lane condition the planner, whose statistics often still say the table is empty,
+-- preferred reading every pending row to the small retry index (11 ms instead of 0.01 at
+-- 60,000 pending rows); keys of other lanes match no row here.
 WITH blocked AS (
     SELECT DISTINCT lane, key
     FROM {schema}.consumer_queue
     WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL
-      AND next_attempt_at > now() AND lane = ANY(%(lanes)s)
+      AND next_attempt_at > now()
 )
 SELECT id, lane, key, topic
 FROM {schema}.consumer_queue q
