@@ -3,7 +3,6 @@ the header codec, topic lookups, and `PgLog` for administration (topics, retenti
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import struct
@@ -23,7 +22,7 @@ from outbox.core.errors import (
 )
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import connect, connect_or_raise
-from outbox.postgres.migrate import sqlalchemy_url
+from outbox.postgres.migrate import alembic_config, offline_sql
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 
 log = logging.getLogger("outbox.pglog")
@@ -105,40 +104,23 @@ def migrations_dir() -> Path:
     return Path(__file__).resolve().parent / "migrations"
 
 
-def _alembic_config(url: str, schema: str, **attributes: Any) -> Any:
-    from alembic.config import Config
-
-    cfg = Config(output_buffer=attributes.pop("output_buffer", None))
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.attributes["schema"] = validate_schema(schema)
-    cfg.attributes["url"] = sqlalchemy_url(url)
-    cfg.attributes.update(attributes)
-    return cfg
-
-
 def upgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> None:
     """Create or upgrade the log schema."""
     from alembic import command
 
-    command.upgrade(_alembic_config(url, schema), revision)
+    command.upgrade(alembic_config(migrations_dir(), url, schema), revision)
 
 
 def downgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
     """Take the log schema down to `revision` (default: drop every log table)."""
     from alembic import command
 
-    command.downgrade(_alembic_config(url, schema), revision)
+    command.downgrade(alembic_config(migrations_dir(), url, schema), revision)
 
 
 def upgrade_sql(schema: str = DEFAULT_SCHEMA) -> str:
     """The SQL `upgrade` would run on an empty database, for a DBA to review."""
-    from alembic import command
-
-    buffer = io.StringIO()
-    command.upgrade(
-        _alembic_config("postgresql+psycopg://", schema, output_buffer=buffer), "head", sql=True
-    )
-    return buffer.getvalue()
+    return offline_sql(migrations_dir(), schema)
 
 
 # -- records ------------------------------------------------------------------------------------
