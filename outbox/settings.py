@@ -143,12 +143,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         LOG_URL,
         "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
-        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox log-groups forget`",
     ),
     EnvironmentVariable(
         LOG_SCHEMA,
         "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
-        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox log-groups forget`",
     ),
     EnvironmentVariable(
         LOG_PARTITIONS,

@@ -1,4 +1,5 @@
-"""The operator commands of `outbox`: `status` and `dead-letters list|show|requeue|purge`.
+"""The operator commands of `outbox`: `status`, `dead-letters list|show|requeue|purge` and
+`log-groups forget`.
 
 `outbox.cli` calls `add_operator_commands` while building its parser and `run_operator_command`
 before its own commands. Errors follow the CLI's rules: an `OutboxError` (one line, exit 1, as
@@ -46,7 +47,16 @@ import psycopg
 from outbox import formatting as fmt
 from outbox import operations as ops
 from outbox import settings
-from outbox.cli.arguments import ENV_DATABASE_URL, Parser, add_groups, add_kafka, env_groups
+from outbox.cli.arguments import (
+    ENV_DATABASE_URL,
+    ENV_LOG_URL,
+    Parser,
+    add_groups,
+    add_kafka,
+    add_log,
+    env_groups,
+    require,
+)
 from outbox.cli.arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
 from outbox.core.numbers import flag_type
@@ -66,6 +76,10 @@ CHECK_FAILED = 3
 
 class DatabaseCommandFailed(OutboxError):
     """PostgreSQL refused or dropped the statement of an operator command."""
+
+
+class NoSuchGroup(OutboxError, LookupError):
+    """`log-groups forget` named a consumer group the log does not know."""
 
 
 class _OneLineParser(Parser):
@@ -104,7 +118,8 @@ def _topic(text: str) -> str:
 
 
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `status` and `dead-letters` commands to the `outbox` command's subparsers."""
+    """Add the `status`, `dead-letters` and `log-groups` commands to the `outbox` command's
+    subparsers."""
     status = commands.add_parser(
         "status", help="queue rows by topic and state; the running daemons"
     )
@@ -190,6 +205,31 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
             "--all", dest="all_rows", action="store_true", help="every dead row of the queue"
         )
 
+    groups = commands.add_parser(
+        "log-groups",
+        help="forget a consumer group of the PostgreSQL log (--transport postgres)",
+        description="Administer the consumer groups of the PostgreSQL log. See "
+        "docs/how-to/postgres-log.md.",
+    )
+    group_actions = groups.add_subparsers(
+        dest="log_groups_command",
+        required=True,
+        metavar="ACTION",
+        parser_class=_OneLineParser,
+    )
+    forget = group_actions.add_parser(
+        "forget",
+        help="drop a group's committed offsets, so that they no longer hold back retention",
+        description="Drop the committed offsets of a consumer group that is gone for good: "
+        "the log's retention keeps every record a known group has not read, so a group that "
+        "no consumer reads any more holds records back until it is forgotten. Refused, and "
+        "nothing changes, for a group the log does not know or one with a consumer running "
+        "(stop its consumers first). A consumer started later with the same --group starts as "
+        "a new group, at the earliest record the log keeps.",
+    )
+    add_log(forget)
+    forget.add_argument("group", metavar="GROUP", help="the group (its consumers' --group)")
+
 
 # -- running --------------------------------------------------------------------------------
 
@@ -201,6 +241,8 @@ def run_operator_command(args: argparse.Namespace) -> int | None:
         return _status(args)
     if command == "dead-letters":
         return _dead_letters(args)
+    if command == "log-groups":
+        return _log_groups(args)
     return None
 
 
@@ -273,6 +315,29 @@ def _dead_letters(args: argparse.Namespace) -> int:
         with _connection(args) as conn:
             row = ops.show_row(conn, args.schema, queue, args.id)
         _print(json.dumps(_row_json(row), indent=2) if args.json else _row_text(row))
+    return 0
+
+
+def _log_groups(args: argparse.Namespace) -> int:
+    from outbox.pglog import PgLog, check_log
+
+    url = require(args.log_url, "--log-url", ENV_LOG_URL)
+    check_log(url, args.log_schema)  # one line when unreachable or not migrated
+    try:
+        known = PgLog(url, args.log_schema).forget_group(args.group)
+    except psycopg.Error as exc:
+        raise DatabaseCommandFailed(
+            f"log-groups forget failed in PostgreSQL: {first_line(exc)}"
+        ) from None
+    if not known:
+        raise NoSuchGroup(
+            f"log schema {args.log_schema!r} has no consumer group {args.group!r}; nothing was "
+            "changed"
+        )
+    _print(
+        f"forgot consumer group {args.group!r} of log schema {args.log_schema!r}: its offsets "
+        "no longer hold back retention"
+    )
     return 0
 
 

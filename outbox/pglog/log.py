@@ -17,6 +17,7 @@ import psycopg
 
 from outbox.core.errors import (
     ConfigurationError,
+    OutboxError,
     SchemaNotMigrated,
     SchemaTooNew,
 )
@@ -40,6 +41,22 @@ HEAD_REVISION = "log0001"
 KNOWN_REVISIONS = frozenset({HEAD_REVISION})
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class GroupInUse(OutboxError):
+    """A consumer group still has live members (consumers running), so it is not forgotten."""
+
+    def __init__(self, group: str, backend_pids: tuple[int, ...]) -> None:
+        self.group = group
+        #: The log database's backend pids of the members' sessions.
+        self.backend_pids = backend_pids
+        consumers = "consumer" if len(backend_pids) == 1 else "consumers"
+        pids = ", ".join(str(p) for p in backend_pids)
+        super().__init__(
+            f"consumer group {group!r} has {len(backend_pids)} live {consumers} (log database "
+            f"backend pid {pids}): stop them first; nothing was changed"
+        )
+
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -277,10 +294,27 @@ class PgLog:
             return apply_retention(conn, self.schema, retention, batch=batch)
 
     def forget_group(self, group: str) -> bool:
-        """Forget a consumer group (its offsets no longer hold back retention); True if known."""
-        with self._connect() as conn:
-            row = conn.execute(self.sql["log_forget_group"], {"name": group}).fetchone()
-            return row is not None
+        """Forget a consumer group: drop its committed offsets, which then no longer hold back
+        retention; True if the log knew the group, False if not.
+
+        Raises GroupInUse, and changes nothing, while a consumer of the group runs: forgotten
+        under it, the consumer's next commit would fail and it would start again as a new
+        group. A member whose session is gone (a killed consumer) does not count. A consumer
+        that joins while this runs waits for it, then starts as a new group.
+        """
+        with self._connect() as conn, conn.transaction():
+            conn.execute(self.sql["log_members_forget_dead"])
+            row = conn.execute(self.sql["log_group_lock"], {"name": group}).fetchone()
+            if row is None:
+                return False
+            members = [
+                int(pid)
+                for (pid,) in conn.execute(self.sql["log_group_members"], {"group_id": row[0]})
+            ]
+            if members:
+                raise GroupInUse(group, tuple(members))
+            conn.execute(self.sql["log_forget_group"], {"name": group})
+        return True
 
 
 def apply_retention(conn: Connection, schema: str, retention: float, *, batch: int = 10_000) -> int:

@@ -187,6 +187,17 @@ WITH head AS (
 )
 SELECT count(*) FROM deleted;
 
+-- name: log_group_lock
+-- A consumer group's id, its row locked until the transaction ends: a consumer joining the
+-- group meanwhile (log_member_register) or committing (log_commit) waits for it, through their
+-- foreign keys. No row: the log has no such group.
+SELECT id FROM {schema}.log_groups WHERE name = %(name)s FOR UPDATE;
+
+-- name: log_group_members
+-- The backend pids of a group's members (live ones, after log_members_forget_dead).
+SELECT backend_pid FROM {schema}.log_members WHERE group_id = %(group_id)s ORDER BY backend_pid;
+
 -- name: log_forget_group
--- Forget a consumer group: its offsets no longer hold back retention.
+-- Forget a consumer group: its offsets (and member rows) go with it, and no longer hold back
+-- retention.
 DELETE FROM {schema}.log_groups WHERE name = %(name)s RETURNING id;
