@@ -22,7 +22,8 @@ added):
                     "lanes": 64}],
      "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}]}
 
-With --kafka-bootstrap, "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
+With --kafka-bootstrap (or --transport postgres and --log-url: the groups of the PostgreSQL
+log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
 "partitions": [{"topic", "partition", "committed", "end", "lag"}], "error": null}]; with --check,
 "check": {"ok": bool, "max_age_seconds": <float or null>, "max_lag": <int or null>,
 "problems": ["..."]} and the exit code is 3 when not ok.
@@ -54,11 +55,13 @@ from outbox.cli.arguments import (
     add_groups,
     add_kafka,
     add_log,
+    add_transport,
     env_groups,
     require,
 )
 from outbox.cli.arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
+from outbox.core.lag import GroupLag, lag_json
 from outbox.core.numbers import flag_type
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
@@ -121,11 +124,16 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     """Add the `status`, `dead-letters` and `log-groups` commands to the `outbox` command's
     subparsers."""
     status = commands.add_parser(
-        "status", help="queue rows by topic and state; the running daemons"
+        "status",
+        help="queue rows by topic and state; the running daemons; consumer-group lag",
+        description="The rows of the queues by topic and state, and the running daemons. With "
+        "--kafka-bootstrap, the lag of the Kafka cluster's consumer groups; with --transport "
+        "postgres and --log-url, the lag of the PostgreSQL log's.",
     )
     _add_database(status)
     add_kafka(status)
-    add_groups(status)
+    add_transport(status)
+    add_groups(status, every="of the Kafka cluster, or of the log with --transport postgres")
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.add_argument(
         "--check",
@@ -145,9 +153,9 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         "--max-lag",
         type=flag_type("count_or_zero", settings.STATUS_MAX_LAG),
         default=os.environ.get(settings.STATUS_MAX_LAG),
-        help="with --check and --kafka-bootstrap: records a consumer group may lag behind; a "
-        f"group above it, or whose lag cannot be read, fails the check (env "
-        f"{settings.STATUS_MAX_LAG}; default no limit)",
+        help="with --check and --kafka-bootstrap (or --transport postgres and --log-url): "
+        "records a consumer group may lag behind; a group above it, or whose lag cannot be "
+        f"read, fails the check (env {settings.STATUS_MAX_LAG}; default no limit)",
     )
 
     dead = commands.add_parser(
@@ -343,25 +351,32 @@ def _log_groups(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
-    if max_lag is not None and not args.kafka_bootstrap:
+    # The lag comes from the transport the consumers read: Kafka, or the PostgreSQL log.
+    from_log = args.transport == "postgres"
+    if max_lag is not None and from_log and not args.log_url:
+        raise ConfigurationError(
+            f"--max-lag with --transport postgres needs --log-url (or {ENV_LOG_URL}) to read "
+            "the log's lag"
+        )
+    if max_lag is not None and not from_log and not args.kafka_bootstrap:
         raise ConfigurationError(
             f"--max-lag needs --kafka-bootstrap (or {settings.KAFKA_BOOTSTRAP}) to read the lag"
         )
     with _connection(args) as conn:
         status = ops.status(conn, args.schema)
-    lag = None
-    if args.kafka_bootstrap:
+    groups = args.groups if args.groups is not None else env_groups()
+    lag: list[GroupLag] | None = None
+    if from_log and args.log_url:
+        lag = _log_lag(args.log_url, args.log_schema, groups)
+    elif not from_log and args.kafka_bootstrap:
         from outbox.kafka.lag import read_lag
 
-        groups = args.groups if args.groups is not None else env_groups()
         lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
     max_age = None if args.max_age is None else float(args.max_age)
     problems = check_problems(status, max_age, lag, max_lag) if args.check else None
     if args.json:
         doc = fmt.status_json(status)
         if lag is not None:
-            from outbox.kafka.lag import lag_json
-
             doc["lag"] = lag_json(lag)
         if problems is not None:
             doc["check"] = {
@@ -383,10 +398,23 @@ def _status(args: argparse.Namespace) -> int:
     return CHECK_FAILED if problems else 0
 
 
+def _log_lag(url: str, schema: str, groups: Sequence[str]) -> list[GroupLag]:
+    """The lag of `groups` (every group when empty) on the PostgreSQL log at `url`."""
+    from outbox.pglog import PgLog, check_log
+
+    check_log(url, schema)  # one line when unreachable or not migrated
+    try:
+        return PgLog(url, schema).lag(groups or None)
+    except psycopg.Error as exc:
+        raise DatabaseCommandFailed(
+            f"status failed reading the log's lag in PostgreSQL: {first_line(exc)}"
+        ) from None
+
+
 def check_problems(
     status: ops.Status,
     max_age: float | None,
-    lag: Sequence[Any] | None = None,
+    lag: Sequence[GroupLag] | None = None,
     max_lag: int | None = None,
 ) -> list[str]:
     """What fails `outbox status --check`: dead rows, waiting rows older than max_age, and
@@ -415,7 +443,7 @@ def check_problems(
     return problems
 
 
-def _lag_text(groups: Sequence[Any]) -> list[str]:
+def _lag_text(groups: Sequence[GroupLag]) -> list[str]:
     lines = [""]
     if not groups:
         return [*lines, "consumer groups: none"]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from outbox import operations as ops
 from outbox.console.throughput import Rate
+from outbox.core.lag import GroupLag
 from outbox.formatting import (
     PAYLOAD_PREVIEW_BYTES,
     age,
@@ -23,7 +24,6 @@ from outbox.formatting import (
     raw_header_json,
     when,
 )
-from outbox.kafka.lag import GroupLag
 
 
 def esc(value: object) -> str:

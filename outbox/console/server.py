@@ -40,10 +40,11 @@ from outbox import operations as ops
 from outbox.console import assets, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.formatting import status_json
-from outbox.kafka.lag import GroupLag, LagReader, lag_json
+from outbox.kafka.lag import LagReader
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 

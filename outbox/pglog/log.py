@@ -21,6 +21,7 @@ from outbox.core.errors import (
     SchemaNotMigrated,
     SchemaTooNew,
 )
+from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import connect, connect_or_raise
 from outbox.postgres.migrate import alembic_config, offline_sql
@@ -274,19 +275,23 @@ class PgLog:
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """The next offset of `group` in each partition of `topic` it has a position in."""
-        s = quote_ident(self.schema)
+        [lag] = self.lag([group])
+        return {p.partition: p.committed for p in lag.partitions if p.topic == topic}
+
+    def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
+        """The lag of each of `groups`, in the order given (every group of the log, in name
+        order, when None): per partition it has a committed offset in, that offset against the
+        partition's end, read in one snapshot. A group the log does not know has no partitions,
+        as with Kafka (`outbox.kafka.lag`)."""
+        names = None if groups is None else list(dict.fromkeys(groups))
         with self._connect() as conn:
-            return {
-                int(p): int(o)
-                for p, o in conn.execute(
-                    f"SELECT p.partition, o.next_offset FROM {s}.log_group_offsets o "
-                    f"JOIN {s}.log_groups g ON g.id = o.group_id "
-                    f"JOIN {s}.log_partitions p ON p.id = o.partition_id "
-                    f"JOIN {s}.log_topics t ON t.id = p.topic_id "
-                    "WHERE g.name = %s AND t.name = %s",
-                    (group, topic),
-                )
-            }
+            rows = conn.execute(self.sql["log_group_lag"], {"names": names}).fetchall()
+        found: dict[str, list[PartitionLag]] = {}
+        for group, topic, partition, committed, end in rows:
+            partitions = found.setdefault(group, [])
+            if topic is not None:  # the row of a group with no committed offset yet
+                partitions.append(PartitionLag(topic, int(partition), int(committed), int(end)))
+        return [GroupLag(g, tuple(found.get(g, ()))) for g in (found if names is None else names)]
 
     def apply_retention(self, retention: float, *, batch: int = 10_000) -> int:
         """Delete records older than `retention` seconds that every group has read; how many."""

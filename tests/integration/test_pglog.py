@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ from outbox.cli import main
 from outbox.core.batches import InboxBatch, OutgoingRecord, outgoing
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
+from outbox.core.lag import GroupLag
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.pglog import GroupInUse, PgLog, PgLogPublisher, PgLogSubscriber, check_log
@@ -473,3 +475,81 @@ def test_log_groups_forget_needs_a_migrated_log(
     assert "no log schema 'outbox_log': run `outbox migrate --log-url" in _one_error_line(capsys)
     assert main(["log-groups", "forget", "g"]) == 1
     assert "--log-url is required (or set OUTBOX_LOG_URL)" in _one_error_line(capsys)
+
+
+# -- lag ------------------------------------------------------------------------------------------
+
+
+def test_the_lag_of_a_group_is_the_end_of_each_partition_less_its_committed_offset(
+    log_url: str,
+) -> None:
+    topic = "lagging"
+    log = PgLog(log_url)
+    log.create_topic(topic, 2)
+    publish(log_url, topic, 0, 10)
+    _commit_first(log_url, topic, "slow", 4)
+    _commit_first(log_url, topic, "fast", 10)
+    idle = PgLogSubscriber(log_url, ["not.published.yet"], "idle")
+    try:
+        idle.poll(10, 0.1)  # joins: a group of the log with no partition to commit in
+    finally:
+        idle.close()
+
+    [slow] = log.lag(["slow"])
+    assert slow.error is None and slow.total == 6 and slow.topics() == {topic: 6}
+    assert [(p.topic, p.partition) for p in slow.partitions] == [(topic, 0), (topic, 1)]
+    assert {p.partition: p.end for p in slow.partitions} == _ends(log_url)
+    assert sum(p.committed for p in slow.partitions) == 4
+    assert all(p.lag == p.end - p.committed for p in slow.partitions)
+    assert {p.partition: p.committed for p in slow.partitions} == log.committed("slow", topic)
+
+    # Every group of the log by name, or the groups asked for in their order; an unknown one
+    # has no partitions (as Kafka's reader says).
+    every = [(g.group, g.total, len(g.partitions)) for g in log.lag()]
+    assert every == [("fast", 0, 2), ("idle", 0, 0), ("slow", 6, 2)]
+    assert log.lag(["nobody", "fast"])[0] == GroupLag("nobody")
+    assert [g.group for g in log.lag(["nobody", "fast", "nobody"])] == ["nobody", "fast"]
+    publish(log_url, topic, 10, 13)
+    assert [(g.group, g.total) for g in log.lag(["fast", "slow"])] == [("fast", 3), ("slow", 9)]
+
+
+def test_status_shows_the_logs_lag_and_check_fails_above_max_lag(
+    outbox_database_url: str, log_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = "status.lag"
+    PgLog(log_url).create_topic(topic, 2)
+    publish(log_url, topic, 0, 10)
+    _commit_first(log_url, topic, "shipping", 7)
+    status = ["status", "--database-url", outbox_database_url, "--transport", "postgres"]
+    args = [*status, "--log-url", log_url]
+
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "consumer group shipping: lag 3" in text, text
+    header = next(line for line in text.splitlines() if "COMMITTED" in line)
+    assert header.split() == ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]
+
+    assert main([*args, "--group", "shipping", "--group", "nobody", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    shipping, nobody = doc["lag"]
+    assert shipping["group"] == "shipping" and shipping["total"] == 3 and not shipping["error"]
+    assert shipping["topics"] == {topic: 3}
+    assert sum(p["end"] for p in shipping["partitions"]) == 10
+    assert nobody == {"group": "nobody", "total": 0, "topics": {}, "partitions": [], "error": None}
+
+    assert main([*args, "--check", "--max-lag", "3"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("check: ok")
+    assert main([*args, "--check", "--max-lag", "2"]) == 3
+    assert "consumer group shipping: lag 3 (> 2)" in capsys.readouterr().out
+    assert main([*args, "--check", "--max-lag", "0", "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["check"]["problems"] == ["consumer group shipping: lag 3 (> 0)"]
+
+    # The lag is the log's only with --transport postgres, which needs --log-url for --max-lag.
+    assert main(["status", "--database-url", outbox_database_url, "--log-url", log_url]) == 0
+    assert "consumer group" not in capsys.readouterr().out
+    assert main([*status, "--check", "--max-lag", "5"]) == 1
+    assert "--max-lag with --transport postgres needs --log-url" in _one_error_line(capsys)
+    not_migrated = ["--log-url", log_url, "--log-schema", "other_log"]
+    assert main([*status, *not_migrated]) == 1
+    assert "no log schema 'other_log'" in _one_error_line(capsys)
