@@ -40,6 +40,10 @@ TABLES: dict[Queue, str] = {"producer": "producer_queue", "consumer": "consumer_
 AGE_COLUMNS: dict[Queue, str] = {"producer": "created_at", "consumer": "received_at"}
 #: A row named on the command line: its bigserial `id` or its message UUID.
 RowId = int | uuid.UUID
+#: Seconds an operator tool's session waits for a row lock (`SET lock_timeout`) before it gives
+#: up: a row named by id may be locked by a running handler, and requeue or purge should then
+#: change nothing and say so, not wait for as long as the handler runs.
+LOCK_TIMEOUT_SECONDS = 10
 
 _MAX_BIGINT = 2**63 - 1
 _MAX_PROBLEMS = 5

@@ -94,7 +94,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         LAG_GROUPS,
         "consumer groups whose lag is shown, comma-separated; the default of `--group` (else "
-        "every group of the cluster)",
+        "every group of the Kafka cluster, or of the PostgreSQL log)",
         "`outbox status`, `outbox console`",
     ),
     EnvironmentVariable(
@@ -106,7 +106,8 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         STATUS_MAX_LAG,
         "records a consumer group may lag behind before `outbox status --check` fails; the "
-        "default of `--max-lag` (else no lag limit; needs `--kafka-bootstrap`)",
+        "default of `--max-lag` (else no lag limit; needs `--kafka-bootstrap`, or `--log-url` with "
+        "`--transport postgres`)",
         "`outbox status`",
     ),
     EnvironmentVariable(
@@ -138,17 +139,19 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         TRANSPORT,
         "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
-        "`outbox producer`, `outbox consumer`",
+        "`outbox producer`, `outbox consumer`, `outbox status`",
     ),
     EnvironmentVariable(
         LOG_URL,
         "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
-        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox status`, "
+        "`outbox log-groups forget`",
     ),
     EnvironmentVariable(
         LOG_SCHEMA,
         "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
-        "`outbox migrate`, `outbox producer`, `outbox consumer`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox status`, "
+        "`outbox log-groups forget`",
     ),
     EnvironmentVariable(
         LOG_PARTITIONS,

@@ -183,8 +183,9 @@ def env_groups() -> list[str]:
     return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]
 
 
-def add_groups(parser: argparse.ArgumentParser) -> None:
-    """The repeatable --group of the commands that show lag."""
+def add_groups(parser: argparse.ArgumentParser, every: str = "of the cluster") -> None:
+    """The repeatable --group of the commands that show lag; by default they show every group
+    `every` (where they read the lag)."""
     parser.add_argument(
         "--group",
         dest="groups",
@@ -192,7 +193,7 @@ def add_groups(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="GROUP",
         help=f"consumer group whose lag is shown; repeatable (env {settings.LAG_GROUPS}, "
-        "comma-separated; default every group of the cluster)",
+        f"comma-separated; default every group {every})",
     )
 
 

@@ -1,4 +1,5 @@
-"""The operator commands of `outbox`: `status` and `dead-letters list|show|requeue|purge`.
+"""The operator commands of `outbox`: `status`, `dead-letters list|show|requeue|purge` and
+`log-groups forget`.
 
 `outbox.cli` calls `add_operator_commands` while building its parser and `run_operator_command`
 before its own commands. Errors follow the CLI's rules: an `OutboxError` (one line, exit 1, as
@@ -21,7 +22,8 @@ added):
                     "lanes": 64}],
      "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}]}
 
-With --kafka-bootstrap, "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
+With --kafka-bootstrap (or --transport postgres and --log-url: the groups of the PostgreSQL
+log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
 "partitions": [{"topic", "partition", "committed", "end", "lag"}], "error": null}]; with --check,
 "check": {"ok": bool, "max_age_seconds": <float or null>, "max_lag": <int or null>,
 "problems": ["..."]} and the exit code is 3 when not ok.
@@ -39,16 +41,27 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import psycopg
 
+from outbox import formatting as fmt
 from outbox import operations as ops
 from outbox import settings
-from outbox.cli.arguments import ENV_DATABASE_URL, Parser, add_groups, add_kafka, env_groups
+from outbox.cli.arguments import (
+    ENV_DATABASE_URL,
+    ENV_LOG_URL,
+    Parser,
+    add_groups,
+    add_kafka,
+    add_log,
+    add_transport,
+    env_groups,
+    require,
+)
 from outbox.cli.arguments import add_database as _add_database
 from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
+from outbox.core.lag import GroupLag, lag_json
 from outbox.core.numbers import flag_type
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
@@ -58,21 +71,18 @@ from outbox.postgres.queries import validate_schema
 
 # The same variables as outbox.cli (not imported from there: outbox.cli imports this module).
 
-#: `dead-letters show` prints at most this many bytes of a payload.
-PAYLOAD_PREVIEW_BYTES = 4096
 #: The error column of `dead-letters list` is cut to this many characters.
 ERROR_COLUMN_CHARS = 120
-#: Keys longer than this are cut in tables.
-KEY_COLUMN_CHARS = 40
-STATUS_FORMAT_VERSION = 1
 #: Exit code of `outbox status --check` when a row is dead or older than --max-age.
 CHECK_FAILED = 3
-#: How long requeue and purge wait for a row lock before giving up (nothing changed).
-LOCK_TIMEOUT_SECONDS = 10
 
 
 class DatabaseCommandFailed(OutboxError):
     """PostgreSQL refused or dropped the statement of an operator command."""
+
+
+class NoSuchGroup(OutboxError, LookupError):
+    """`log-groups forget` named a consumer group the log does not know."""
 
 
 class _OneLineParser(Parser):
@@ -111,13 +121,19 @@ def _topic(text: str) -> str:
 
 
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `status` and `dead-letters` commands to the `outbox` command's subparsers."""
+    """Add the `status`, `dead-letters` and `log-groups` commands to the `outbox` command's
+    subparsers."""
     status = commands.add_parser(
-        "status", help="queue rows by topic and state; the running daemons"
+        "status",
+        help="queue rows by topic and state; the running daemons; consumer-group lag",
+        description="The rows of the queues by topic and state, and the running daemons. With "
+        "--kafka-bootstrap, the lag of the Kafka cluster's consumer groups; with --transport "
+        "postgres and --log-url, the lag of the PostgreSQL log's.",
     )
     _add_database(status)
     add_kafka(status)
-    add_groups(status)
+    add_transport(status)
+    add_groups(status, every="of the Kafka cluster, or of the log with --transport postgres")
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.add_argument(
         "--check",
@@ -137,9 +153,9 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         "--max-lag",
         type=flag_type("count_or_zero", settings.STATUS_MAX_LAG),
         default=os.environ.get(settings.STATUS_MAX_LAG),
-        help="with --check and --kafka-bootstrap: records a consumer group may lag behind; a "
-        f"group above it, or whose lag cannot be read, fails the check (env "
-        f"{settings.STATUS_MAX_LAG}; default no limit)",
+        help="with --check and --kafka-bootstrap (or --transport postgres and --log-url): "
+        "records a consumer group may lag behind; a group above it, or whose lag cannot be "
+        f"read, fails the check (env {settings.STATUS_MAX_LAG}; default no limit)",
     )
 
     dead = commands.add_parser(
@@ -197,6 +213,31 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
             "--all", dest="all_rows", action="store_true", help="every dead row of the queue"
         )
 
+    groups = commands.add_parser(
+        "log-groups",
+        help="forget a consumer group of the PostgreSQL log (--transport postgres)",
+        description="Administer the consumer groups of the PostgreSQL log. See "
+        "docs/how-to/postgres-log.md.",
+    )
+    group_actions = groups.add_subparsers(
+        dest="log_groups_command",
+        required=True,
+        metavar="ACTION",
+        parser_class=_OneLineParser,
+    )
+    forget = group_actions.add_parser(
+        "forget",
+        help="drop a group's committed offsets, so that they no longer hold back retention",
+        description="Drop the committed offsets of a consumer group that is gone for good: "
+        "the log's retention keeps every record a known group has not read, so a group that "
+        "no consumer reads any more holds records back until it is forgotten. Refused, and "
+        "nothing changes, for a group the log does not know or one with a consumer running "
+        "(stop its consumers first). A consumer started later with the same --group starts as "
+        "a new group, at the earliest record the log keeps.",
+    )
+    add_log(forget)
+    forget.add_argument("group", metavar="GROUP", help="the group (its consumers' --group)")
+
 
 # -- running --------------------------------------------------------------------------------
 
@@ -208,6 +249,8 @@ def run_operator_command(args: argparse.Namespace) -> int | None:
         return _status(args)
     if command == "dead-letters":
         return _dead_letters(args)
+    if command == "log-groups":
+        return _log_groups(args)
     return None
 
 
@@ -221,13 +264,13 @@ def _connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
     with conn:
         try:
             # A row named by id may be locked by a running handler: wait a while, not forever.
-            conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+            conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
             check_schema(conn, schema)
             yield conn
         except psycopg.errors.LockNotAvailable:
             raise DatabaseCommandFailed(
                 f"{args.command}: a row is locked by a running daemon or another command "
-                f"(waited {LOCK_TIMEOUT_SECONDS} s); nothing was changed, try again"
+                f"(waited {ops.LOCK_TIMEOUT_SECONDS} s); nothing was changed, try again"
             ) from None
         except psycopg.Error as exc:
             raise DatabaseCommandFailed(
@@ -266,7 +309,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
             messages = "message" if warning.later == 1 else "messages"
             were = "was" if warning.later == 1 else "were"
             _print(
-                f"warning: row {warning.id} (key {_key_text(warning.key)}): {warning.later} "
+                f"warning: row {warning.id} (key {fmt.key_text(warning.key)}): {warning.later} "
                 f"later {messages} of the same key {were} already handled; it runs after them"
             )
         return 0
@@ -283,27 +326,57 @@ def _dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_groups(args: argparse.Namespace) -> int:
+    from outbox.pglog import PgLog, check_log
+
+    url = require(args.log_url, "--log-url", ENV_LOG_URL)
+    check_log(url, args.log_schema)  # one line when unreachable or not migrated
+    try:
+        known = PgLog(url, args.log_schema).forget_group(args.group)
+    except psycopg.Error as exc:
+        raise DatabaseCommandFailed(
+            f"log-groups forget failed in PostgreSQL: {first_line(exc)}"
+        ) from None
+    if not known:
+        raise NoSuchGroup(
+            f"log schema {args.log_schema!r} has no consumer group {args.group!r}; nothing was "
+            "changed"
+        )
+    _print(
+        f"forgot consumer group {args.group!r} of log schema {args.log_schema!r}: its offsets "
+        "no longer hold back retention"
+    )
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
-    if max_lag is not None and not args.kafka_bootstrap:
+    # The lag comes from the transport the consumers read: Kafka, or the PostgreSQL log.
+    from_log = args.transport == "postgres"
+    if max_lag is not None and from_log and not args.log_url:
+        raise ConfigurationError(
+            f"--max-lag with --transport postgres needs --log-url (or {ENV_LOG_URL}) to read "
+            "the log's lag"
+        )
+    if max_lag is not None and not from_log and not args.kafka_bootstrap:
         raise ConfigurationError(
             f"--max-lag needs --kafka-bootstrap (or {settings.KAFKA_BOOTSTRAP}) to read the lag"
         )
     with _connection(args) as conn:
         status = ops.status(conn, args.schema)
-    lag = None
-    if args.kafka_bootstrap:
+    groups = args.groups if args.groups is not None else env_groups()
+    lag: list[GroupLag] | None = None
+    if from_log and args.log_url:
+        lag = _log_lag(args.log_url, args.log_schema, groups)
+    elif not from_log and args.kafka_bootstrap:
         from outbox.kafka.lag import read_lag
 
-        groups = args.groups if args.groups is not None else env_groups()
         lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
     max_age = None if args.max_age is None else float(args.max_age)
     problems = check_problems(status, max_age, lag, max_lag) if args.check else None
     if args.json:
-        doc = _status_json(status)
+        doc = fmt.status_json(status)
         if lag is not None:
-            from outbox.kafka.lag import lag_json
-
             doc["lag"] = lag_json(lag)
         if problems is not None:
             doc["check"] = {
@@ -325,10 +398,23 @@ def _status(args: argparse.Namespace) -> int:
     return CHECK_FAILED if problems else 0
 
 
+def _log_lag(url: str, schema: str, groups: Sequence[str]) -> list[GroupLag]:
+    """The lag of `groups` (every group when empty) on the PostgreSQL log at `url`."""
+    from outbox.pglog import PgLog, check_log
+
+    check_log(url, schema)  # one line when unreachable or not migrated
+    try:
+        return PgLog(url, schema).lag(groups or None)
+    except psycopg.Error as exc:
+        raise DatabaseCommandFailed(
+            f"status failed reading the log's lag in PostgreSQL: {first_line(exc)}"
+        ) from None
+
+
 def check_problems(
     status: ops.Status,
     max_age: float | None,
-    lag: Sequence[Any] | None = None,
+    lag: Sequence[GroupLag] | None = None,
     max_lag: int | None = None,
 ) -> list[str]:
     """What fails `outbox status --check`: dead rows, waiting rows older than max_age, and
@@ -346,7 +432,7 @@ def check_problems(
                 if count.oldest_age is not None and count.oldest_age > max_age:
                     problems.append(
                         f"{q.table}: {state} row of topic {topic} waiting "
-                        f"{_age(count.oldest_age)} (> {max_age:g} s)"
+                        f"{fmt.age(count.oldest_age)} (> {max_age:g} s)"
                     )
     if max_lag is not None:
         for g in lag or ():
@@ -357,7 +443,7 @@ def check_problems(
     return problems
 
 
-def _lag_text(groups: Sequence[Any]) -> list[str]:
+def _lag_text(groups: Sequence[GroupLag]) -> list[str]:
     lines = [""]
     if not groups:
         return [*lines, "consumer groups: none"]
@@ -400,57 +486,6 @@ def _safe(text: str) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _timestamp(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat()
-
-
-def _when(value: datetime | None) -> str:
-    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _age(seconds: float | None) -> str:
-    """A short age: 12s, 4m05s, 3h02m, 2d04h."""
-    if seconds is None:
-        return "-"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
-def _bytes_text(data: bytes, *, multiline: bool) -> tuple[str, str]:
-    """(text, "utf-8") when `data` is printable UTF-8, else (hex digits, "hex")."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data.hex(), "hex"
-    check = text.replace("\n", "").replace("\r", "").replace("\t", "") if multiline else text
-    if check.isprintable():
-        return text, "utf-8"
-    return data.hex(), "hex"
-
-
-def _key(key: bytes | None) -> tuple[str | None, str | None]:
-    if key is None:
-        return None, None
-    return _bytes_text(key, multiline=False)
-
-
-def _key_cell(key: bytes | None) -> str:
-    text, encoding = _key(key)
-    if text is None:
-        return "(none)"
-    return _cut(text if encoding == "utf-8" else f"hex:{text}", KEY_COLUMN_CHARS)
-
-
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
     """Left-aligned columns two spaces apart, the header first."""
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
@@ -463,62 +498,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 # -- status ---------------------------------------------------------------------------------
 
 
-def _count_json(count: ops.Count) -> dict[str, Any]:
-    age = None if count.oldest_age is None else round(count.oldest_age, 3)
-    return {"count": count.rows, "oldest_age_seconds": age}
-
-
-def _status_json(status: ops.Status) -> dict[str, Any]:
-    queues: dict[str, Any] = {}
-    for q in status.queues:
-        queues[q.queue] = {
-            "table": q.table,
-            "age_column": q.age_column,
-            "states": list(q.states),
-            "topics": {
-                topic: {
-                    **{s: _count_json(c) for s, c in per_state.items()},
-                    "total": _count_json(sum(per_state.values(), ops.Count())),
-                }
-                for topic, per_state in q.topics.items()
-            },
-            "totals": {
-                **{s: _count_json(c) for s, c in q.totals.items()},
-                "total": _count_json(q.total),
-            },
-        }
-    return {
-        "format_version": STATUS_FORMAT_VERSION,
-        "schema": status.schema,
-        "taken_at": _timestamp(status.taken_at),
-        "queues": queues,
-        "processes": [
-            {
-                "relay_id": p.relay_id,
-                "queue": p.queue,
-                "host": p.host,
-                "pid": p.pid,
-                "backend_pid": p.backend_pid,
-                "sleeping": p.sleeping,
-                "alive": p.alive,
-                "seconds_since_update": round(p.since_update, 3),
-                "lanes": p.lanes,
-            }
-            for p in status.processes
-        ],
-        "claims": [
-            {"backend_pid": c.backend_pid, "state": c.state, "age_seconds": round(c.age, 3)}
-            for c in status.claims
-        ],
-    }
-
-
 def _count_cell(count: ops.Count) -> str:
-    return "-" if count.rows == 0 else f"{count.rows} ({_age(count.oldest_age)})"
+    return "-" if count.rows == 0 else f"{count.rows} ({fmt.age(count.oldest_age)})"
 
 
 def _status_text(status: ops.Status) -> list[str]:
-    lines = [f"outbox schema {status.schema!r} at {_when(status.taken_at)}"]
+    lines = [f"outbox schema {status.schema!r} at {fmt.when(status.taken_at)}"]
     for q in status.queues:
         lines.append("")
         if q.total.rows == 0:
@@ -526,7 +511,7 @@ def _status_text(status: ops.Status) -> list[str]:
             continue
         rows = "row" if q.total.rows == 1 else "rows"
         lines.append(
-            f"{q.table}: {q.total.rows} {rows}, oldest {_age(q.total.oldest_age)}; "
+            f"{q.table}: {q.total.rows} {rows}, oldest {fmt.age(q.total.oldest_age)}; "
             f"each cell: rows (age of the oldest, by {q.age_column})"
         )
         body = [
@@ -549,7 +534,7 @@ def _status_text(status: ops.Status) -> list[str]:
                 str(p.backend_pid),
                 ("sleeping" if p.sleeping else "busy") if p.alive else "gone",
                 str(p.lanes),
-                _age(p.since_update),
+                fmt.age(p.since_update),
             ]
             for p in status.processes
         ]
@@ -558,7 +543,7 @@ def _status_text(status: ops.Status) -> list[str]:
     if status.claims:
         lines.append("")
         lines.append(f"claims: {len(status.claims)} handler transactions in flight")
-        body = [[str(c.backend_pid), _safe(c.state), _age(c.age)] for c in status.claims]
+        body = [[str(c.backend_pid), _safe(c.state), fmt.age(c.age)] for c in status.claims]
         lines.extend(_table(["BACKEND PID", "STATE", "AGE"], body, indent="  "))
     return lines
 
@@ -569,7 +554,7 @@ def _status_text(status: ops.Status) -> list[str]:
 def _page_json(page: ops.DeadLetterPage) -> dict[str, Any]:
     rows = []
     for r in page.rows:
-        key, key_encoding = _key(r.key)
+        key, key_encoding = fmt.encoded_key(r.key)
         rows.append(
             {
                 "id": r.id,
@@ -578,7 +563,7 @@ def _page_json(page: ops.DeadLetterPage) -> dict[str, Any]:
                 "key": key,
                 "key_encoding": key_encoding,
                 "attempts": r.attempts,
-                "dead_at": _timestamp(r.dead_at),
+                "dead_at": fmt.timestamp(r.dead_at),
                 "error": r.error_summary,
                 "quarantined": r.quarantined,
             }
@@ -603,10 +588,10 @@ def _page_text(page: ops.DeadLetterPage) -> list[str]:
             str(r.id),
             str(r.message_id),
             _safe(r.topic),
-            _key_cell(r.key),
+            fmt.key_cell(r.key),
             str(r.attempts),
-            _when(r.dead_at),
-            _cut(
+            fmt.when(r.dead_at),
+            fmt.cut(
                 _safe(("(quarantined) " if r.quarantined else "") + r.error_summary),
                 ERROR_COLUMN_CHARS,
             ),
@@ -617,20 +602,9 @@ def _page_text(page: ops.DeadLetterPage) -> list[str]:
     return [f"{page.table}: {page.total} dead {rows}{where}{shown}", *_table(header, body)]
 
 
-def _payload(row: ops.QueueRow) -> tuple[str, str, bool]:
-    """(text or hex of the first PAYLOAD_PREVIEW_BYTES, encoding, truncated)."""
-    text, encoding = _bytes_text(row.payload, multiline=True)
-    truncated = len(row.payload) > PAYLOAD_PREVIEW_BYTES
-    if truncated:
-        head = row.payload[:PAYLOAD_PREVIEW_BYTES]
-        # The whole payload is valid UTF-8, so "ignore" drops only a character cut in two.
-        text = head.decode("utf-8", "ignore") if encoding == "utf-8" else head.hex()
-    return text, encoding, truncated
-
-
 def _row_json(row: ops.QueueRow) -> dict[str, Any]:
-    key, key_encoding = _key(row.key)
-    payload, payload_encoding, truncated = _payload(row)
+    key, key_encoding = fmt.encoded_key(row.key)
+    payload, payload_encoding, truncated = fmt.payload_preview(row)
     doc: dict[str, Any] = {
         "queue": row.queue,
         "table": row.table,
@@ -644,9 +618,9 @@ def _row_json(row: ops.QueueRow) -> dict[str, Any]:
         "content_type": row.content_type,
         "headers": row.headers,
         "attempts": row.attempts,
-        "created_at": _timestamp(row.created_at),
-        "next_attempt_at": _timestamp(row.next_attempt_at),
-        "dead_at": _timestamp(row.dead_at),
+        "created_at": fmt.timestamp(row.created_at),
+        "next_attempt_at": fmt.timestamp(row.next_attempt_at),
+        "dead_at": fmt.timestamp(row.dead_at),
         "last_error": row.last_error,
         "payload": payload,
         "payload_encoding": payload_encoding,
@@ -656,27 +630,13 @@ def _row_json(row: ops.QueueRow) -> dict[str, Any]:
     if row.queue == "consumer":
         doc["source_partition"] = row.source_partition
         doc["source_offset"] = row.source_offset
-        doc["received_at"] = _timestamp(row.received_at)
-        doc["processed_at"] = _timestamp(row.processed_at)
+        doc["received_at"] = fmt.timestamp(row.received_at)
+        doc["processed_at"] = fmt.timestamp(row.processed_at)
         doc["quarantined"] = row.quarantined
         doc["raw_headers"] = (
-            None if row.raw_headers is None else [_raw_header_json(*h) for h in row.raw_headers]
+            None if row.raw_headers is None else [fmt.raw_header_json(*h) for h in row.raw_headers]
         )
     return doc
-
-
-def _raw_header_json(name: bytes, value: bytes | None) -> dict[str, Any]:
-    """A quarantined row's header: name and value as text or hex (as keys are shown)."""
-    name_text, name_encoding = _bytes_text(name, multiline=False)
-    value_text, value_encoding = (
-        (None, None) if value is None else _bytes_text(value, multiline=False)
-    )
-    return {
-        "name": name_text,
-        "name_encoding": name_encoding,
-        "value": value_text,
-        "value_encoding": value_encoding,
-    }
 
 
 def _indented(text: str) -> list[str]:
@@ -688,22 +648,25 @@ def _row_text(row: ops.QueueRow) -> list[str]:
         ("message_id", str(row.message_id)),
         ("state", row.state),
         ("topic", _safe(row.topic)),
-        ("key", "(none)" if row.key is None else _key_text(row.key)),
+        ("key", "(none)" if row.key is None else fmt.key_text(row.key)),
         ("lane", str(row.lane)),
         ("content_type", _safe(row.content_type)),
         ("headers", json.dumps(row.headers, ensure_ascii=True, sort_keys=True)),
         ("attempts", str(row.attempts)),
-        ("created_at", _when(row.created_at)),
+        ("created_at", fmt.when(row.created_at)),
     ]
     if row.queue == "consumer":
         fields += [
-            ("received_at", _when(row.received_at)),
+            ("received_at", fmt.when(row.received_at)),
             ("source_partition", _number(row.source_partition)),
             ("source_offset", _number(row.source_offset)),
         ]
-    fields += [("next_attempt_at", _when(row.next_attempt_at)), ("dead_at", _when(row.dead_at))]
+    fields += [
+        ("next_attempt_at", fmt.when(row.next_attempt_at)),
+        ("dead_at", fmt.when(row.dead_at)),
+    ]
     if row.queue == "consumer":
-        fields.append(("processed_at", _when(row.processed_at)))
+        fields.append(("processed_at", fmt.when(row.processed_at)))
     lines = [f"{row.table} row {row.id}", *_table(["FIELD", "VALUE"], fields, indent="  ")[1:]]
     if row.raw_headers is not None:
         lines.append(
@@ -718,9 +681,9 @@ def _row_text(row: ops.QueueRow) -> list[str]:
     lines.append("last_error:" if row.last_error else "last_error: (none)")
     if row.last_error:
         lines.extend(_indented(_escape_lines(row.last_error)))
-    payload, encoding, truncated = _payload(row)
+    payload, encoding, truncated = fmt.payload_preview(row)
     size = f"{len(row.payload)} bytes"
-    note = f", showing the first {PAYLOAD_PREVIEW_BYTES}" if truncated else ""
+    note = f", showing the first {fmt.PAYLOAD_PREVIEW_BYTES}" if truncated else ""
     if encoding == "hex":
         lines.append(f"payload ({size}, not UTF-8 text: hex{note}):")
         lines.extend("  " + payload[i : i + 64] for i in range(0, len(payload), 64))
@@ -728,17 +691,12 @@ def _row_text(row: ops.QueueRow) -> list[str]:
         lines.append(f"payload ({size}, UTF-8{note}):")
         lines.extend(_indented(payload))
     if truncated:
-        lines.append(f"  ... ({len(row.payload) - PAYLOAD_PREVIEW_BYTES} more bytes not shown)")
+        lines.append(f"  ... ({len(row.payload) - fmt.PAYLOAD_PREVIEW_BYTES} more bytes not shown)")
     return lines
 
 
 def _number(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def _key_text(key: bytes) -> str:
-    text, encoding = _bytes_text(key, multiline=False)
-    return text if encoding == "utf-8" else f"hex:{text}"
 
 
 def _escape_lines(text: str) -> str:

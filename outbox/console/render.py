@@ -2,7 +2,7 @@
 
 Every value that comes from a database or a broker (topics, keys, payloads, headers, errors,
 relay ids) goes through `esc`, which escapes HTML and shows control characters as `\\xNN`
-escapes; bytes that are not UTF-8 are shown as hex (`outbox.cli.operations._bytes_text`). The
+escapes; bytes that are not UTF-8 are shown as hex (`outbox.formatting.bytes_text`). The
 page's Content-Security-Policy allows no inline script either, so an escaping slip would still
 not run a script.
 """
@@ -14,16 +14,16 @@ import json
 from collections.abc import Sequence
 
 from outbox import operations as ops
-from outbox.cli.operations import (
-    PAYLOAD_PREVIEW_BYTES,
-    _age,
-    _key_cell,
-    _payload,
-    _raw_header_json,
-    _when,
-)
 from outbox.console.throughput import Rate
-from outbox.kafka.lag import GroupLag
+from outbox.core.lag import GroupLag
+from outbox.formatting import (
+    PAYLOAD_PREVIEW_BYTES,
+    age,
+    key_cell,
+    payload_preview,
+    raw_header_json,
+    when,
+)
 
 
 def esc(value: object) -> str:
@@ -55,7 +55,7 @@ def _count(count: ops.Count, state: str) -> str:
     warn = " bad" if state == "dead" else ""
     return (
         f'<span class="n{warn}">{count.rows}</span> '
-        f'<span class="age" title="age of the oldest row">{esc(_age(count.oldest_age))}</span>'
+        f'<span class="age" title="age of the oldest row">{esc(age(count.oldest_age))}</span>'
     )
 
 
@@ -87,7 +87,7 @@ def processes(status: ops.Status) -> str:
             esc(p.backend_pid),
             esc(("sleeping" if p.sleeping else "busy") if p.alive else "gone"),
             esc(p.lanes),
-            esc(_age(p.since_update)),
+            esc(age(p.since_update)),
             f"<code>{esc(p.relay_id)}</code>",
         ]
         for p in status.processes
@@ -98,7 +98,7 @@ def processes(status: ops.Status) -> str:
         "processes",
     )
     if status.claims:
-        claims = [[esc(c.backend_pid), esc(c.state), esc(_age(c.age))] for c in status.claims]
+        claims = [[esc(c.backend_pid), esc(c.state), esc(age(c.age))] for c in status.claims]
         html_ += "<h3>handler transactions in flight</h3>" + _table(
             ["backend pid", "state", "age"], claims
         )
@@ -203,9 +203,9 @@ def dead_letters(page: ops.DeadLetterPage, *, read_only: bool) -> str:
             esc(r.id),
             f"<code>{esc(r.message_id)}</code>",
             esc(r.topic),
-            esc(_key_cell(r.key)),
+            esc(key_cell(r.key)),
             esc(r.attempts),
-            esc(_when(r.dead_at)),
+            esc(when(r.dead_at)),
             f'<span class="error">{"(quarantined) " if r.quarantined else ""}'
             f"{esc(r.error_summary)}</span>",
             f'<button type="button" class="open" data-queue="{esc(page.queue)}" '
@@ -231,27 +231,27 @@ def row_detail(row: ops.QueueRow, *, read_only: bool) -> str:
         ("message id", str(row.message_id)),
         ("state", row.state),
         ("topic", row.topic),
-        ("key", _key_cell(row.key)),
+        ("key", key_cell(row.key)),
         ("content type", row.content_type),
         ("lane", str(row.lane)),
         ("attempts", str(row.attempts)),
-        ("created at", _when(row.created_at)),
-        ("next attempt at", _when(row.next_attempt_at)),
-        ("dead at", _when(row.dead_at)),
+        ("created at", when(row.created_at)),
+        ("next attempt at", when(row.next_attempt_at)),
+        ("dead at", when(row.dead_at)),
     ]
     if row.queue == "consumer":
         fields += [
-            ("received at", _when(row.received_at)),
+            ("received at", when(row.received_at)),
             (
                 "source partition",
                 "-" if row.source_partition is None else str(row.source_partition),
             ),
             ("source offset", "-" if row.source_offset is None else str(row.source_offset)),
-            ("processed at", _when(row.processed_at)),
+            ("processed at", when(row.processed_at)),
         ]
     table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in fields)
     headers = json.dumps(row.headers, ensure_ascii=True, sort_keys=True, indent=2)
-    payload, encoding, truncated = _payload(row)
+    payload, encoding, truncated = payload_preview(row)
     size = f"{len(row.payload)} bytes"
     what = "UTF-8" if encoding == "utf-8" else "not UTF-8 text: hex"
     cut = f", showing the first {PAYLOAD_PREVIEW_BYTES}" if truncated else ""
@@ -290,7 +290,7 @@ def _raw_headers(row: ops.QueueRow) -> str:
 
     rows = []
     for name, value in row.raw_headers:
-        doc = _raw_header_json(name, value)
+        doc = raw_header_json(name, value)
         rows.append(
             [cell(doc["name"], doc["name_encoding"]), cell(doc["value"], doc["value_encoding"])]
         )

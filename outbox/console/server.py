@@ -37,13 +37,14 @@ from urllib.parse import parse_qs, urlsplit
 import psycopg
 
 from outbox import operations as ops
-from outbox.cli.operations import LOCK_TIMEOUT_SECONDS, _status_json
 from outbox.console import assets, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
-from outbox.kafka.lag import GroupLag, LagReader, lag_json
+from outbox.formatting import status_json
+from outbox.kafka.lag import LagReader
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 
@@ -302,7 +303,7 @@ class Console:
             status = ops.status(conn, d.schema)
         groups, note = self.lag()
         return {
-            **_status_json(status),
+            **status_json(status),
             "database": d.name,
             "lag": None if groups is None else lag_json(groups),
             "lag_note": note,
@@ -382,7 +383,7 @@ def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
         ) from None
     with conn:
         try:
-            conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_SECONDS}s'")
+            conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
             check_schema(conn, d.schema)
             yield conn
         except psycopg.errors.LockNotAvailable:

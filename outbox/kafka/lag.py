@@ -6,9 +6,9 @@ librdkafka requires), the ends of the partitions from `get_watermark_offsets` of
 never joins a group (it only asks the partition leaders). Nothing here commits or changes a
 group.
 
-Lag of a partition = end (high watermark) - committed offset. A partition the group has no
-commit for (a committed offset < 0) is not reported: the group has never read it, and its
-start position decides what it will read.
+Lag of a partition (`outbox.core.lag.PartitionLag`) = end (high watermark) - committed offset.
+A partition the group has no commit for (a committed offset < 0) is not reported: the group
+has never read it, and its start position decides what it will read.
 """
 
 from __future__ import annotations
@@ -16,54 +16,22 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from outbox.core.lag import GroupLag, PartitionLag, lag_json
 from outbox.core.text import first_line
+
+# GroupLag, PartitionLag and lag_json live in outbox.core.lag (the PostgreSQL log returns them
+# too); they stay importable from here.
+__all__ = ["DEFAULT_TIMEOUT", "GroupLag", "LagReader", "PartitionLag", "lag_json", "read_lag"]
 
 log = logging.getLogger("outbox.lag")
 
 #: Seconds a lag read waits for the cluster, per request.
 DEFAULT_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionLag:
-    """One partition of a group: committed offset, end of the partition, and the difference."""
-
-    topic: str
-    partition: int
-    committed: int
-    end: int
-
-    @property
-    def lag(self) -> int:
-        """Records after the committed offset (never negative)."""
-        return max(0, self.end - self.committed)
-
-
-@dataclass(frozen=True)
-class GroupLag:
-    """The lag of one consumer group; `error` says why it could not be read (then no rows)."""
-
-    group: str
-    partitions: tuple[PartitionLag, ...] = ()
-    error: str | None = None
-
-    @property
-    def total(self) -> int:
-        """Lag summed over every partition."""
-        return sum(p.lag for p in self.partitions)
-
-    def topics(self) -> dict[str, int]:
-        """Lag summed per topic, topics in name order."""
-        totals: dict[str, int] = {}
-        for p in self.partitions:
-            totals[p.topic] = totals.get(p.topic, 0) + p.lag
-        return dict(sorted(totals.items()))
 
 
 class LagReader:
@@ -141,26 +109,3 @@ def read_lag(
         return reader.lag(groups or None)
     finally:
         reader.close()
-
-
-def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
-    """The lag as JSON-ready dicts: group, total, per-topic totals, partitions, error."""
-    return [
-        {
-            "group": g.group,
-            "total": g.total,
-            "topics": g.topics(),
-            "partitions": [
-                {
-                    "topic": p.topic,
-                    "partition": p.partition,
-                    "committed": p.committed,
-                    "end": p.end,
-                    "lag": p.lag,
-                }
-                for p in g.partitions
-            ],
-            "error": g.error,
-        }
-        for g in groups
-    ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from outbox.pglog.log import (
     DEFAULT_PARTITIONS,
     DEFAULT_SCHEMA,
+    GroupInUse,
     PgLog,
     check_log,
 )
@@ -21,6 +22,7 @@ from outbox.pglog.subscriber import PgLogSubscriber
 __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_SCHEMA",
+    "GroupInUse",
     "PgLog",
     "PgLogPublisher",
     "PgLogSubscriber",

@@ -3,7 +3,6 @@ the header codec, topic lookups, and `PgLog` for administration (topics, retenti
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import struct
@@ -18,12 +17,14 @@ import psycopg
 
 from outbox.core.errors import (
     ConfigurationError,
+    OutboxError,
     SchemaNotMigrated,
     SchemaTooNew,
 )
+from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import connect, connect_or_raise
-from outbox.postgres.migrate import sqlalchemy_url
+from outbox.postgres.migrate import alembic_config, offline_sql
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 
 log = logging.getLogger("outbox.pglog")
@@ -41,6 +42,22 @@ HEAD_REVISION = "log0001"
 KNOWN_REVISIONS = frozenset({HEAD_REVISION})
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class GroupInUse(OutboxError):
+    """A consumer group still has live members (consumers running), so it is not forgotten."""
+
+    def __init__(self, group: str, backend_pids: tuple[int, ...]) -> None:
+        self.group = group
+        #: The log database's backend pids of the members' sessions.
+        self.backend_pids = backend_pids
+        consumers = "consumer" if len(backend_pids) == 1 else "consumers"
+        pids = ", ".join(str(p) for p in backend_pids)
+        super().__init__(
+            f"consumer group {group!r} has {len(backend_pids)} live {consumers} (log database "
+            f"backend pid {pids}): stop them first; nothing was changed"
+        )
+
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -105,40 +122,23 @@ def migrations_dir() -> Path:
     return Path(__file__).resolve().parent / "migrations"
 
 
-def _alembic_config(url: str, schema: str, **attributes: Any) -> Any:
-    from alembic.config import Config
-
-    cfg = Config(output_buffer=attributes.pop("output_buffer", None))
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.attributes["schema"] = validate_schema(schema)
-    cfg.attributes["url"] = sqlalchemy_url(url)
-    cfg.attributes.update(attributes)
-    return cfg
-
-
 def upgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> None:
     """Create or upgrade the log schema."""
     from alembic import command
 
-    command.upgrade(_alembic_config(url, schema), revision)
+    command.upgrade(alembic_config(migrations_dir(), url, schema), revision)
 
 
 def downgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
     """Take the log schema down to `revision` (default: drop every log table)."""
     from alembic import command
 
-    command.downgrade(_alembic_config(url, schema), revision)
+    command.downgrade(alembic_config(migrations_dir(), url, schema), revision)
 
 
 def upgrade_sql(schema: str = DEFAULT_SCHEMA) -> str:
     """The SQL `upgrade` would run on an empty database, for a DBA to review."""
-    from alembic import command
-
-    buffer = io.StringIO()
-    command.upgrade(
-        _alembic_config("postgresql+psycopg://", schema, output_buffer=buffer), "head", sql=True
-    )
-    return buffer.getvalue()
+    return offline_sql(migrations_dir(), schema)
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -275,19 +275,23 @@ class PgLog:
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         """The next offset of `group` in each partition of `topic` it has a position in."""
-        s = quote_ident(self.schema)
+        [lag] = self.lag([group])
+        return {p.partition: p.committed for p in lag.partitions if p.topic == topic}
+
+    def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
+        """The lag of each of `groups`, in the order given (every group of the log, in name
+        order, when None): per partition it has a committed offset in, that offset against the
+        partition's end, read in one snapshot. A group the log does not know has no partitions,
+        as with Kafka (`outbox.kafka.lag`)."""
+        names = None if groups is None else list(dict.fromkeys(groups))
         with self._connect() as conn:
-            return {
-                int(p): int(o)
-                for p, o in conn.execute(
-                    f"SELECT p.partition, o.next_offset FROM {s}.log_group_offsets o "
-                    f"JOIN {s}.log_groups g ON g.id = o.group_id "
-                    f"JOIN {s}.log_partitions p ON p.id = o.partition_id "
-                    f"JOIN {s}.log_topics t ON t.id = p.topic_id "
-                    "WHERE g.name = %s AND t.name = %s",
-                    (group, topic),
-                )
-            }
+            rows = conn.execute(self.sql["log_group_lag"], {"names": names}).fetchall()
+        found: dict[str, list[PartitionLag]] = {}
+        for group, topic, partition, committed, end in rows:
+            partitions = found.setdefault(group, [])
+            if topic is not None:  # the row of a group with no committed offset yet
+                partitions.append(PartitionLag(topic, int(partition), int(committed), int(end)))
+        return [GroupLag(g, tuple(found.get(g, ()))) for g in (found if names is None else names)]
 
     def apply_retention(self, retention: float, *, batch: int = 10_000) -> int:
         """Delete records older than `retention` seconds that every group has read; how many."""
@@ -295,10 +299,27 @@ class PgLog:
             return apply_retention(conn, self.schema, retention, batch=batch)
 
     def forget_group(self, group: str) -> bool:
-        """Forget a consumer group (its offsets no longer hold back retention); True if known."""
-        with self._connect() as conn:
-            row = conn.execute(self.sql["log_forget_group"], {"name": group}).fetchone()
-            return row is not None
+        """Forget a consumer group: drop its committed offsets, which then no longer hold back
+        retention; True if the log knew the group, False if not.
+
+        Raises GroupInUse, and changes nothing, while a consumer of the group runs: forgotten
+        under it, the consumer's next commit would fail and it would start again as a new
+        group. A member whose session is gone (a killed consumer) does not count. A consumer
+        that joins while this runs waits for it, then starts as a new group.
+        """
+        with self._connect() as conn, conn.transaction():
+            conn.execute(self.sql["log_members_forget_dead"])
+            row = conn.execute(self.sql["log_group_lock"], {"name": group}).fetchone()
+            if row is None:
+                return False
+            members = [
+                int(pid)
+                for (pid,) in conn.execute(self.sql["log_group_members"], {"group_id": row[0]})
+            ]
+            if members:
+                raise GroupInUse(group, tuple(members))
+            conn.execute(self.sql["log_forget_group"], {"name": group})
+        return True
 
 
 def apply_retention(conn: Connection, schema: str, retention: float, *, batch: int = 10_000) -> int:

@@ -1,21 +1,28 @@
-"""Applies outbox's Alembic migrations and checks the version a database is at."""
+"""Applies outbox's Alembic migrations and checks the version a database is at.
+
+Also what the log's migrations (outbox/pglog/migrations) share with outbox's own: the Alembic
+configuration (`alembic_config`), the offline SQL (`offline_sql`) and the env.py
+(`run_environment`).
+"""
 
 from __future__ import annotations
 
 import ast
 import io
 import re
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
 
 from outbox.core.errors import SchemaNotMigrated, SchemaTooNew
-from outbox.postgres.queries import queries, validate_schema
+from outbox.postgres.queries import queries, quote_ident, validate_schema
 
-if TYPE_CHECKING:  # Alembic is imported where it is used (see _revisions)
+if TYPE_CHECKING:  # Alembic and SQLAlchemy are imported where they are used (see _revisions)
     from alembic.config import Config
+    from sqlalchemy import Connection, MetaData
 
 
 def migrations_dir() -> Path:
@@ -35,39 +42,116 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
-def _config(url: str, schema: str, **attributes: Any) -> Config:
+def alembic_config(
+    script_location: Path, url: str, schema: str, *, output_buffer: TextIO | None = None
+) -> Config:
+    """The Alembic configuration that runs the scripts of `script_location` on `url` (libpq's
+    form or SQLAlchemy's) in `schema`, printing the SQL to `output_buffer` in offline mode.
+
+    Both script directories, outbox's own and the log's (outbox/pglog/migrations), read the
+    schema and the URL from `attributes` in their env.py (`run_environment`).
+    """
     from alembic.config import Config
 
-    cfg = Config(output_buffer=attributes.pop("output_buffer", None))
-    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg = Config(output_buffer=output_buffer)
+    cfg.set_main_option("script_location", str(script_location))
     cfg.attributes["schema"] = validate_schema(schema)
     cfg.attributes["url"] = sqlalchemy_url(url)
-    cfg.attributes.update(attributes)
     return cfg
+
+
+def offline_sql(script_location: Path, schema: str, revision: str = "head") -> str:
+    """The SQL that upgrading an empty database to `revision` with the scripts of
+    `script_location` runs, for a DBA to review and apply (no database is contacted)."""
+    from alembic import command
+
+    buffer = io.StringIO()
+    cfg = alembic_config(script_location, "postgresql+psycopg://", schema, output_buffer=buffer)
+    command.upgrade(cfg, revision, sql=True)
+    return buffer.getvalue()
+
+
+def run_environment(
+    *,
+    default_schema: str,
+    version_table: str,
+    what: str,
+    metadata: Callable[[str], MetaData] | None = None,
+) -> None:
+    """What the env.py of a script directory does, online or offline (`alembic --sql`).
+
+    The schema comes from `config.attributes["schema"]` (`alembic_config`) or `-x schema=...`
+    on the alembic command line, else `default_schema`; it is created if missing and holds the
+    version table `version_table`, so several schemas (and both histories) can share one
+    database. The scripts' `upgrade` and `downgrade` get the schema as their argument.
+    `metadata(schema)`, when given, is what `alembic check` compares the database with, in that
+    schema only. `what` names the migrations in the error for a missing URL.
+    """
+    from alembic import context
+    from sqlalchemy import create_engine, text
+
+    config = context.config
+    schema = validate_schema(
+        config.attributes.get("schema")
+        or context.get_x_argument(as_dictionary=True).get("schema")
+        or default_schema
+    )
+    options: dict[str, Any] = {
+        "target_metadata": None if metadata is None else metadata(schema),
+        "version_table_schema": schema,
+        "version_table": version_table,
+    }
+
+    def url() -> str:
+        found = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
+        if not found:
+            raise RuntimeError(f"no database URL given to the {what}")
+        return str(found)
+
+    def run(connection: Connection) -> None:
+        context.configure(
+            connection=connection,
+            include_schemas=True,
+            include_name=lambda name, type_, parent: type_ != "schema" or name == schema,
+            **options,
+        )
+        with context.begin_transaction():
+            context.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}"))
+            context.run_migrations(schema=schema)
+
+    if context.is_offline_mode():
+        context.configure(url=url(), literal_binds=True, **options)
+        with context.begin_transaction():
+            context.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+            context.run_migrations(schema=schema)
+        return
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        run(connection)
+        return
+    engine = create_engine(url())
+    with engine.connect() as conn:
+        run(conn)
+    engine.dispose()
 
 
 def upgrade(database_url: str, schema: str = "outbox", revision: str = "head") -> None:
     """Bring the schema up to `revision` (default: the newest)."""
     from alembic import command
 
-    command.upgrade(_config(database_url, schema), revision)
+    command.upgrade(alembic_config(migrations_dir(), database_url, schema), revision)
 
 
 def downgrade(database_url: str, schema: str = "outbox", revision: str = "base") -> None:
     """Take the schema down to `revision` (default: remove every outbox table)."""
     from alembic import command
 
-    command.downgrade(_config(database_url, schema), revision)
+    command.downgrade(alembic_config(migrations_dir(), database_url, schema), revision)
 
 
 def upgrade_sql(schema: str = "outbox", revision: str = "head") -> str:
     """The SQL `upgrade` would run on an empty database, for a DBA to review and apply."""
-    from alembic import command
-
-    buffer = io.StringIO()
-    cfg = _config("postgresql+psycopg://", schema, output_buffer=buffer)
-    command.upgrade(cfg, revision, sql=True)
-    return buffer.getvalue()
+    return offline_sql(migrations_dir(), schema, revision)
 
 
 @cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -17,9 +18,10 @@ from outbox.cli import main
 from outbox.core.batches import InboxBatch, OutgoingRecord, outgoing
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
+from outbox.core.lag import GroupLag
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber, check_log
+from outbox.pglog import GroupInUse, PgLog, PgLogPublisher, PgLogSubscriber, check_log
 from outbox.pglog.log import HEAD_REVISION
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.testing.plugin import DatabaseFactory
@@ -390,3 +392,164 @@ def test_the_log_migration_goes_down_and_up_again(
     assert main(["migrate", "--sql", "--log-url", url, "--log-schema", "b_log"]) == 0
     sql = capsys.readouterr().out
     assert 'CREATE TABLE "b_log".log_records' in sql and "producer_queue" not in sql
+
+
+def _sessions(url: str, application: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("outbox: error: "), captured.err
+    return lines[0]
+
+
+def test_log_groups_forget_drops_a_gone_groups_offsets_and_refuses_a_live_or_unknown_one(
+    log_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = "forgotten"
+    log = PgLog(log_url)
+    log.create_topic(topic, 2)
+    publish(log_url, topic, 0, 10)
+    _commit_first(log_url, topic, "gone", 4)
+    forget = ["log-groups", "forget", "--log-url", log_url]
+
+    assert main([*forget, "nobody"]) == 1
+    assert "log schema 'outbox_log' has no consumer group 'nobody'" in _one_error_line(capsys)
+
+    live = PgLogSubscriber(log_url, [topic], "gone")
+    try:
+        _receive(live, 1)  # joined the group: a live member
+        assert main([*forget, "gone"]) == 1
+        error = _one_error_line(capsys)
+        assert "consumer group 'gone' has 1 live consumer" in error, error
+        assert "stop them first; nothing was changed" in error
+        with pytest.raises(GroupInUse) as refused:
+            log.forget_group("gone")
+        assert len(refused.value.backend_pids) == 1
+        assert sum(log.committed("gone", topic).values()) == 4
+    finally:
+        live.close()
+
+    assert main([*forget, "gone"]) == 0
+    assert capsys.readouterr().out == (
+        "forgot consumer group 'gone' of log schema 'outbox_log': its offsets no longer hold "
+        "back retention\n"
+    )
+    assert log.committed("gone", topic) == {}
+    _age(log_url, 7200)
+    assert log.apply_retention(3600) == 10  # no group holds anything back any more
+    capsys.readouterr()  # its INFO line
+    assert main([*forget, "gone"]) == 1  # forgotten: unknown now
+    assert "has no consumer group 'gone'" in _one_error_line(capsys)
+
+
+def test_a_killed_consumer_does_not_keep_its_group_from_being_forgotten(
+    log_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = "killed"
+    publish(log_url, topic, 0, 4)
+    member = PgLogSubscriber(log_url, [topic], "crashed")
+    try:
+        assert len(_receive(member, 4)) == 4
+        # Its session is gone; its row in log_members stays until someone notices.
+        _terminate(log_url, "outbox-log-subscriber")
+        wait_for(lambda: _sessions(log_url, "outbox-log-subscriber") == 0, 10, "the session to end")
+        assert main(["log-groups", "forget", "--log-url", log_url, "crashed"]) == 0
+        assert capsys.readouterr().out.startswith("forgot consumer group 'crashed'")
+    finally:
+        member.close()
+
+
+def test_log_groups_forget_needs_a_migrated_log(
+    outbox_database_factory: DatabaseFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = outbox_database_factory(migrated=False)
+    assert main(["log-groups", "forget", "--log-url", url, "g"]) == 1
+    assert "no log schema 'outbox_log': run `outbox migrate --log-url" in _one_error_line(capsys)
+    assert main(["log-groups", "forget", "g"]) == 1
+    assert "--log-url is required (or set OUTBOX_LOG_URL)" in _one_error_line(capsys)
+
+
+# -- lag ------------------------------------------------------------------------------------------
+
+
+def test_the_lag_of_a_group_is_the_end_of_each_partition_less_its_committed_offset(
+    log_url: str,
+) -> None:
+    topic = "lagging"
+    log = PgLog(log_url)
+    log.create_topic(topic, 2)
+    publish(log_url, topic, 0, 10)
+    _commit_first(log_url, topic, "slow", 4)
+    _commit_first(log_url, topic, "fast", 10)
+    idle = PgLogSubscriber(log_url, ["not.published.yet"], "idle")
+    try:
+        idle.poll(10, 0.1)  # joins: a group of the log with no partition to commit in
+    finally:
+        idle.close()
+
+    [slow] = log.lag(["slow"])
+    assert slow.error is None and slow.total == 6 and slow.topics() == {topic: 6}
+    assert [(p.topic, p.partition) for p in slow.partitions] == [(topic, 0), (topic, 1)]
+    assert {p.partition: p.end for p in slow.partitions} == _ends(log_url)
+    assert sum(p.committed for p in slow.partitions) == 4
+    assert all(p.lag == p.end - p.committed for p in slow.partitions)
+    assert {p.partition: p.committed for p in slow.partitions} == log.committed("slow", topic)
+
+    # Every group of the log by name, or the groups asked for in their order; an unknown one
+    # has no partitions (as Kafka's reader says).
+    every = [(g.group, g.total, len(g.partitions)) for g in log.lag()]
+    assert every == [("fast", 0, 2), ("idle", 0, 0), ("slow", 6, 2)]
+    assert log.lag(["nobody", "fast"])[0] == GroupLag("nobody")
+    assert [g.group for g in log.lag(["nobody", "fast", "nobody"])] == ["nobody", "fast"]
+    publish(log_url, topic, 10, 13)
+    assert [(g.group, g.total) for g in log.lag(["fast", "slow"])] == [("fast", 3), ("slow", 9)]
+
+
+def test_status_shows_the_logs_lag_and_check_fails_above_max_lag(
+    outbox_database_url: str, log_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = "status.lag"
+    PgLog(log_url).create_topic(topic, 2)
+    publish(log_url, topic, 0, 10)
+    _commit_first(log_url, topic, "shipping", 7)
+    status = ["status", "--database-url", outbox_database_url, "--transport", "postgres"]
+    args = [*status, "--log-url", log_url]
+
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "consumer group shipping: lag 3" in text, text
+    header = next(line for line in text.splitlines() if "COMMITTED" in line)
+    assert header.split() == ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]
+
+    assert main([*args, "--group", "shipping", "--group", "nobody", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    shipping, nobody = doc["lag"]
+    assert shipping["group"] == "shipping" and shipping["total"] == 3 and not shipping["error"]
+    assert shipping["topics"] == {topic: 3}
+    assert sum(p["end"] for p in shipping["partitions"]) == 10
+    assert nobody == {"group": "nobody", "total": 0, "topics": {}, "partitions": [], "error": None}
+
+    assert main([*args, "--check", "--max-lag", "3"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("check: ok")
+    assert main([*args, "--check", "--max-lag", "2"]) == 3
+    assert "consumer group shipping: lag 3 (> 2)" in capsys.readouterr().out
+    assert main([*args, "--check", "--max-lag", "0", "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["check"]["problems"] == ["consumer group shipping: lag 3 (> 0)"]
+
+    # The lag is the log's only with --transport postgres, which needs --log-url for --max-lag.
+    assert main(["status", "--database-url", outbox_database_url, "--log-url", log_url]) == 0
+    assert "consumer group" not in capsys.readouterr().out
+    assert main([*status, "--check", "--max-lag", "5"]) == 1
+    assert "--max-lag with --transport postgres needs --log-url" in _one_error_line(capsys)
+    not_migrated = ["--log-url", log_url, "--log-schema", "other_log"]
+    assert main([*status, *not_migrated]) == 1
+    assert "no log schema 'other_log'" in _one_error_line(capsys)

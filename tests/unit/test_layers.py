@@ -3,10 +3,10 @@
 import-linter-style contracts, read from each module's imports (module level and inside
 functions alike): core imports nothing of outbox outside core; ports only core; the transport
 adapters (kafka, pglog, the in-memory one) none of the daemons, the Postgres stores or the CLI;
-the daemons none of the adapters; outbox/postgres/ none of the daemons, transports or CLI; and
-no module imports itself through others (no cycles). The daemons and their probes
-(outbox/observability/) hold no SQL: no string that is a statement, no `sql[...]` lookup; their
-statements run in outbox/postgres/.
+the daemons none of the adapters; outbox/postgres/ none of the daemons, transports or CLI; no
+module outside outbox/cli/ (the top layer) imports the CLI; and no module imports itself
+through others (no cycles). The daemons and their probes (outbox/observability/) hold no SQL:
+no string that is a statement, no `sql[...]` lookup; their statements run in outbox/postgres/.
 """
 
 from __future__ import annotations
@@ -151,6 +151,19 @@ def test_the_sql_guard_sees_statements(tmp_path: Path) -> None:
 def test_postgres_knows_no_daemon_transport_or_cli() -> None:
     forbidden = ("outbox.daemons", "outbox.kafka", "outbox.pglog", "outbox.cli", "outbox.testing")
     assert _violations(_files("outbox.postgres"), forbidden) == []
+
+
+def test_the_console_imports_nothing_of_the_cli() -> None:
+    # `outbox console` (in outbox/cli/) runs the console; the console's pages and server share
+    # the status and dead-letter formatting with the CLI through outbox/formatting.py.
+    assert _violations(_files("outbox.console"), ("outbox.cli",)) == []
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    # The CLI is the top layer: it imports the library, never the other way round.
+    cli = PACKAGE / "cli"
+    sources = [path for path in sorted(PACKAGE.rglob("*.py")) if not path.is_relative_to(cli)]
+    assert _violations(sources, ("outbox.cli",)) == []
 
 
 def _graph() -> dict[str, set[str]]:

@@ -187,6 +187,30 @@ WITH head AS (
 )
 SELECT count(*) FROM deleted;
 
+-- name: log_group_lag
+-- The lag of consumer groups (those named in `names`, or every group when it is NULL): per
+-- group, each partition it has a committed offset in, that offset (the next one it reads) and
+-- the partition's end (the next one a publisher writes), in group, topic, partition order. A
+-- group with no committed offset yet has one row of NULLs. One statement: one snapshot.
+SELECT g.name, t.name, p.partition, o.next_offset, p.next_offset
+FROM {schema}.log_groups g
+LEFT JOIN ({schema}.log_group_offsets o
+           JOIN {schema}.log_partitions p ON p.id = o.partition_id
+           JOIN {schema}.log_topics t ON t.id = p.topic_id) ON o.group_id = g.id
+WHERE %(names)s::text[] IS NULL OR g.name = ANY(%(names)s::text[])
+ORDER BY g.name, t.name, p.partition;
+
+-- name: log_group_lock
+-- A consumer group's id, its row locked until the transaction ends: a consumer joining the
+-- group meanwhile (log_member_register) or committing (log_commit) waits for it, through their
+-- foreign keys. No row: the log has no such group.
+SELECT id FROM {schema}.log_groups WHERE name = %(name)s FOR UPDATE;
+
+-- name: log_group_members
+-- The backend pids of a group's members (live ones, after log_members_forget_dead).
+SELECT backend_pid FROM {schema}.log_members WHERE group_id = %(group_id)s ORDER BY backend_pid;
+
 -- name: log_forget_group
--- Forget a consumer group: its offsets no longer hold back retention.
+-- Forget a consumer group: its offsets (and member rows) go with it, and no longer hold back
+-- retention.
 DELETE FROM {schema}.log_groups WHERE name = %(name)s RETURNING id;

@@ -1,0 +1,72 @@
+"""Consumer-group lag as the operator tools show it, whichever transport it was read from.
+
+The Kafka reader (`outbox.kafka.lag`) and the PostgreSQL log (`outbox.pglog.PgLog.lag`) both
+return these: per group, each partition it has a committed offset in, with the partition's
+end. Offsets are Kafka's: the committed offset is the next one the group reads, the end the
+next one a producer writes, so the difference is the records the group has yet to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """One partition of a group: committed offset, end of the partition, and the difference."""
+
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        """Records after the committed offset (never negative)."""
+        return max(0, self.end - self.committed)
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """The lag of one consumer group; `error` says why it could not be read (then no rows)."""
+
+    group: str
+    partitions: tuple[PartitionLag, ...] = ()
+    error: str | None = None
+
+    @property
+    def total(self) -> int:
+        """Lag summed over every partition."""
+        return sum(p.lag for p in self.partitions)
+
+    def topics(self) -> dict[str, int]:
+        """Lag summed per topic, topics in name order."""
+        totals: dict[str, int] = {}
+        for p in self.partitions:
+            totals[p.topic] = totals.get(p.topic, 0) + p.lag
+        return dict(sorted(totals.items()))
+
+
+def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
+    """The lag as JSON-ready dicts: group, total, per-topic totals, partitions, error."""
+    return [
+        {
+            "group": g.group,
+            "total": g.total,
+            "topics": g.topics(),
+            "partitions": [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "committed": p.committed,
+                    "end": p.end,
+                    "lag": p.lag,
+                }
+                for p in g.partitions
+            ],
+            "error": g.error,
+        }
+        for g in groups
+    ]
