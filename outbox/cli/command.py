@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=flag_type("count"),
         default=200,
-        help="rows fetched per look at the queue",
+        help="rows fetched per look at the queue; doubled while a backlog keeps fetches full, "
+        "up to 8 times",
     )
     handler.add_argument(
         "--poll-interval",
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     handler.add_argument(
         "--transaction-size",
         type=flag_type("count"),
-        default=100,
+        default=500,
         help="messages handled in one database transaction (no savepoints: a failure rolls "
         "the transaction back and the messages before it run again)",
     )

@@ -193,3 +193,51 @@ def test_0004_moves_dead_producer_rows_out_and_its_downgrade_moves_them_back(
         assert rows == [(b"live", False), (b"dead", True)]
     migrate.upgrade(url)
     assert _diff(url, "outbox") == []
+
+
+def _pending_index(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'outbox' "
+            "AND indexname = 'consumer_queue_pending'"
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _reloptions(url: str, table: str) -> dict[str, str]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (f"outbox.{table}",)
+        ).fetchone()
+    assert row is not None
+    return dict(option.split("=", 1) for option in row[0] or [])
+
+
+def test_0005_puts_the_pending_index_in_id_order_and_its_downgrade_restores_it(
+    outbox_empty_database_url: str,
+) -> None:
+    url = outbox_empty_database_url
+    migrate.upgrade(url, revision="0004")
+    assert "(lane, id)" in _pending_index(url)
+    migrate.upgrade(url, revision="0005")
+    assert "(id)" in _pending_index(url) and "processed_at IS NULL" in _pending_index(url)
+    migrate.downgrade(url, revision="0004")
+    assert "(lane, id)" in _pending_index(url)
+    migrate.upgrade(url)
+    assert _diff(url, "outbox") == []
+
+
+def test_0006_sets_the_queue_tables_autovacuum_by_rows_and_its_downgrade_resets_it(
+    outbox_empty_database_url: str,
+) -> None:
+    url = outbox_empty_database_url
+    migrate.upgrade(url)
+    for table in ("producer_queue", "consumer_queue"):
+        options = _reloptions(url, table)
+        assert options["autovacuum_vacuum_scale_factor"] == "0", options
+        assert options["autovacuum_vacuum_threshold"] == "5000", options
+        assert options["autovacuum_vacuum_cost_delay"] == "0", options
+    migrate.downgrade(url, revision="0005")
+    assert _reloptions(url, "consumer_queue") == {}
+    assert _reloptions(url, "producer_queue") == {}

@@ -30,7 +30,7 @@ class HandlerConfig:
     retention_interval: float = 30.0
     retention_batch: int = 5000
     #: Messages handled in one database transaction (a failure rolls it back and splits it).
-    transaction_size: int = 100
+    transaction_size: int = 500
     #: Longest a callback may run (seconds). Past it the callback's transaction is terminated
     #: (so nothing it wrote can commit), the attempt counts as failed, and the row is retried.
     lease: float = 300.0

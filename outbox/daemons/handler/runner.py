@@ -31,6 +31,11 @@ from outbox.postgres.inbox_store import InboxStore
 
 log = logging.getLogger("outbox.handler")
 
+#: While a backlog keeps fetches full, each fetch asks for twice the rows of the last one, up to
+#: this many times `batch_size`: fewer fetches, and fewer waits for the slowest worker, per
+#: message. A fetch that comes back short (the backlog is drained) goes back to `batch_size`.
+BUSY_BATCH_FACTOR = 8
+
 
 class HandlerRunner(LaneRelay[Pending]):
     """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop."""
@@ -52,6 +57,7 @@ class HandlerRunner(LaneRelay[Pending]):
         self.handlers = handlers
         self._unordered = handlers.unordered_topics
         self._workers: list[Worker] = []
+        self._limit = config.batch_size
         self._next_retention = 0.0
         self.outcomes = Outcomes(handlers)
         self.observability = Observability(
@@ -86,7 +92,13 @@ class HandlerRunner(LaneRelay[Pending]):
     # -- the relay hooks -----------------------------------------------------------------------
 
     def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
-        return self.store.fetch(conn, lanes, self.config.batch_size, self._unordered)
+        limit = self._limit
+        rows = self.store.fetch(conn, lanes, limit, self._unordered)
+        batch_size = self.config.batch_size
+        self._limit = (
+            min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if len(rows) >= limit else batch_size
+        )
+        return rows
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
         return self.store.next_due(conn, lanes)
