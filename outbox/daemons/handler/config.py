@@ -27,7 +27,7 @@ class HandlerConfig:
     rebalance_interval: float = 2.0
     #: Processed rows are kept this long (seconds) to recognise a redelivered message.
     dedup_window: float = 24 * 3600.0
-    retention_interval: float = 30.0
+    retention_interval: float = 5.0
     retention_batch: int = 5000
     #: Messages handled in one database transaction (a failure rolls it back and splits it).
     transaction_size: int = 500
