@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Protocol, runtime_checkable
 
 from outbox.core.errors import SerializationError
@@ -39,6 +40,11 @@ class JsonSerializer:
             raise SerializationError(
                 f"payload of type {type(payload).__name__} is not JSON-serializable: {exc}"
             ) from exc
+        except RecursionError:
+            raise SerializationError(
+                f"payload of type {type(payload).__name__} is nested too deeply to encode as "
+                f"JSON (more than about {sys.getrecursionlimit()} levels)"
+            ) from None
         try:
             return text.encode()
         except UnicodeEncodeError as exc:
@@ -53,14 +59,17 @@ class JsonSerializer:
             return json.loads(data)
         except ValueError as exc:
             raise SerializationError(f"payload is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise SerializationError("payload is JSON nested too deeply to decode") from None
 
 
 def encode_payload(payload: Any, serializer: Serializer) -> tuple[bytes, str]:
     """Encode a payload: bytes pass through, str is UTF-8 text, anything else uses `serializer`.
 
     Raises `SerializationError` for anything that cannot be encoded: a str with a lone
-    surrogate, or a value the serializer refuses (a serializer raising TypeError, ValueError
-    or UnicodeError instead of `SerializationError` is reported the same way).
+    surrogate, a value nested deeper than Python's recursion limit, or a value the serializer
+    refuses (a serializer raising TypeError, ValueError, UnicodeError or RecursionError instead
+    of `SerializationError` is reported the same way).
     """
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), BYTES
@@ -76,7 +85,7 @@ def encode_payload(payload: Any, serializer: Serializer) -> tuple[bytes, str]:
         data = serializer.dumps(payload)
     except SerializationError:
         raise
-    except (TypeError, ValueError, UnicodeError) as exc:
+    except (TypeError, ValueError, UnicodeError, RecursionError) as exc:
         raise SerializationError(
             f"serializer {type(serializer).__name__} cannot encode a payload of type "
             f"{type(payload).__name__}: {type(exc).__name__}: {exc}"

@@ -99,6 +99,27 @@ def test_unserializable_payloads_raise_serialization_error(payload: object) -> N
     assert "JSON" in str(info.value)
 
 
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+def test_a_payload_nested_too_deeply_raises_serialization_error(depth: int) -> None:
+    """json.dumps raises RecursionError past Python's recursion limit: a caller catching
+    OutboxError around send would have seen it escape (found by test_send_properties)."""
+    with pytest.raises(SerializationError, match="nested too deeply"):
+        _compose(payload=_nested(depth), limit=10_000_000)
+
+
+def test_json_nested_too_deeply_to_decode_raises_serialization_error() -> None:
+    data = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(SerializationError, match="nested too deeply"):
+        JsonSerializer().loads(data)
+
+
 def test_the_limit_bounds_the_whole_record_and_names_the_sizes() -> None:
     from outbox.core.envelope import HEADER_OVERHEAD_BYTES, record_size
 
