@@ -293,6 +293,10 @@ class Producer(LaneRelay[OutgoingRecord]):
             if not failed:
                 # One statement, atomic on its own (the connection is in autocommit).
                 self.store.delete(conn, [row.id for row in rows])
+                if self._next is None:
+                    # The batch took in rows on its way (no fetch ran meanwhile): the next
+                    # fetch goes in the same round trip as the delete.
+                    self._fetch_ahead(conn, exclude=[])
             else:
                 delivered = [row.id for row, r in zip(rows, results, strict=True) if r is None]
                 with conn.transaction():
@@ -355,14 +359,14 @@ class Producer(LaneRelay[OutgoingRecord]):
                 return extra
 
             return publisher.publish(sendable, more=more)
+        return publisher.publish(sendable, lambda: self._fetch_ahead(conn, exclude))
 
-        def fetch_next() -> None:
-            if not self.stopping:
-                lanes, limit = sorted(self.lanes), self._limit
-                cursor = self.store.fetch(conn, lanes, limit, exclude=exclude)
-                self._next = (lanes, limit, cursor)
-
-        return publisher.publish(sendable, fetch_next)
+    def _fetch_ahead(self, conn: Connection, exclude: list[int]) -> None:
+        """Start fetching the next batch (less the ids in `exclude`), for `_keep_next`."""
+        if not self.stopping:
+            lanes, limit = sorted(self.lanes), self._limit
+            cursor = self.store.fetch(conn, lanes, limit, exclude=exclude)
+            self._next = (lanes, limit, cursor)
 
     def _keep_next(self, failed: list[tuple[OutgoingRecord, DeliveryFailure]]) -> None:
         """Keep the batch fetched during this one for `fetch`, less the keys that now wait for a
