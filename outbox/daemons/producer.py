@@ -54,7 +54,7 @@ class ExtendingPublisher(Protocol):
         self,
         records: Sequence[OutgoingRecord],
         meanwhile: Callable[[], None] | None = None,
-        more: Callable[[], Sequence[OutgoingRecord]] | None = None,
+        more: Callable[[], Sequence[OutgoingRecord] | None] | None = None,
     ) -> list[DeliveryFailure | None]: ...
 
 
@@ -346,10 +346,10 @@ class Producer(LaneRelay[OutgoingRecord]):
             deadline = started + EXTEND_SECONDS
             keys = {row.key: row.topic for row in rows if row.key is not None}
 
-            def more() -> list[OutgoingRecord]:
+            def more() -> list[OutgoingRecord] | None:
                 room = limit - len(rows)
                 if room <= 0 or self.stopping or time.monotonic() > deadline:
-                    return []
+                    return None  # closed: its reports are awaited in long slices (no 1 ms loop)
                 fetched = self.store.fetch(conn, sorted(self.lanes), room, exclude).fetchall()
                 extra = _joining(fetched, keys)
                 exclude.extend(row.id for row in extra)

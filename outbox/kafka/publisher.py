@@ -213,14 +213,14 @@ class KafkaPublisher:
         self,
         records: Sequence[OutgoingRecord],
         meanwhile: Callable[[], None] | None = None,
-        more: Callable[[], Sequence[OutgoingRecord]] | None = None,
+        more: Callable[[], Sequence[OutgoingRecord] | None] | None = None,
     ) -> list[DeliveryFailure | None]:
         """Hand the batch to the client, call `meanwhile`, then wait for every report.
 
         With `more`: while reports are outstanding, `more()` is called about every
         `EXTEND_WAIT` seconds, and the records it returns join the batch (produced at once,
-        after those before them; their results follow in the same order). The batch ends
-        when `more()` returns nothing and every report is in.
+        after those before them; their results follow in the same order), until it returns
+        None (the batch takes no more); then the reports are awaited as without it.
         """
         self._produce_records(records)
         if meanwhile is not None:
@@ -228,6 +228,8 @@ class KafkaPublisher:
         if more is not None:
             while self._producer.flush(EXTEND_WAIT) > 0:
                 extra = more()
+                if extra is None:
+                    break
                 if extra:
                     self._produce_records(extra, append=True)
         return self.wait()

@@ -52,14 +52,14 @@ class _Extending:
         self,
         records: Sequence[OutgoingRecord],
         meanwhile: Callable[[], None] | None = None,
-        more: Callable[[], Sequence[OutgoingRecord]] | None = None,
+        more: Callable[[], Sequence[OutgoingRecord] | None] | None = None,
     ) -> list[DeliveryFailure | None]:
         batch = [r.id for r in records]
         if not self.batches:
             assert more is not None, "a short batch should take rows in on its way"
             late = self.commit_late()
             for _ in range(50):  # the late rows are committed: `more` finds them
-                batch += [r.id for r in more()]
+                batch += [r.id for r in more() or ()]
                 if set(late) <= set(batch):
                     break
         elif meanwhile is not None:
