@@ -2,25 +2,37 @@
 
 Two services, each with its own database, and the real daemons as separate processes: the
 sender's `outbox producer`, and the receiver's `outbox consumer` and `outbox handler
-benchmarks.latency_handlers:handlers`, all with their default settings (the consumer's group
-timings are set so the local broker joins the group in 3 s). The callback records `time.time()`
-at its start into `arrivals` in its own transaction; the sender records `time.time()` right
-after each commit. Both clocks are this machine's, so latency = started - committed.
+benchmarks.latency_handlers:handlers` (the consumer's group timings are set so the local broker
+joins the group in 3 s). The callback records `time.time()` at its start into `arrivals` in its
+own transaction; the sender records `time.time()` right after each commit. Every clock is this
+machine's, so latency = started - committed.
 
-One sender sends one message per transaction at a target rate (100/s, then 1,000/s), then
-several senders send as fast as they can (saturation: the latency then includes the queue
-that builds up wherever the pipeline is slower than the senders). Each run waits until every
-message it sent was handled before the next starts. "to inbox" columns split off the part up to
-the consumer's insert into the inbox (`consumer_queue.received_at`, the start of that
-transaction, on the same clock).
+Each variant of the daemons' settings (`VARIANTS`: outbox's defaults, and the low-latency
+settings) runs its own daemons: one sender sends one message per transaction at each target
+rate (`RATES`), then, for the defaults, several senders send as fast as they can (saturation:
+the latency then includes the queue that builds up wherever the pipeline is slower than the
+senders). Each rate waits until every message it sent was handled before the next starts.
 
-Last, the broker floor: the same rates from a bare confluent-kafka producer (outbox's producer
-settings) to a plain consumer, with no database or daemon, to show what the broker and
-librdkafka's fetch cycle alone cost on this machine.
+The stages of a message, each measured from the sender's commit:
+
+- "to Kafka": the record's CreateTime, which librdkafka stamps when the relay calls produce()
+  (read back from the topic once the daemons stopped; 1 ms resolution, truncated, so about
+  0.5 ms early on average);
+- "to inbox": `consumer_queue.received_at`, the start of the consumer's insert;
+- the total: the callback's start.
+
+Last, the broker floor of each variant: the same rates from a bare confluent-kafka producer with
+that variant's producer settings to a plain consumer with its consumer's `fetch.wait.max.ms`, no
+database or daemon: what the broker and librdkafka alone cost on this machine with the same
+settings. Outbox's own share is a variant's total less its floor.
+
+`python -m benchmarks.latency --help` runs a part of it (some rates, variants, shorter) for
+measurements while working on the daemons.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import multiprocessing as mp
@@ -31,6 +43,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +55,49 @@ from outbox.kafka.subscriber import DEFAULTS as CONSUMER_DEFAULTS
 
 SCENARIO = "e. end-to-end latency"
 REPO = Path(__file__).resolve().parent.parent
-RATES = (100, 1000)
+RATES = (100, 500, 1000)
 SATURATION_WRITERS = 4
 WARMUP = 10
 #: The consumer's group timings: Tansu joins a group in half of session.timeout.ms.
 CONSUMER_KAFKA = ("session.timeout.ms=6000", "heartbeat.interval.ms=1000")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One set of daemon settings: librdkafka settings and flags per daemon."""
+
+    name: str
+    producer_kafka: tuple[str, ...] = ()
+    consumer_kafka: tuple[str, ...] = ()
+    producer_flags: tuple[str, ...] = ()
+    consumer_flags: tuple[str, ...] = ()
+    handler_flags: tuple[str, ...] = ()
+    #: Whether this variant also runs the saturation row.
+    saturation: bool = False
+
+    def describe(self) -> str:
+        parts = [
+            *(f"producer {s}" for s in (*self.producer_kafka, *self.producer_flags)),
+            *(f"consumer {s}" for s in (*self.consumer_kafka, *self.consumer_flags)),
+            *(f"handler {s}" for s in self.handler_flags),
+        ]
+        return ", ".join(parts) or "outbox's defaults"
+
+
+#: The daemons' settings compared: outbox's defaults (chosen for a real Kafka cluster), and
+#: the settings docs/performance.md names for low latency.
+VARIANTS = (
+    Variant("defaults", saturation=True),
+    Variant(
+        "low latency",
+        producer_kafka=("linger.ms=0",),
+        consumer_kafka=("fetch.wait.max.ms=1",),
+    ),
+)
+
+
+def _settings(pairs: Sequence[str]) -> dict[str, str]:
+    return dict(p.split("=", 1) for p in pairs)
 
 
 class Daemon:
@@ -204,57 +256,86 @@ def latency_result(
     notes: str,
     *,
     stage: tuple[str, dict[str, float]] | None = None,
+    stages: Sequence[tuple[str, dict[str, float]]] = (),
     scenario: str = SCENARIO,
 ) -> Result:
     """Latencies (ms) of the messages that arrived; the missing ones are counted in the notes.
 
-    `stage` = (name, times by id) adds the p50 and p99 of the part up to that stage.
+    Each of `stages` (and `stage`) = (name, times by id) adds the p50 and p99 of the part up to
+    that stage, before the total's.
     """
     samples = [(arrived[m] - t) * 1000 for m, t in committed.items() if m in arrived]
     p = percentiles(samples)
     missing = len(committed) - len(samples)
     if missing:
         notes = f"{missing} of {len(committed)} messages not received in time; " + notes
-    values = {
-        **metrics,
-        "messages": len(committed),
-        "p50 ms": p["p50"],
-        "p95 ms": p["p95"],
-        "p99 ms": p["p99"],
-        "max ms": p["max"],
+    parts = [*stages, *([stage] if stage is not None else [])]
+    values: dict[str, float] = {**metrics, "messages": len(committed)}
+    cuts = {
+        name: percentiles([(times[m] - t) * 1000 for m, t in committed.items() if m in times])
+        for name, times in parts
     }
-    if stage is not None:
-        name, times = stage
-        part = percentiles([(times[m] - t) * 1000 for m, t in committed.items() if m in times])
-        values[f"p50 ms {name}"] = part["p50"]
-        values[f"p99 ms {name}"] = part["p99"]
+    for name in cuts:
+        values[f"p50 ms {name}"] = cuts[name]["p50"]
+    values["p50 ms"] = p["p50"]
+    for name in cuts:
+        values[f"p99 ms {name}"] = cuts[name]["p99"]
+    values.update({"p95 ms": p["p95"], "p99 ms": p["p99"], "max ms": p["max"]})
     return Result(scenario, variant, values, notes=notes, samples=samples)
+
+
+def json_id(message: Any) -> str:
+    """The "id" field of a record's JSON value (the floor's records)."""
+    return str(json.loads(message.value())["id"])
+
+
+def header_id(message: Any) -> str:
+    """The outbox message id header of a record (the relay's records)."""
+    from outbox.core.headers import MESSAGE_ID
+
+    for name, value in message.headers() or ():
+        if name == MESSAGE_ID:
+            return bytes(value).decode()
+    raise KeyError(MESSAGE_ID)
 
 
 class Reader:
     """A plain confluent-kafka consumer in a thread: partitions assigned (no group join), from
-    the start, with the fetch wait outbox's consumer uses (`fetch.wait.max.ms`).
+    the start, with the fetch wait of outbox's consumer (`fetch.wait.max.ms`) unless told.
 
-    Records, by the "id" field of each JSON value, when it was received and the record's
-    CreateTime (set by the producing client when it called produce(); millisecond resolution).
+    Records, by `key_of(record)` (the "id" field of each JSON value by default), when it was
+    received and the record's CreateTime (set by the producing client when it called produce();
+    millisecond resolution). Like outbox's consumer it waits for one record, then takes what
+    else is there without waiting: `consume(n, timeout)` would hold the first record until n
+    arrived or the timeout ran out.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        fetch_wait_ms: int | str | None = None,
+        key_of: Callable[[Any], str] = json_id,
+    ) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
+        if fetch_wait_ms is None:
+            fetch_wait_ms = CONSUMER_DEFAULTS["fetch.wait.max.ms"]
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": f"reader-{topic}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": CONSUMER_DEFAULTS["fetch.wait.max.ms"],
+                "fetch.wait.max.ms": int(fetch_wait_ms),
             }
         )
         metadata = self._consumer.list_topics(topic, timeout=10)
         self._consumer.assign(
             [TopicPartition(topic, p, 0) for p in metadata.topics[topic].partitions]
         )
+        self._key_of = key_of
         self.received: dict[str, float] = {}
         self.produced: dict[str, float] = {}
         self._stop = threading.Event()
@@ -266,13 +347,15 @@ class Reader:
 
         try:
             while not self._stop.is_set():
-                batch = self._consumer.consume(1000, 0.05)
+                first = self._consumer.poll(0.05)
+                if first is None:
+                    continue
                 now = time.time()
-                for m in batch:
+                for m in [first, *self._consumer.consume(1000, 0)]:
                     if m.error() is not None:
                         continue
                     with contextlib.suppress(ValueError, KeyError, TypeError):
-                        key = str(json.loads(m.value())["id"])
+                        key = self._key_of(m)
                         self.received[key] = now
                         kind, millis = m.timestamp()
                         if kind == TIMESTAMP_CREATE_TIME:
@@ -293,14 +376,22 @@ class Reader:
         self._thread.join(30)
 
 
-def broker_floor(bootstrap: str, topic: str, rate: float, count: int) -> Result:
-    """No database: a producer with outbox's settings -> the plain Reader, at `rate`/s."""
+def broker_floor(
+    bootstrap: str, topic: str, rate: float, count: int, variant: Variant = VARIANTS[0]
+) -> Result:
+    """No database: a producer with the variant's settings -> a plain Reader with its consumer's
+    fetch wait, at `rate`/s."""
     from confluent_kafka import Producer
 
     from outbox.kafka.publisher import producer_config
+    from outbox.kafka.subscriber import consumer_config
 
-    reader = Reader(bootstrap, topic)
-    producer = Producer(producer_config(bootstrap))
+    producer_settings = producer_config(bootstrap, _settings(variant.producer_kafka))
+    fetch_wait = consumer_config(bootstrap, "floor", _settings(variant.consumer_kafka))[
+        "fetch.wait.max.ms"
+    ]
+    reader = Reader(bootstrap, topic, fetch_wait_ms=fetch_wait)
+    producer = Producer(producer_settings)
     try:
 
         def paced(n: int, prefix: str) -> tuple[dict[str, float], float]:
@@ -326,29 +417,22 @@ def broker_floor(bootstrap: str, topic: str, rate: float, count: int) -> Result:
         producer.flush(10)
         reader.close()
     return latency_result(
-        f"broker floor at {rate:,}/s: produce() -> plain consumer",
+        f"{variant.name}: broker floor, {rate:,}/s",
         sent,
         reader.received,
-        {"writers": 1, "target /s": rate, "achieved /s": count / elapsed},
-        "no database or daemon: a confluent-kafka producer with outbox's producer settings "
-        "(linger.ms=5, idempotent) and the plain consumer below, through the same broker; "
-        "time from produce() to receipt, the part of every other row that the broker and "
-        "librdkafka's fetch account for",
+        {"target /s": rate, "achieved /s": count / elapsed},
+        f"no database or daemon: produce() -> a plain consumer; linger.ms="
+        f"{producer_settings['linger.ms']}, fetch.wait.max.ms={fetch_wait}",
     )
 
 
-def run(ctx: Context) -> list[Result]:
-    seconds = 2.0 if ctx.smoke else 20.0
-    sender_url = ctx.new_database()
-    receiver_url = ctx.new_database()
-    topic = ctx.new_topic("latency")
-    with psycopg.connect(receiver_url, autocommit=True) as conn:
-        from benchmarks.latency_handlers import SCHEMA
-
-        conn.execute(SCHEMA)
+def _daemons(
+    ctx: Context, variant: Variant, sender_url: str, receiver_url: str, topic: str
+) -> list[Daemon]:
     group = f"bench-latency-{topic.rsplit('.', 1)[-1]}"
-    kafka_config = [f"--kafka-config={setting}" for setting in CONSUMER_KAFKA]
-    daemons = [
+    producer_kafka = [f"--kafka-config={s}" for s in variant.producer_kafka]
+    consumer_kafka = [f"--kafka-config={s}" for s in (*CONSUMER_KAFKA, *variant.consumer_kafka)]
+    return [
         outbox_daemon(
             "outbox producer",
             "producer",
@@ -356,6 +440,8 @@ def run(ctx: Context) -> list[Result]:
             sender_url,
             "--kafka-bootstrap",
             ctx.bootstrap,
+            *producer_kafka,
+            *variant.producer_flags,
         ),
         outbox_daemon(
             "outbox consumer",
@@ -368,7 +454,8 @@ def run(ctx: Context) -> list[Result]:
             topic,
             "--group",
             group,
-            *kafka_config,
+            *consumer_kafka,
+            *variant.consumer_flags,
         ),
         outbox_daemon(
             "outbox handler",
@@ -376,15 +463,32 @@ def run(ctx: Context) -> list[Result]:
             "benchmarks.latency_handlers:handlers",
             "--database-url",
             receiver_url,
+            *variant.handler_flags,
             env={"LATENCY_TOPIC": topic},
         ),
     ]
-    results: list[Result] = []
-    common = (
-        "producer, consumer and handler (4 workers) as separate processes with default "
-        "settings; callback start - sender commit; 'to inbox' = sender commit -> start of the "
-        "consumer's insert transaction"
-    )
+
+
+def through_daemons(
+    ctx: Context, variant: Variant, rates: Sequence[float], seconds: float
+) -> list[Result]:
+    """The variant's daemons at each of `rates`, then (if the variant says so) saturation."""
+    from benchmarks.latency_handlers import SCHEMA
+
+    sender_url = ctx.new_database()
+    receiver_url = ctx.new_database()
+    topic = ctx.new_topic("latency")
+    with psycopg.connect(receiver_url, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    daemons = _daemons(ctx, variant, sender_url, receiver_url, topic)
+    #: (row name, commit times by id, metrics, callback starts by id, inbox times by id)
+    runs: list[tuple[str, dict[str, float], dict[str, float], dict[str, float], dict[str, float]]]
+    runs = []
+
+    def measured(name: str, committed: dict[str, float], metrics: dict[str, float]) -> None:
+        started, received = arrivals_of(receiver_url, list(committed))
+        runs.append((name, committed, metrics, started, received))
+
     try:
         # Warm-up: the consumer joins its group and every daemon has done its first round trip.
         send_paced(sender_url, topic, 20, WARMUP)
@@ -395,48 +499,103 @@ def run(ctx: Context) -> list[Result]:
                 + "\n".join(f"-- {d.name}:\n{d.output()}" for d in daemons)
             )
         total = WARMUP
-        for rate in RATES:
+        for rate in rates:
             count = int(rate * seconds)
             committed, elapsed = send_paced(sender_url, topic, rate, count)
             total += count
             wait_arrivals(receiver_url, total, 60 + count / 100, daemons)
-            started, received = arrivals_of(receiver_url, list(committed))
-            results.append(
-                latency_result(
-                    f"{rate:,}/s, 1 sender",
-                    committed,
-                    started,
-                    {"writers": 1, "target /s": rate, "achieved /s": count / elapsed},
-                    f"one send per transaction; {common}",
-                    stage=("to inbox", received),
-                )
-            )
-        committed = send_flood(sender_url, topic, SATURATION_WRITERS, seconds)
-        total += len(committed)
-        wait_arrivals(receiver_url, total, 60 + len(committed) / 100, daemons)
-        started, received = arrivals_of(receiver_url, list(committed))
-        results.append(
-            latency_result(
-                f"saturation, {SATURATION_WRITERS} senders",
-                committed,
-                started,
-                {
-                    "writers": SATURATION_WRITERS,
-                    "target /s": float("nan"),
-                    "achieved /s": len(committed) / seconds,
-                },
-                f"{SATURATION_WRITERS} sender processes as fast as they can, one send per "
-                f"transaction; includes the queueing wherever the pipeline is slower than the "
-                f"senders; {common}",
-                stage=("to inbox", received),
-            )
-        )
+            metrics = {"target /s": rate, "achieved /s": count / elapsed}
+            measured(f"{rate:,}/s, 1 sender", committed, metrics)
+        if variant.saturation:
+            committed = send_flood(sender_url, topic, SATURATION_WRITERS, seconds)
+            total += len(committed)
+            wait_arrivals(receiver_url, total, 60 + len(committed) / 100, daemons)
+            metrics = {"target /s": float("nan"), "achieved /s": len(committed) / seconds}
+            measured(f"saturation, {SATURATION_WRITERS} senders", committed, metrics)
     finally:
         for d in daemons:
             d.stop()
-    # The same rates through the broker alone, after the daemons stopped.
-    for rate in RATES:
-        results.append(
-            broker_floor(ctx.bootstrap, ctx.new_topic("floor"), rate, int(rate * seconds))
+    # The records' CreateTimes, read back once the daemons stopped: on Tansu a second consumer
+    # reading the topic meanwhile slowed every fetch of the daemons' consumer.
+    reader = Reader(ctx.bootstrap, topic, key_of=header_id)
+    try:
+        reader.wait_for([m for _, committed, *_ in runs for m in committed], 60)
+    finally:
+        reader.close()
+    return [
+        latency_result(
+            f"{variant.name}: {name}",
+            committed,
+            started,
+            metrics,
+            variant.describe(),
+            stages=(("to Kafka", reader.produced), ("to inbox", received)),
         )
+        for name, committed, metrics, started, received in runs
+    ]
+
+
+def run(
+    ctx: Context,
+    *,
+    variants: Sequence[Variant] = VARIANTS,
+    rates: Sequence[float] = RATES,
+    seconds: float | None = None,
+    floor: bool = True,
+) -> list[Result]:
+    if seconds is None:
+        seconds = 2.0 if ctx.smoke else 20.0
+    results: list[Result] = []
+    for variant in variants:
+        results += through_daemons(ctx, variant, rates, seconds)
+    # The same rates through the broker alone, with each variant's settings, once no daemon runs.
+    if floor:
+        for variant in variants:
+            for rate in rates:
+                topic = ctx.new_topic("floor")
+                results.append(
+                    broker_floor(ctx.bootstrap, topic, rate, int(rate * seconds / 2), variant)
+                )
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A part of (e), for measurements while working on the daemons."""
+    from benchmarks.harness import machine, markdown
+    from outbox.testing.servers import start_servers
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=main.__doc__)
+    parser.add_argument("--rates", default=",".join(str(r) for r in RATES))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--variants",
+        default=",".join(v.name for v in VARIANTS),
+        help="comma-separated names of VARIANTS",
+    )
+    parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument("--no-saturation", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="run the daemons this many times")
+    args = parser.parse_args(argv)
+    chosen = [v for v in VARIANTS if v.name in args.variants.split(",")]
+    if args.no_saturation:
+        chosen = [Variant(**{**v.__dict__, "saturation": False}) for v in chosen]
+    rates = [float(r) if "." in r else int(r) for r in args.rates.split(",")]
+    base = Path(tempfile.mkdtemp(prefix="outbox-latency-"))
+    with start_servers(base) as servers:
+        ctx = Context(servers=servers, smoke=False, out_dir=base)
+        results: list[Result] = []
+        for _ in range(args.repeat):
+            results += run(ctx, variants=chosen, rates=rates, seconds=args.seconds, floor=False)
+        if not args.no_floor:
+            for variant in chosen:
+                for rate in rates:
+                    topic = ctx.new_topic("floor")
+                    results.append(
+                        broker_floor(ctx.bootstrap, topic, rate, int(rate * args.seconds), variant)
+                    )
+        print(markdown(results, machine(servers), False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
