@@ -96,7 +96,8 @@ def _run_variant(url: str, variant: str, writers: int, seconds: float) -> tuple[
 
 
 def run(ctx: Context) -> list[Result]:
-    from outbox.daemons.producer import Producer, ProducerConfig
+    from outbox.daemons.producer import ProducerConfig
+    from outbox.transports import kafka_producer
 
     seconds = 1.5 if ctx.smoke else 5.0
     url = ctx.new_database()
@@ -118,7 +119,9 @@ def run(ctx: Context) -> list[Result]:
             if with_relay:
                 import threading
 
-                relay = Producer(ProducerConfig(database_url=url, kafka_bootstrap=ctx.bootstrap))
+                relay = kafka_producer(
+                    ProducerConfig(database_url=url, kafka_bootstrap=ctx.bootstrap)
+                )
                 thread = threading.Thread(target=relay.run, daemon=True)
                 thread.start()
                 time.sleep(1.0)
