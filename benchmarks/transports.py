@@ -109,25 +109,29 @@ class Endpoint:
 
 
 def _stored_messages(topic: str, n: int, size: int) -> list[Any]:
+    """`n` records as the relay hands them to a publisher."""
+    from outbox.core.batches import outgoing_batch
     from outbox.core.envelope import StoredMessage
     from outbox.core.ids import uuid7
 
     now = datetime.now(UTC)
     payload = b"x" * size
-    return [
-        StoredMessage(
-            id=i,
-            message_id=uuid7(),
-            topic=topic,
-            key=f"key-{i % KEYS}".encode(),
-            payload=payload,
-            content_type="application/octet-stream",
-            headers={},
-            created_at=now,
-            attempts=0,
-        )
-        for i in range(n)
-    ]
+    return outgoing_batch(
+        [
+            StoredMessage(
+                id=i,
+                message_id=uuid7(),
+                topic=topic,
+                key=f"key-{i % KEYS}".encode(),
+                payload=payload,
+                content_type="application/octet-stream",
+                headers={},
+                created_at=now,
+                attempts=0,
+            )
+            for i in range(n)
+        ]
+    )
 
 
 def log_write(url: str, topic: str, messages: int, size: int = 100) -> float:
