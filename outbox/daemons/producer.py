@@ -119,9 +119,21 @@ def one_topic_per_key(rows: list[OutgoingRecord]) -> list[OutgoingRecord]:
             break
     if first_cut < 0:
         return rows  # the usual case: no key changes topic in the batch
-    cut = {rows[first_cut].key}
-    kept = rows[:first_cut]
-    for row in rows[first_cut + 1 :]:
+    return rows[:first_cut] + _topic_per_key(rows[first_cut:], topics)
+
+
+def _topic_per_key(
+    rows: list[OutgoingRecord], topics: dict[bytes, str], *, until_headers: bool = False
+) -> list[OutgoingRecord]:
+    """The rows of `rows` (in id order) whose key goes to the topic `topics` has for it (the
+    first topic seen, recorded in `topics`), less, from a key's first row to another topic on,
+    all of that key's rows; with `until_headers`, only those before the first row with user
+    headers."""
+    kept: list[OutgoingRecord] = []
+    cut: set[bytes] = set()
+    for row in rows:
+        if until_headers and row.headers is not None:
+            break
         key = row.key
         if key is not None:
             if key in cut:
@@ -138,20 +150,7 @@ def _joining(fetched: list[OutgoingRecord], keys: dict[bytes, str]) -> list[Outg
     to the topics in `keys` (updated with theirs): up to the first row with user headers (it
     starts a batch of its own), less, from its first one on, a key's rows to another topic than
     the key's rows in the batch (see `one_topic_per_key`)."""
-    joining: list[OutgoingRecord] = []
-    cut: set[bytes] = set()
-    for row in fetched:
-        if row.headers is not None:
-            break
-        key = row.key
-        if key is not None:
-            if key in cut:
-                continue
-            if keys.setdefault(key, row.topic) != row.topic:
-                cut.add(key)
-                continue
-        joining.append(row)
-    return joining
+    return _topic_per_key(fetched, keys, until_headers=True)
 
 
 class Producer(LaneRelay[OutgoingRecord]):
