@@ -223,15 +223,23 @@ class KafkaPublisher:
         None (the batch takes no more); then the reports are awaited as without it.
         """
         self._produce_records(records)
-        if meanwhile is not None:
-            meanwhile()
-        if more is not None:
-            while self._producer.flush(EXTEND_WAIT) > 0:
-                extra = more()
-                if extra is None:
-                    break
-                if extra:
-                    self._produce_records(extra, append=True)
+        try:
+            if meanwhile is not None:
+                meanwhile()
+            if more is not None:
+                while self._producer.flush(EXTEND_WAIT) > 0:
+                    extra = more()
+                    if extra is None:
+                        break
+                    if extra:
+                        self._produce_records(extra, append=True)
+        except BaseException:
+            # The caller's work failed (its database went away, say) with this batch on its
+            # way: its reports are served now, into this batch's slots, before the error goes
+            # on. Left outstanding, they would land in the next batch's slots: a message of
+            # that batch taken as acknowledged for another's report, or a report past its end.
+            self._serve_outstanding()
+            raise
         return self.wait()
 
     def _produce_records(self, records: Sequence[OutgoingRecord], *, append: bool = False) -> None:
@@ -256,6 +264,8 @@ class KafkaPublisher:
             outcomes.extend([_PENDING] * count)
         else:
             start = 0
+            if len(self._producer):  # an earlier batch was abandoned by an error: see `publish`
+                self._serve_outstanding()
             self._outcomes.slots = outcomes = [_PENDING] * count
             # Keys of which a record failed at produce() with an error a retry may fix: their
             # later records of the batch are not produced (they would overtake it) but fail
@@ -304,16 +314,21 @@ class KafkaPublisher:
                         )
                     break
 
+    def _serve_outstanding(self) -> None:
+        """Serve every report still due (each arrives, at the latest after message.timeout.ms),
+        into the slots of the batch in hand, which nobody reads any more."""
+        deadline = time.monotonic() + 600
+        while self._producer.flush(0.5) > 0:
+            if time.monotonic() > deadline:  # pragma: no cover - librdkafka contract broken
+                raise RuntimeError("delivery reports never arrived")
+
     def wait(self) -> list[DeliveryFailure | None]:
         """The outcome of each message of the batch last produced, once all are known."""
         outcomes = self._outcomes.slots
         # Every produced message gets exactly one delivery report, success or failure, at the
         # latest after message.timeout.ms; flush() serves them all (and sends without waiting
         # for linger.ms).
-        deadline = time.monotonic() + 600
-        while self._producer.flush(0.5) > 0:
-            if time.monotonic() > deadline:  # pragma: no cover - librdkafka contract broken
-                raise RuntimeError("delivery reports never arrived")
+        self._serve_outstanding()
         # (Compare by identity only: KafkaError's == raises when compared with None.)
         for outcome in outcomes:
             if outcome is not None:

@@ -36,6 +36,14 @@ log = logging.getLogger("outbox.pglog")
 RETENTION_INTERVAL = 60.0
 
 
+class _MeanwhileFailed(Exception):
+    """The caller's `meanwhile` raised `error` during an append."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class PgLogPublisher:
     """Appends batches to the log; `publish` returns once the batch is committed.
 
@@ -132,6 +140,10 @@ class PgLogPublisher:
             return results
         try:
             self._append(accepted, meanwhile)
+        except _MeanwhileFailed as failed:
+            # The caller's own work failed (the append was rolled back with it): its error,
+            # not a failure of the log, and no outcome (the caller sends these rows again).
+            raise failed.error from None
         except psycopg.Error as exc:
             failure = DeliveryFailure(
                 error=storable(
@@ -181,7 +193,10 @@ class PgLogPublisher:
             conn.execute(self._sql["log_lock_partitions"], {"partition_ids": partition_ids})
             conn.execute(self._sql["log_append"], params)
             if meanwhile is not None:
-                meanwhile()
+                try:
+                    meanwhile()
+                except Exception as exc:  # rolls the append back; re-raised by `publish`
+                    raise _MeanwhileFailed(exc) from exc
 
     def _retain(self, retention: float, interval: float) -> None:
         """The retention thread: a pass every `interval` seconds, on its own connection."""

@@ -11,6 +11,8 @@ import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
 
+import psycopg
+
 from outbox.core.batches import InboxBatch, OutgoingRecord, outgoing
 from outbox.core.envelope import InboxRow, StoredMessage
 from outbox.core.ids import uuid7
@@ -214,3 +216,38 @@ def test_a_record_whose_stored_headers_are_not_outbox_form_fails_alone(
     assert failure is not None and failure.permanent and "outbox's form" in failure.error
     rows = receive(transport, transport.subscriber([topic], f"g-{uuid.uuid4().hex[:8]}"), 2)
     assert sorted(r.message_id for r in rows) == sorted(uuid.UUID(r.message_id) for r in good)
+
+
+def test_an_error_of_the_callers_meanwhile_leaves_the_next_batch_its_own_outcomes(
+    transport: TransportUnderTest,
+) -> None:
+    """The relay's next fetch runs during a publish (`meanwhile`); when its database goes away,
+    that error comes out of `publish`, and the batch's reports, still due, must not land in the
+    next batch's results (a soak once met a relay stopped by a report past its batch's end)."""
+    topic = transport.topic()
+    publisher = transport.publisher()
+    first = [message(topic, str(n).encode(), key=str(n).encode()) for n in range(50)]
+
+    class RelayDatabaseGone(psycopg.OperationalError):
+        pass
+
+    def meanwhile() -> None:
+        raise RelayDatabaseGone
+
+    try:
+        publisher.publish([outgoing(m) for m in first], meanwhile)
+    except RelayDatabaseGone:
+        pass
+    else:
+        raise AssertionError("publish swallowed its caller's error")
+    too_large = message(topic, b"x" * 2_000_000, key=b"big")
+    second = [message(topic, b'{"n": 1}', key=b"3"), too_large]
+    results = publish(publisher, second)
+    assert results[0] is None, results
+    assert results[1] is not None and "MSG_SIZE_TOO_LARGE" in results[1].error, results
+    # The second batch's good message arrives; the first batch's, if published, only once each.
+    rows = receive(transport, transport.subscriber([topic], f"g-{uuid.uuid4().hex[:8]}"), 51, 10)
+    received = ids(rows)
+    assert second[0].message_id in received
+    assert len(received) == len(set(received))
+    assert set(received) <= {m.message_id for m in first} | {second[0].message_id}
