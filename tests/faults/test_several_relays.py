@@ -38,6 +38,44 @@ def _lane_owners(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _where_they_are(
+    sender: str, receiver: str, transport: RelayTransport, topic: str, total: int
+) -> str:
+    """Where the messages of a run that did not finish are: each stage's count, and the
+    consumer group's place in each partition (forensics for a timeout)."""
+    lines = [
+        f"sent {total}; sender: producer_queue {count(sender, 'producer_queue')}, "
+        f"producer_dead {count(sender, 'producer_dead')}",
+        f"topic: {len(transport.records(topic, expected=total, timeout=10))} records",
+        f"receiver: consumer_queue {count(receiver, 'consumer_queue')}, processed "
+        f"{count(receiver, 'consumer_queue', 'processed_at IS NOT NULL')}, dead "
+        f"{count(receiver, 'consumer_queue', 'dead_at IS NOT NULL')}",
+    ]
+    with psycopg.connect(receiver) as conn:
+        lines.append(
+            "receiver relay_state: " + repr(conn.execute("SELECT * FROM relay_state").fetchall())
+        )
+    if not transport.is_log:
+        from confluent_kafka import Consumer as KafkaConsumer
+        from confluent_kafka import TopicPartition
+
+        reader = KafkaConsumer({"bootstrap.servers": transport.endpoint, "group.id": "g-several"})
+        try:
+            partitions = [TopicPartition(topic, p) for p in range(3)]
+            committed = reader.committed(partitions, timeout=10)
+            marks = [reader.get_watermark_offsets(p, timeout=10) for p in partitions]
+            lines.append(
+                "group g-several committed: "
+                + ", ".join(
+                    f"p{c.partition}={c.offset} (high {m[1]})"
+                    for c, m in zip(committed, marks, strict=True)
+                )
+            )
+        finally:
+            reader.close()
+    return "\n".join(lines)
+
+
 def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
     outbox_database_factory: Any, relay_transport: RelayTransport
 ) -> None:
@@ -80,11 +118,17 @@ def test_three_producers_and_three_handlers_keep_per_key_order_end_to_end(
                 with conn.transaction():
                     broker.send_many(conn, batch)
                 time.sleep(0.01)  # a stream of commits, not one backlog
-        wait_for(
-            lambda: count(receiver, "consumer_queue", "processed_at IS NOT NULL") == total,
-            180,
-            "every message handled",
-        )
+        try:
+            wait_for(
+                lambda: count(receiver, "consumer_queue", "processed_at IS NOT NULL") == total,
+                180,
+                "every message handled",
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\n{_where_they_are(sender, receiver, relay_transport, outbox_topic, total)}"
+                + "".join(f"\n--- {d.args[0]}:\n{d.output()[-3000:]}" for d in daemons)
+            ) from None
     finally:
         for daemon in daemons:
             daemon.terminate()
