@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 from psycopg import Cursor
 
@@ -36,26 +35,6 @@ log = logging.getLogger("outbox.producer")
 #: to this many times `batch_size`: fewer round trips to PostgreSQL and Kafka per message. A
 #: batch that comes back short (the backlog is drained) goes back to `batch_size`.
 BUSY_BATCH_FACTOR = 8
-#: A batch shorter than `batch_size` (the queue was drained when it was fetched) takes in, while
-#: it is on its way, the rows committed meanwhile, for at most this long (seconds): they go out
-#: at once instead of after its acknowledgements. The batch's rows are deleted, as always, once
-#: all of them were acknowledged, so this also bounds how long an acknowledged row stays.
-EXTEND_SECONDS = 0.1
-
-
-@runtime_checkable
-class ExtendingPublisher(Protocol):
-    """A `Publisher` whose `publish` can add records to the batch in hand while it waits for
-    the batch's reports: `more()`'s records join the batch, after those before them."""
-
-    extends_batches: bool
-
-    def publish(
-        self,
-        records: Sequence[OutgoingRecord],
-        meanwhile: Callable[[], None] | None = None,
-        more: Callable[[], Sequence[OutgoingRecord] | None] | None = None,
-    ) -> list[DeliveryFailure | None]: ...
 
 
 @dataclass(frozen=True)
@@ -122,18 +101,13 @@ def one_topic_per_key(rows: list[OutgoingRecord]) -> list[OutgoingRecord]:
     return rows[:first_cut] + _topic_per_key(rows[first_cut:], topics)
 
 
-def _topic_per_key(
-    rows: list[OutgoingRecord], topics: dict[bytes, str], *, until_headers: bool = False
-) -> list[OutgoingRecord]:
+def _topic_per_key(rows: list[OutgoingRecord], topics: dict[bytes, str]) -> list[OutgoingRecord]:
     """The rows of `rows` (in id order) whose key goes to the topic `topics` has for it (the
     first topic seen, recorded in `topics`), less, from a key's first row to another topic on,
-    all of that key's rows; with `until_headers`, only those before the first row with user
-    headers."""
+    all of that key's rows."""
     kept: list[OutgoingRecord] = []
     cut: set[bytes] = set()
     for row in rows:
-        if until_headers and row.headers is not None:
-            break
         key = row.key
         if key is not None:
             if key in cut:
@@ -143,14 +117,6 @@ def _topic_per_key(
                 continue
         kept.append(row)
     return kept
-
-
-def _joining(fetched: list[OutgoingRecord], keys: dict[bytes, str]) -> list[OutgoingRecord]:
-    """The rows of `fetched` (in id order) that may join a batch on its way whose keys go
-    to the topics in `keys` (updated with theirs): up to the first row with user headers (it
-    starts a batch of its own), less, from its first one on, a key's rows to another topic than
-    the key's rows in the batch (see `one_topic_per_key`)."""
-    return _topic_per_key(fetched, keys, until_headers=True)
 
 
 class Producer(LaneRelay[OutgoingRecord]):
@@ -276,8 +242,7 @@ class Producer(LaneRelay[OutgoingRecord]):
         # transport, and the rows are deleted (below, once acknowledged) in the same round trip.
         with conn.pipeline():
             with tracing.publish_spans([message for _, message in traced]) as spans:
-                # Rows that joined the batch on its way (`_publish`) are appended to `rows`.
-                results = self._publish(conn, rows, sendable, started)
+                results = self._publish(conn, rows, sendable)
                 if unsendable:
                     published = iter(results)
                     results = [unsendable.get(i) or next(published) for i in range(len(rows))]
@@ -293,8 +258,8 @@ class Producer(LaneRelay[OutgoingRecord]):
                 # One statement, atomic on its own (the connection is in autocommit).
                 self.store.delete(conn, [row.id for row in rows])
                 if self._next is None:
-                    # The batch took in rows on its way (no fetch ran meanwhile): the next
-                    # fetch goes in the same round trip as the delete.
+                    # A short batch (no fetch ran while it was on its way): the next fetch
+                    # goes in the same round trip as the delete.
                     self._fetch_ahead(conn, exclude=[])
             else:
                 delivered = [row.id for row, r in zip(rows, results, strict=True) if r is None]
@@ -320,44 +285,22 @@ class Producer(LaneRelay[OutgoingRecord]):
         self.observability.producer_batch(rows, results, delivery_seconds)
 
     def _publish(
-        self,
-        conn: Connection,
-        rows: list[OutgoingRecord],
-        sendable: Sequence[OutgoingRecord],
-        started: float,
+        self, conn: Connection, rows: list[OutgoingRecord], sendable: Sequence[OutgoingRecord]
     ) -> list[DeliveryFailure | None]:
         """Publish `sendable` (the rows of `rows` that can be sent).
 
         A full batch (a backlog): while it is on its way the next batch is fetched. A short one
-        (the queue was drained): while it is on its way, rows committed since are fetched and
-        join it (appended to `rows` and `sendable`; their results follow), for at most
-        `EXTEND_SECONDS` and up to `batch_size` rows, when the transport can do that.
+        (the queue was drained): the next fetch goes with its delete, in one round trip; a
+        fetch while it is on its way would mostly find nothing yet. (Taking in the rows
+        committed while a short batch is on its way, by fetching every millisecond, was tried
+        and measured: no earlier at Kafka, later end to end at 500-1,000/s for the CPU it took;
+        docs/performance.md.)
         """
         publisher = self._publisher
         assert publisher is not None
+        if len(rows) < self.config.batch_size:
+            return publisher.publish(sendable)
         exclude = [row.id for row in rows]
-        limit = self.config.batch_size
-        if (
-            len(rows) < limit
-            and isinstance(publisher, ExtendingPublisher)
-            and publisher.extends_batches
-        ):
-            deadline = started + EXTEND_SECONDS
-            keys = {row.key: row.topic for row in rows if row.key is not None}
-
-            def more() -> list[OutgoingRecord] | None:
-                room = limit - len(rows)
-                if room <= 0 or self.stopping or time.monotonic() > deadline:
-                    return None  # closed: its reports are awaited in long slices (no 1 ms loop)
-                fetched = self.store.fetch(conn, sorted(self.lanes), room, exclude).fetchall()
-                extra = _joining(fetched, keys)
-                exclude.extend(row.id for row in extra)
-                rows.extend(extra)
-                if isinstance(sendable, list) and sendable is not rows:
-                    sendable.extend(extra)
-                return extra
-
-            return publisher.publish(sendable, more=more)
         return publisher.publish(sendable, lambda: self._fetch_ahead(conn, exclude))
 
     def _fetch_ahead(self, conn: Connection, exclude: list[int]) -> None:

@@ -151,10 +151,6 @@ WARM_UP_TIMEOUT = 5.0
 #: A message not yet reported on (the initial state of each slot in a batch's results).
 _PENDING: Any = object()
 
-#: While a batch is on its way and the caller can add to it (`publish`'s `more`), the longest
-#: wait for its reports (seconds) before asking the caller again.
-EXTEND_WAIT = 0.001
-
 
 class _Outcomes:
     """The outcome of each message of the batch in hand: _PENDING, None (acknowledged), the
@@ -177,13 +173,8 @@ class KafkaPublisher:
     `linger.ms`) and returns when every report was served.
 
     `publish` calls the caller's `meanwhile` between producing and waiting, so that the caller
-    can do other work (the relay fetches its next batch) while the batch is on its way. Or,
-    with `more`, it asks the caller for records to add to the batch in hand while waiting for
-    its reports (the relay's low-latency path: a row committed meanwhile goes out at once).
+    can do other work (the relay fetches its next batch) while the batch is on its way.
     """
-
-    #: `publish` takes `more` (see `outbox.daemons.producer.ExtendingPublisher`).
-    extends_batches = True
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = dict(config)
@@ -213,26 +204,12 @@ class KafkaPublisher:
         self,
         records: Sequence[OutgoingRecord],
         meanwhile: Callable[[], None] | None = None,
-        more: Callable[[], Sequence[OutgoingRecord] | None] | None = None,
     ) -> list[DeliveryFailure | None]:
-        """Hand the batch to the client, call `meanwhile`, then wait for every report.
-
-        With `more`: while reports are outstanding, `more()` is called about every
-        `EXTEND_WAIT` seconds, and the records it returns join the batch (produced at once,
-        after those before them; their results follow in the same order), until it returns
-        None (the batch takes no more); then the reports are awaited as without it.
-        """
+        """Hand the batch to the client, call `meanwhile`, then wait for every report."""
         self._produce_records(records)
         try:
             if meanwhile is not None:
                 meanwhile()
-            if more is not None:
-                while self._producer.flush(EXTEND_WAIT) > 0:
-                    extra = more()
-                    if extra is None:
-                        break
-                    if extra:
-                        self._produce_records(extra, append=True)
         except BaseException:
             # The caller's work failed (its database went away, say) with this batch on its
             # way: its reports are served now, into this batch's slots, before the error goes
@@ -242,42 +219,31 @@ class KafkaPublisher:
             raise
         return self.wait()
 
-    def _produce_records(self, records: Sequence[OutgoingRecord], *, append: bool = False) -> None:
-        """Hand a batch to the client (or, `append`, more records of the batch in hand); `wait`
-        returns their outcomes. A record that cannot be made a Kafka record (headers not in
-        outbox's form) fails permanently."""
-        self._produce((_record(row) for row in records), len(records), append=append)
+    def _produce_records(self, records: Sequence[OutgoingRecord]) -> None:
+        """Hand a batch to the client; `wait` returns their outcomes. A record that cannot be
+        made a Kafka record (headers not in outbox's form) fails permanently."""
+        self._produce((_record(row) for row in records), len(records))
 
-    def _produce(
-        self, records: Iterable[_Record | DeliveryFailure], count: int, *, append: bool = False
-    ) -> None:
+    def _produce(self, records: Iterable[_Record | DeliveryFailure], count: int) -> None:
         """Produce `count` records (topic, key, value, headers), each with its report slot; an
-        entry that is a DeliveryFailure is that record's outcome, and is not produced. With
-        `append` they join the batch in hand, after its records.
+        entry that is a DeliveryFailure is that record's outcome, and is not produced.
 
         Whatever produce() raises for one record is that record's outcome (the rest of the batch
         goes on): a KafkaError as for a delivery report, any other error a permanent failure.
         """
-        if append:
-            outcomes = self._outcomes.slots
-            start = len(outcomes)
-            outcomes.extend([_PENDING] * count)
-        else:
-            start = 0
-            if len(self._producer):  # an earlier batch was abandoned by an error: see `publish`
-                self._serve_outstanding()
-            self._outcomes.slots = outcomes = [_PENDING] * count
-            # Keys of which a record failed at produce() with an error a retry may fix: their
-            # later records of the batch are not produced (they would overtake it) but fail
-            # with it.
-            self._held = {}
-        while len(self._callbacks) < start + count:
+        if len(self._producer):  # an earlier batch was abandoned by an error: see `publish`
+            self._serve_outstanding()
+        self._outcomes.slots = outcomes = [_PENDING] * count
+        # Keys of which a record failed at produce() with an error a retry may fix: their later
+        # records of the batch are not produced (they would overtake it) but fail with it.
+        self._held = {}
+        while len(self._callbacks) < count:
             self._callbacks.append(self._callback(self._outcomes, len(self._callbacks)))
         callbacks = self._callbacks
         producer = self._producer
         produce = producer.produce
         held = self._held
-        for index, record in enumerate(records, start):
+        for index, record in enumerate(records):
             if isinstance(record, DeliveryFailure):
                 outcomes[index] = record
                 continue
