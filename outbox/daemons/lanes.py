@@ -174,11 +174,13 @@ class LaneRelay(Generic[Row]):
                 self._rebalance(conn)
                 rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
                 if rows:
-                    if sleeping:
-                        lanes.set_sleeping(conn, False)
-                        sleeping = False
                     idle_step = 0
                     self.process(conn, rows)
+                    if sleeping:
+                        # After the rows, not before: the flag only spares writers a NOTIFY,
+                        # and a round trip before them would delay every message woken for.
+                        lanes.set_sleeping(conn, False)
+                        sleeping = False
                     self.housekeeping(conn, busy=True)
                     continue
                 if not sleeping:
