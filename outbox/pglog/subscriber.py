@@ -88,6 +88,8 @@ class PgLogSubscriber:
         self._committed: dict[int, int] = {}
         self._draining: set[int] = set()
         self._sleeping = False
+        #: Records were returned since the nap was announced: `commit` ends the nap.
+        self._awake = False
         self._next_rebalance = 0.0
         self._next_connect = 0.0
         self._reconnect_delay = 0.1
@@ -157,7 +159,7 @@ class PgLogSubscriber:
         self._positions.clear()
         self._committed.clear()
         self._draining.clear()
-        self._sleeping = False
+        self._sleeping = self._awake = False
 
     # -- sharing the partitions ----------------------------------------------------------------
 
@@ -259,9 +261,11 @@ class PgLogSubscriber:
         self._rebalance(conn)
         rows = self._fetch(conn, max_records)
         if rows:
-            if self._sleeping:
-                self._set_sleeping(conn, False)
+            # Awake, but the flag is cleared by `commit`, after the batch is stored: it only
+            # spares publishers a NOTIFY, and a round trip here would delay these records.
+            self._awake = self._sleeping
             return rows
+        self._awake = False  # still napping as far as the publishers know: no new announcement
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return rows
@@ -333,6 +337,9 @@ class PgLogSubscriber:
         }
         try:
             conn.execute(self._sql["log_commit"], params)
+            if self._awake and self._sleeping:
+                self._set_sleeping(conn, False)
+            self._awake = False
             for p, o in last.items():
                 if p in self._committed:
                     self._committed[p] = max(self._committed[p], o + 1)

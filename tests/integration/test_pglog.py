@@ -553,3 +553,31 @@ def test_status_shows_the_logs_lag_and_check_fails_above_max_lag(
     not_migrated = ["--log-url", log_url, "--log-schema", "other_log"]
     assert main([*status, *not_migrated]) == 1
     assert "no log schema 'other_log'" in _one_error_line(capsys)
+
+
+def test_a_woken_member_returns_the_records_first_and_ends_its_nap_with_the_commit(
+    log_url: str,
+) -> None:
+    """The nap flag only spares publishers a NOTIFY: a round trip to clear it before handing
+    out the records it was woken for would delay them."""
+    PgLog(log_url).create_topic("t.nap", 1)
+
+    def napping() -> bool:
+        with psycopg.connect(log_url) as conn:
+            row = conn.execute("SELECT bool_and(sleeping) FROM outbox_log.log_members").fetchone()
+        return bool(row and row[0])
+
+    subscriber = PgLogSubscriber(log_url, ["t.nap"], "g-nap", rebalance_interval=0.2)
+    try:
+        deadline = time.monotonic() + 10
+        while not napping():  # an empty look announces the nap
+            assert time.monotonic() < deadline, "the member never announced its nap"
+            assert not subscriber.poll(10, 0.05)
+        publish(log_url, "t.nap", 0, 1)
+        batch = subscriber.poll(10, 5)
+        assert len(batch) == 1
+        assert napping(), "the nap ended before the records were handed out"
+        subscriber.commit(batch)
+        assert not napping(), "the commit did not end the nap"
+    finally:
+        subscriber.close()
