@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +73,37 @@ class Context:
 
     def scale(self, full: int, smoke: int) -> int:
         return smoke if self.smoke else full
+
+
+def outgoing_records(
+    topic: str,
+    n: int,
+    payload: bytes,
+    key_of: Callable[[int], bytes],
+    content_type: str = "application/octet-stream",
+) -> list[Any]:
+    """`n` records as the relay hands them to a publisher (`key_of(i)` the key of the i-th)."""
+    from outbox.core.batches import outgoing_batch
+    from outbox.core.envelope import StoredMessage
+    from outbox.core.ids import uuid7
+
+    now = datetime.now(UTC)
+    return outgoing_batch(
+        [
+            StoredMessage(
+                id=i,
+                message_id=uuid7(),
+                topic=topic,
+                key=key_of(i),
+                payload=payload,
+                content_type=content_type,
+                headers={},
+                created_at=now,
+                attempts=0,
+            )
+            for i in range(n)
+        ]
+    )
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float]:

@@ -29,9 +29,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from outbox.core.batches import OutgoingRecord, outgoing_batch
-from outbox.core.envelope import StoredMessage
-from outbox.core.ids import uuid7
+from benchmarks.harness import outgoing_records
+from outbox.core.batches import OutgoingRecord
 from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber
 from outbox.pglog.log import upgrade
 from outbox.testing.servers import PostgresServer, create_database, url_for_database
@@ -40,23 +39,9 @@ PAYLOAD = b'{"order_id": 12345, "customer": "c-0001", "lines": [' + b"1," * 70 +
 
 
 def _messages(topic: str, n: int, keys: int = 1000) -> list[OutgoingRecord]:
-    """`n` records as the relay hands them to a publisher."""
-    now = datetime.now(UTC)
-    return outgoing_batch(
-        [
-            StoredMessage(
-                id=i,
-                message_id=uuid7(),
-                topic=topic,
-                key=f"key-{random.randrange(keys)}".encode(),
-                payload=PAYLOAD,
-                content_type="application/json",
-                headers={},
-                created_at=now,
-                attempts=0,
-            )
-            for i in range(n)
-        ]
+    """`n` JSON records with keys drawn at random from `keys`."""
+    return outgoing_records(  # type: ignore[no-any-return]
+        topic, n, PAYLOAD, lambda _i: f"key-{random.randrange(keys)}".encode(), "application/json"
     )
 
 

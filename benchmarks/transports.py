@@ -28,12 +28,10 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
 
-from benchmarks.harness import Context, Result
+from benchmarks.harness import Context, Result, outgoing_records
 from benchmarks.latency import (
     WARMUP,
     arrivals_of,
@@ -108,37 +106,15 @@ class Endpoint:
 # -- the messages -----------------------------------------------------------------------------
 
 
-def _stored_messages(topic: str, n: int, size: int) -> list[Any]:
-    """`n` records as the relay hands them to a publisher."""
-    from outbox.core.batches import outgoing_batch
-    from outbox.core.envelope import StoredMessage
-    from outbox.core.ids import uuid7
-
-    now = datetime.now(UTC)
-    payload = b"x" * size
-    return outgoing_batch(
-        [
-            StoredMessage(
-                id=i,
-                message_id=uuid7(),
-                topic=topic,
-                key=f"key-{i % KEYS}".encode(),
-                payload=payload,
-                content_type="application/octet-stream",
-                headers={},
-                created_at=now,
-                attempts=0,
-            )
-            for i in range(n)
-        ]
-    )
-
-
 def log_write(url: str, topic: str, messages: int, size: int = 100) -> float:
     """Messages/s appended by one `PgLogPublisher`, batches of 1,000 (as the relay's)."""
     from outbox.pglog import PgLogPublisher
 
-    batches = [_stored_messages(topic, 1000, size) for _ in range(max(1, messages // 1000))]
+    payload = b"x" * size
+    batches = [
+        outgoing_records(topic, 1000, payload, lambda i: f"key-{i % KEYS}".encode())
+        for _ in range(max(1, messages // 1000))
+    ]
     publisher = PgLogPublisher(url)
     try:
         started = time.perf_counter()
