@@ -98,16 +98,9 @@ def one_topic_per_key(rows: list[OutgoingRecord]) -> list[OutgoingRecord]:
             break
     if first_cut < 0:
         return rows  # the usual case: no key changes topic in the batch
-    return rows[:first_cut] + _topic_per_key(rows[first_cut:], topics)
-
-
-def _topic_per_key(rows: list[OutgoingRecord], topics: dict[bytes, str]) -> list[OutgoingRecord]:
-    """The rows of `rows` (in id order) whose key goes to the topic `topics` has for it (the
-    first topic seen, recorded in `topics`), less, from a key's first row to another topic on,
-    all of that key's rows."""
-    kept: list[OutgoingRecord] = []
-    cut: set[bytes] = set()
-    for row in rows:
+    cut = {rows[first_cut].key}
+    kept = rows[:first_cut]
+    for row in rows[first_cut + 1 :]:
         key = row.key
         if key is not None:
             if key in cut:
