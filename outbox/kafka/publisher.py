@@ -207,16 +207,8 @@ class KafkaPublisher:
     ) -> list[DeliveryFailure | None]:
         """Hand the batch to the client, call `meanwhile`, then wait for every report."""
         self._produce_records(records)
-        try:
-            if meanwhile is not None:
-                meanwhile()
-        except BaseException:
-            # The caller's work failed (its database went away, say) with this batch on its
-            # way: its reports are served now, into this batch's slots, before the error goes
-            # on. Left outstanding, they would land in the next batch's slots: a message of
-            # that batch taken as acknowledged for another's report, or a report past its end.
-            self._serve_outstanding()
-            raise
+        if meanwhile is not None:
+            meanwhile()
         return self.wait()
 
     def _produce_records(self, records: Sequence[OutgoingRecord]) -> None:
@@ -231,7 +223,11 @@ class KafkaPublisher:
         Whatever produce() raises for one record is that record's outcome (the rest of the batch
         goes on): a KafkaError as for a delivery report, any other error a permanent failure.
         """
-        if len(self._producer):  # an earlier batch was abandoned by an error: see `publish`
+        if len(self._producer):
+            # An earlier batch was left with reports due (its caller's `meanwhile` raised: the
+            # relay's database went away, say). They are served now, into that batch's slots:
+            # otherwise they would land in this batch's, a message of it taken as acknowledged
+            # for another's report, or a report past its end.
             self._serve_outstanding()
         self._outcomes.slots = outcomes = [_PENDING] * count
         # Keys of which a record failed at produce() with an error a retry may fix: their later
