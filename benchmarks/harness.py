@@ -23,6 +23,9 @@ from typing import Any
 
 import psycopg
 
+from outbox.core.batches import OutgoingRecord, outgoing_batch
+from outbox.core.envelope import StoredMessage
+from outbox.core.ids import uuid7
 from outbox.postgres.migrate import upgrade
 from outbox.testing.servers import Servers, create_database, create_topic
 
@@ -81,12 +84,8 @@ def outgoing_records(
     payload: bytes,
     key_of: Callable[[int], bytes],
     content_type: str = "application/octet-stream",
-) -> list[Any]:
+) -> list[OutgoingRecord]:
     """`n` records as the relay hands them to a publisher (`key_of(i)` the key of the i-th)."""
-    from outbox.core.batches import outgoing_batch
-    from outbox.core.envelope import StoredMessage
-    from outbox.core.ids import uuid7
-
     now = datetime.now(UTC)
     return outgoing_batch(
         [

@@ -40,7 +40,7 @@ PAYLOAD = b'{"order_id": 12345, "customer": "c-0001", "lines": [' + b"1," * 70 +
 
 def _messages(topic: str, n: int, keys: int = 1000) -> list[OutgoingRecord]:
     """`n` JSON records with keys drawn at random from `keys`."""
-    return outgoing_records(  # type: ignore[no-any-return]
+    return outgoing_records(
         topic, n, PAYLOAD, lambda _i: f"key-{random.randrange(keys)}".encode(), "application/json"
     )
 
