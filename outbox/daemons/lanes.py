@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 from outbox.core.ids import process_id
 from outbox.core.lanes import LANES
+from outbox.core.naps import AWAKE_AFTER
 from outbox.observability.health import Heartbeat
 from outbox.postgres.connection import (
     Connection,
@@ -168,26 +169,33 @@ class LaneRelay(Generic[Row]):
         self._next_rebalance = 0.0
         sleeping = False
         idle_step = 0
+        busy_since: float | None = None  # since when every look found rows
         try:
             while not self.stopping:
                 self.heartbeat.beat()
                 self._rebalance(conn)
                 rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
                 if rows:
-                    idle_step = 0
+                    if busy_since is None:
+                        busy_since = time.monotonic()
                     self.process(conn, rows)
-                    if sleeping:
-                        # After the rows, not before: the flag only spares writers a NOTIFY,
-                        # and a round trip before them would delay every message woken for.
+                    if sleeping and time.monotonic() - busy_since >= AWAKE_AFTER:
+                        # Sustained load (outbox/core/naps.py): writers stop notifying. After
+                        # the rows, not before: the flag only spares writers a NOTIFY, and a
+                        # round trip before them would delay every message woken for.
                         lanes.set_sleeping(conn, False)
                         sleeping = False
                     self.housekeeping(conn, busy=True)
                     continue
+                busy_since = None
                 if not sleeping:
                     # Announce the nap, then look once more: a row committed before the flag
-                    # was visible to its writer would otherwise wait for the next poll.
+                    # was visible to its writer would otherwise wait for the next poll. Only
+                    # here can a writer have missed the flag (it reads it when it sends), so
+                    # the idle schedule starts again here, not at every wake-up.
                     lanes.set_sleeping(conn, True)
                     sleeping = True
+                    idle_step = 0
                     self.housekeeping(conn, busy=False)
                     continue
                 self._wait(conn, self._idle_timeout(conn, idle_step))
@@ -218,7 +226,15 @@ class LaneRelay(Generic[Row]):
             # Short slices keep SIGTERM prompt; a notification ends the wait at once. (Do not
             # nest notifies() calls: the generator holds the connection lock while suspended.)
             for _ in conn.notifies(timeout=min(remaining, 0.2), stop_after=1):
-                return
+                break
+            else:
+                continue
+            # Woken. The notifications that came with it, or while the last batch was in
+            # hand, are for rows the next fetch sees: take them all now, so that each does
+            # not end a wait of its own with an empty fetch.
+            for _ in conn.notifies(timeout=0):
+                pass
+            return
 
     def _rebalance(self, conn: Connection) -> None:
         """Hold a fair share of the lanes: ceil(LANES / live relays of this kind)."""

@@ -13,6 +13,7 @@ import psycopg
 from outbox.core.batches import InboxBatch
 from outbox.core.errors import ConfigurationError
 from outbox.core.ids import process_id
+from outbox.core.naps import AWAKE_AFTER
 from outbox.core.redact import redact_text
 from outbox.core.topics import validate_topic
 from outbox.pglog.log import (
@@ -88,8 +89,10 @@ class PgLogSubscriber:
         self._committed: dict[int, int] = {}
         self._draining: set[int] = set()
         self._sleeping = False
-        #: Records were returned since the nap was announced: `commit` ends the nap.
+        #: Records were found at every look for `AWAKE_AFTER` seconds while the nap was
+        #: announced: `commit` ends the nap. `_busy_since`: since when every look found records.
         self._awake = False
+        self._busy_since: float | None = None
         self._next_rebalance = 0.0
         self._next_connect = 0.0
         self._reconnect_delay = 0.1
@@ -160,6 +163,7 @@ class PgLogSubscriber:
         self._committed.clear()
         self._draining.clear()
         self._sleeping = self._awake = False
+        self._busy_since = None
 
     # -- sharing the partitions ----------------------------------------------------------------
 
@@ -261,10 +265,15 @@ class PgLogSubscriber:
         self._rebalance(conn)
         rows = self._fetch(conn, max_records)
         if rows:
-            # Awake, but the flag is cleared by `commit`, after the batch is stored: it only
-            # spares publishers a NOTIFY, and a round trip here would delay these records.
-            self._awake = self._sleeping
+            # Under sustained load the nap ends (publishers stop notifying; outbox/core/naps.py),
+            # by `commit`, after the batch is stored: the flag only spares publishers a NOTIFY,
+            # and a round trip here would delay these records.
+            now = time.monotonic()
+            if self._busy_since is None:
+                self._busy_since = now
+            self._awake = self._sleeping and now - self._busy_since >= AWAKE_AFTER
             return rows
+        self._busy_since = None
         self._awake = False  # still napping as far as the publishers know: no new announcement
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -277,6 +286,11 @@ class PgLogSubscriber:
         wait = min(remaining, max(0.001, self._next_rebalance - time.monotonic()))
         for _ in conn.notifies(timeout=wait, stop_after=1):
             break
+        else:
+            return rows
+        # Woken: the notifications that came with it are for records the next fetch sees.
+        for _ in conn.notifies(timeout=0):
+            pass
         return rows
 
     def _set_sleeping(self, conn: Connection, sleeping: bool) -> None:

@@ -19,6 +19,7 @@ from outbox.core.batches import InboxBatch, OutgoingRecord, outgoing
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
 from outbox.core.lag import GroupLag
+from outbox.core.naps import AWAKE_AFTER
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.pglog import GroupInUse, PgLog, PgLogPublisher, PgLogSubscriber, check_log
@@ -555,11 +556,14 @@ def test_status_shows_the_logs_lag_and_check_fails_above_max_lag(
     assert "no log schema 'other_log'" in _one_error_line(capsys)
 
 
-def test_a_woken_member_returns_the_records_first_and_ends_its_nap_with_the_commit(
+def test_a_woken_member_keeps_its_nap_at_a_low_rate_and_ends_it_under_sustained_load(
     log_url: str,
 ) -> None:
-    """The nap flag only spares publishers a NOTIFY: a round trip to clear it before handing
-    out the records it was woken for would delay them."""
+    """The nap flag only spares publishers a NOTIFY, which costs them only under sustained
+    load: a member woken for a few records keeps it (ending it and announcing it again cost two
+    writes and a look per wake-up); one that finds records at every look for AWAKE_AFTER ends
+    it with a commit, after the records were handed out (a round trip before would delay them).
+    """
     PgLog(log_url).create_topic("t.nap", 1)
 
     def napping() -> bool:
@@ -576,8 +580,16 @@ def test_a_woken_member_returns_the_records_first_and_ends_its_nap_with_the_comm
         publish(log_url, "t.nap", 0, 1)
         batch = subscriber.poll(10, 5)
         assert len(batch) == 1
-        assert napping(), "the nap ended before the records were handed out"
         subscriber.commit(batch)
-        assert not napping(), "the commit did not end the nap"
+        assert napping(), "a member woken for one record ended its nap"
+        assert not subscriber.poll(10, 0.05)  # an empty look: the next records start a new run
+        started = time.monotonic()
+        while time.monotonic() - started < 2 * AWAKE_AFTER:  # records at every look
+            publish(log_url, "t.nap", 0, 1)
+            batch = subscriber.poll(10, 5)
+            assert len(batch) == 1
+            assert napping(), "the nap ended before the records were handed out"
+        subscriber.commit(batch)
+        assert not napping(), "sustained load did not end the nap"
     finally:
         subscriber.close()

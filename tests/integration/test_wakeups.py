@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from outbox import Broker
+from outbox import Broker, Message
 from outbox.postgres.queries import channel
 
 from .relay_helpers import count, producer_thread, wait_for
@@ -83,3 +83,35 @@ def test_a_woken_relay_handles_the_rows_before_it_says_it_is_awake(
             broker.send(conn, "t.woken", b"x")
         wait_for(lambda: count(url) == 0 and relay.relayed >= 1, 10, "the woken relay to send")
     assert flags_at_process[:1] == [1], flags_at_process
+
+
+def test_a_woken_relay_keeps_its_flag_at_a_low_rate_and_clears_it_under_sustained_load(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    """Clearing the flag at every wake-up and setting it again at the next empty look cost two
+    writes and a look per wake-up; the NOTIFY they spare writers costs only under sustained
+    load. So a relay woken for a few rows keeps its flag, and one that found rows at every look
+    for AWAKE_AFTER clears it (then naps again once the queue is empty)."""
+    url = outbox_database_url
+    flags: list[bool] = []
+    with producer_thread(url, outbox_kafka_bootstrap, poll_interval=5, batch_size=10) as relay:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the relay to sleep")
+        set_sleeping = relay.lane_locks.set_sleeping
+
+        def observed(conn: psycopg.Connection, sleeping: bool) -> None:
+            flags.append(sleeping)
+            set_sleeping(conn, sleeping)
+
+        relay.lane_locks.set_sleeping = observed
+        for sent in range(1, 4):
+            with psycopg.connect(url) as conn, conn.transaction():
+                broker.send(conn, "t.low", b"x")
+            wait_for(lambda: relay.relayed >= sent, 10, "the woken relay to send")  # noqa: B023
+        assert flags == [], "a relay woken for one row at a time changed its flag"
+        assert count(url, "relay_state", "sleeping") == 1
+
+        with psycopg.connect(url) as conn, conn.transaction():
+            broker.send_many(conn, [Message("t.load", b"x") for _ in range(5000)])
+        wait_for(lambda: count(url) == 0 and relay.relayed >= 5003, 60, "the backlog to go")
+        wait_for(lambda: flags[-1:] == [True], 10, "the relay to nap again")
+    assert flags == [False, True], flags
