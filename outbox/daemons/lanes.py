@@ -88,6 +88,12 @@ class LaneRelay(Generic[Row]):
         self._stop = threading.Event()
         self.lanes: set[int] = set()
         self._next_rebalance = 0.0
+        #: Whether `next_due` must be asked before the next idle wait (see `_idle_timeout`):
+        #: a retry was waiting when last asked, or lanes were taken since, or `failures()`
+        #: moved from `_failures_seen`.
+        self._retry_waiting = True
+        self._lanes_taken = True
+        self._failures_seen = -1
         #: Beaten every turn of the loop and every connection attempt (for /livez).
         self.heartbeat = Heartbeat()
 
@@ -104,6 +110,12 @@ class LaneRelay(Generic[Row]):
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
         """Seconds until the earliest scheduled retry in `lanes`, or None."""
         return None
+
+    def failures(self) -> int:
+        """A count that grows whenever this relay records a failed attempt (a row that may
+        wait for a retry in its lanes). Only the lanes' owner records those, so an idle relay
+        asks `next_due` again only after this grew or it took lanes."""
+        return 0
 
     def housekeeping(self, conn: Connection, *, busy: bool) -> None:
         """Periodic work between batches (retention, for example); keep it short when `busy`."""
@@ -210,8 +222,15 @@ class LaneRelay(Generic[Row]):
         just found nothing, is waited for on the schedule, which grows (no busy loop)."""
         timeout = IDLE_POLLS[step] if step < len(IDLE_POLLS) else self.poll_interval
         timeout = min(timeout, self.poll_interval)
-        if self.lanes:
+        failures = self.failures()
+        if self.lanes and (
+            self._retry_waiting or self._lanes_taken or failures != self._failures_seen
+        ):
+            # Asked only when a retry can be waiting: a look per idle wait was a statement in
+            # six of an idle-ish relay's wake-ups (decision 12).
+            self._failures_seen, self._lanes_taken = failures, False
             due = self.next_due(conn, sorted(self.lanes))
+            self._retry_waiting = due is not None
             if due is not None and due > 0:
                 timeout = min(timeout, max(due, MIN_WAIT))
         return timeout
@@ -256,3 +275,4 @@ class LaneRelay(Generic[Row]):
                     break
                 if self.lane_locks.lock(conn, lane):
                     self.lanes.add(lane)
+                    self._lanes_taken = True

@@ -296,6 +296,9 @@ class Producer(LaneRelay[OutgoingRecord]):
         exclude = [row.id for row in rows]
         return publisher.publish(sendable, lambda: self._fetch_ahead(conn, exclude))
 
+    def failures(self) -> int:
+        return self.failed
+
     def _fetch_ahead(self, conn: Connection, exclude: list[int]) -> None:
         """Start fetching the next batch (less the ids in `exclude`), for `_keep_next`."""
         if not self.stopping:

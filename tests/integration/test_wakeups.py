@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+from datetime import UTC, datetime
+
 import psycopg
 
-from outbox import Broker, Message
-from outbox.postgres.queries import channel
+from outbox import Backoff, Broker, Handlers, InboxMessage, Message
+from outbox.core.batches import InboxBatch
+from outbox.core.envelope import InboxRow
+from outbox.core.lanes import lane_for
+from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.queries import channel, queries
 
-from .relay_helpers import count, producer_thread, wait_for
+from .relay_helpers import count, handler_thread, producer_thread, wait_for
 
 broker = Broker()
+
+
+def put_inbox(url: str, topic: str, payloads: list[bytes]) -> None:
+    """Rows in consumer_queue as the Consumer stores them (with its NOTIFY)."""
+    rows = []
+    for offset, payload in enumerate(payloads):
+        mid = uuid.uuid4()
+        row = (mid, topic, b"k", payload, {}, "application/json", lane_for(b"k", mid))
+        rows.append(InboxRow(*row, datetime.now(UTC), 0, offset))
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            queries("outbox")["inbox_insert"],
+            insert_params(InboxBatch.of(rows), channel("outbox", "consumer_queue")),
+        )
 
 
 def _notified_by_send(url: str) -> bool:
@@ -103,15 +125,50 @@ def test_a_woken_relay_keeps_its_flag_at_a_low_rate_and_clears_it_under_sustaine
             set_sleeping(conn, sleeping)
 
         relay.lane_locks.set_sleeping = observed
+        next_due = relay.next_due
+        retry_looks: list[float | None] = []
+
+        def looked(conn: psycopg.Connection, lanes: list[int]) -> float | None:
+            retry_looks.append(next_due(conn, lanes))
+            return retry_looks[-1]
+
+        relay.next_due = looked
         for sent in range(1, 4):
             with psycopg.connect(url) as conn, conn.transaction():
                 broker.send(conn, "t.low", b"x")
             wait_for(lambda: relay.relayed >= sent, 10, "the woken relay to send")  # noqa: B023
         assert flags == [], "a relay woken for one row at a time changed its flag"
         assert count(url, "relay_state", "sleeping") == 1
+        # No failure recorded and no lane taken: no retry can be waiting, nothing to ask.
+        assert retry_looks == [], retry_looks
 
         with psycopg.connect(url) as conn, conn.transaction():
             broker.send_many(conn, [Message("t.load", b"x") for _ in range(5000)])
         wait_for(lambda: count(url) == 0 and relay.relayed >= 5003, 60, "the backlog to go")
         wait_for(lambda: flags[-1:] == [True], 10, "the relay to nap again")
     assert flags == [False, True], flags
+
+
+def test_an_idle_handler_wakes_for_the_retry_it_scheduled_not_at_its_poll_interval(
+    outbox_database_url: str,
+) -> None:
+    """An idle relay asks when its next retry is due only when one can be waiting (decision
+    12): after it recorded a failure. A message that failed once, with a 0.3 s backoff, is
+    handled again after about 0.3 s, not after the 5 s poll interval."""
+    url = outbox_database_url
+    handlers = Handlers()
+    attempts: list[float] = []
+
+    @handlers.handler("t.retry", backoff=Backoff(initial=0.3, maximum=0.3, jitter=0))
+    def flaky(message: InboxMessage, conn: psycopg.Connection) -> None:
+        attempts.append(time.monotonic())
+        if len(attempts) == 1:
+            raise RuntimeError("first attempt fails")
+
+    with handler_thread(url, handlers, poll_interval=5) as runner:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the handler to sleep")
+        time.sleep(1.0)  # idle, its quick polls over: only a wake-up or the retry time is left
+        put_inbox(url, "t.retry", [b"{}"])
+        wait_for(lambda: runner.handled == 1, 10, "the retry")
+    assert len(attempts) == 2
+    assert attempts[1] - attempts[0] < 2.0, f"retried after {attempts[1] - attempts[0]:.1f}s"

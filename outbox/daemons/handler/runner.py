@@ -103,6 +103,9 @@ class HandlerRunner(LaneRelay[Pending]):
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
         return self.store.next_due(conn, lanes)
 
+    def failures(self) -> int:
+        return self.outcomes.failed
+
     def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
         groups: list[list[Pending]] = [[] for _ in self._workers]
         for row in rows:
