@@ -2,9 +2,10 @@
 
 A relay (the Producer on `producer_queue`, the Handler on `consumer_queue`) owns a fair share of
 the lanes through PostgreSQL session advisory locks, which die with its connection; within a lane
-rows are processed in id order, so several relays keep per-key order. While it has nothing to
+rows are processed in id order, so several relays keep per-key order. When it has nothing to
 do it sets its `relay_state.sleeping` flag, so writers NOTIFY only then, and polls on a
-geometric schedule so a missed notification delays a row but never strands it.
+geometric schedule so a missed notification delays a row but never strands it. A woken relay
+keeps the flag until it has found rows at every look for `AWAKE_AFTER` (decision 12).
 """
 
 from __future__ import annotations
@@ -226,8 +227,8 @@ class LaneRelay(Generic[Row]):
         if self.lanes and (
             self._retry_waiting or self._lanes_taken or failures != self._failures_seen
         ):
-            # Asked only when a retry can be waiting: a look per idle wait was a statement in
-            # six of an idle-ish relay's wake-ups (decision 12).
+            # Asked only when a retry can be waiting (decision 12): asking before every idle
+            # wait cost a statement per wake-up.
             self._failures_seen, self._lanes_taken = failures, False
             due = self.next_due(conn, sorted(self.lanes))
             self._retry_waiting = due is not None
