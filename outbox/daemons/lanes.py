@@ -27,6 +27,7 @@ from outbox.postgres.connection import (
     DatabaseLost,
     check_database,
     connect,
+    notified,
     retrying_database,
 )
 from outbox.postgres.lanes import Lanes, lock_class
@@ -89,12 +90,11 @@ class LaneRelay(Generic[Row]):
         self._stop = threading.Event()
         self.lanes: set[int] = set()
         self._next_rebalance = 0.0
-        #: Whether `next_due` must be asked before the next idle wait (see `_idle_timeout`):
-        #: a retry was waiting when last asked, or lanes were taken since, or `failures()`
-        #: moved from `_failures_seen`.
-        self._retry_waiting = True
-        self._lanes_taken = True
-        self._failures_seen = -1
+        #: `next_due` is asked before the next idle wait (see `_idle_timeout`) while this is set
+        #: (lanes were taken since it was last asked, or a retry was waiting then) or while
+        #: `failures()` differs from `_failures_seen`.
+        self._due_unknown = True
+        self._failures_seen = 0
         #: Beaten every turn of the loop and every connection attempt (for /livez).
         self.heartbeat = Heartbeat()
 
@@ -224,14 +224,12 @@ class LaneRelay(Generic[Row]):
         timeout = IDLE_POLLS[step] if step < len(IDLE_POLLS) else self.poll_interval
         timeout = min(timeout, self.poll_interval)
         failures = self.failures()
-        if self.lanes and (
-            self._retry_waiting or self._lanes_taken or failures != self._failures_seen
-        ):
+        if self.lanes and (self._due_unknown or failures != self._failures_seen):
             # Asked only when a retry can be waiting (decision 12): asking before every idle
             # wait cost a statement per wake-up.
-            self._failures_seen, self._lanes_taken = failures, False
+            self._failures_seen = failures
             due = self.next_due(conn, sorted(self.lanes))
-            self._retry_waiting = due is not None
+            self._due_unknown = due is not None
             if due is not None and due > 0:
                 timeout = min(timeout, max(due, MIN_WAIT))
         return timeout
@@ -243,18 +241,9 @@ class LaneRelay(Generic[Row]):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            # Short slices keep SIGTERM prompt; a notification ends the wait at once. (Do not
-            # nest notifies() calls: the generator holds the connection lock while suspended.)
-            for _ in conn.notifies(timeout=min(remaining, 0.2), stop_after=1):
-                break
-            else:
-                continue
-            # Woken. The notifications that came with it, or while the last batch was in
-            # hand, are for rows the next fetch sees: take them all now, so that each does
-            # not end a wait of its own with an empty fetch.
-            for _ in conn.notifies(timeout=0):
-                pass
-            return
+            # Short slices keep SIGTERM prompt; a notification ends the wait at once.
+            if notified(conn, min(remaining, 0.2)):
+                return
 
     def _rebalance(self, conn: Connection) -> None:
         """Hold a fair share of the lanes: ceil(LANES / live relays of this kind)."""
@@ -276,4 +265,4 @@ class LaneRelay(Generic[Row]):
                     break
                 if self.lane_locks.lock(conn, lane):
                     self.lanes.add(lane)
-                    self._lanes_taken = True
+                    self._due_unknown = True

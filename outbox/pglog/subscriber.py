@@ -26,7 +26,7 @@ from outbox.pglog.log import (
     queries,
     wake_channel,
 )
-from outbox.postgres.connection import connect
+from outbox.postgres.connection import connect, notified
 from outbox.postgres.queries import quote_ident, validate_schema
 
 log = logging.getLogger("outbox.pglog")
@@ -284,13 +284,7 @@ class PgLogSubscriber:
             self._set_sleeping(conn, True)
             return rows
         wait = min(remaining, max(0.001, self._next_rebalance - time.monotonic()))
-        for _ in conn.notifies(timeout=wait, stop_after=1):
-            break
-        else:
-            return rows
-        # Woken: the notifications that came with it are for records the next fetch sees.
-        for _ in conn.notifies(timeout=0):
-            pass
+        notified(conn, wait)
         return rows
 
     def _set_sleeping(self, conn: Connection, sleeping: bool) -> None:

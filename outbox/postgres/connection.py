@@ -43,6 +43,24 @@ def connect(
     )
 
 
+def notified(conn: psycopg.Connection[Any], timeout: float) -> bool:
+    """Wait up to `timeout` seconds for a notification on `conn` (a LISTENing session); when one
+    comes, take every other one already received too, and return True.
+
+    A notification only says "look again": the ones that came with it, or while the caller was
+    busy, are for rows its next look sees, and left queued each would end a later wait with an
+    empty look. (Never nest notifies() calls: the generator holds the connection lock while it
+    is suspended.)
+    """
+    for _ in conn.notifies(timeout=timeout, stop_after=1):
+        break
+    else:
+        return False
+    for _ in conn.notifies(timeout=0):
+        pass
+    return True
+
+
 def unavailable(exc: psycopg.Error, what: str = "PostgreSQL") -> DatabaseUnavailable:
     """The one error for a failed connection: `cannot connect to WHAT: <first line>`, redacted."""
     return DatabaseUnavailable(redact_text(f"cannot connect to {what}: {first_line(exc)}"))
