@@ -14,7 +14,8 @@ The start position travels from the command line to the subscriber inside the li
 settings, under `START_KEY` (a key librdkafka does not know): `split_start` takes it out before
 a client is made. `subscribe_callbacks` gives the `on_assign`/`on_revoke`/`on_lost` callbacks
 of `Consumer.subscribe`: they log, at INFO, the group joined and each assignment and
-revocation, and seek a time start.
+revocation, seek a time start, and tell the subscriber's offset continuity check
+(outbox.kafka.continuity) where each assigned partition starts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from outbox.core.errors import ConfigurationError
+from outbox.kafka.continuity import Continuity
 
 __all__ = [
     "START_KEY",
@@ -128,12 +130,21 @@ def _names(partitions: Sequence[TopicPartition]) -> str:
 class _Rebalance:
     """The state of the rebalance callbacks of one subscriber."""
 
-    def __init__(self, group: str, start: StartPosition | None, *, cooperative: bool) -> None:
+    def __init__(
+        self,
+        group: str,
+        start: StartPosition | None,
+        *,
+        cooperative: bool,
+        continuity: Continuity | None = None,
+    ) -> None:
         self.group = group
         self.start = start
         #: Incremental rebalancing (`cooperative-sticky`): `incremental_assign`, not `assign`.
         self.cooperative = cooperative
         self.joined = False
+        #: Told where each assigned partition starts, and which partitions went.
+        self.continuity = continuity
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not self.joined:
@@ -146,12 +157,37 @@ class _Rebalance:
             )
         log.info("group %s assigned %s", self.group, _names(partitions))
         if self.start is None or self.start.at is None or not partitions:
+            self._expect(consumer, partitions)
             return
         positioned = self._seek_time(consumer, partitions, self.start)
+        self._expect(consumer, positioned)
         if self.cooperative:
             consumer.incremental_assign(positioned)
         else:
             consumer.assign(positioned)
+
+    def _expect(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Tell `continuity` where each partition starts: its sought offset, else the offset
+        the group committed (the one the client resumes from)."""
+        if self.continuity is None or not partitions:
+            return
+        starts = {(p.topic, p.partition): p.offset for p in partitions}
+        unknown = [TopicPartition(p.topic, p.partition) for p in partitions if p.offset < 0]
+        if unknown:
+            try:
+                for c in consumer.committed(unknown, timeout=LOOKUP_TIMEOUT):
+                    if c.error is None:
+                        starts[c.topic, c.partition] = c.offset
+            except KafkaException as exc:
+                log.warning(
+                    "group %s: cannot read committed offsets (%s); the first records of %s "
+                    "are not checked for a skipped offset",
+                    self.group,
+                    exc,
+                    _names(unknown),
+                )
+        for partition, offset in starts.items():
+            self.continuity.start(partition, offset)
 
     def _seek_time(
         self, consumer: Consumer, partitions: list[TopicPartition], start: StartPosition
@@ -211,14 +247,20 @@ class _Rebalance:
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         del consumer
         log.info("group %s revoked %s", self.group, _names(partitions))
+        self._forget(partitions)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         del consumer
+        self._forget(partitions)
         log.warning(
             "group %s lost %s (the session expired; another member may have them)",
             self.group,
             _names(partitions),
         )
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        if self.continuity is not None:
+            self.continuity.forget((p.topic, p.partition) for p in partitions)
 
 
 def _member_id(consumer: Consumer) -> str:
@@ -229,13 +271,19 @@ def _member_id(consumer: Consumer) -> str:
 
 
 def subscribe_callbacks(
-    settings: Mapping[str, Any], start: StartPosition | None
+    settings: Mapping[str, Any],
+    start: StartPosition | None,
+    continuity: Continuity | None = None,
 ) -> dict[str, Callable[[Consumer, list[TopicPartition]], None]]:
     """The `on_assign`, `on_revoke` and `on_lost` keyword arguments of `Consumer.subscribe`
-    for a consumer of these librdkafka `settings` (its group, its assignment strategy)."""
+    for a consumer of these librdkafka `settings` (its group, its assignment strategy); they
+    keep `continuity` told of each partition's start and departure."""
     strategy = str(settings.get("partition.assignment.strategy", ""))
     rebalance = _Rebalance(
-        str(settings.get("group.id", "")), start, cooperative="cooperative" in strategy
+        str(settings.get("group.id", "")),
+        start,
+        cooperative="cooperative" in strategy,
+        continuity=continuity,
     )
     return {
         "on_assign": rebalance.on_assign,

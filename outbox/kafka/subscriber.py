@@ -26,6 +26,7 @@ from outbox.core.wire import (
     decode_record,
     foreign_id,
 )
+from outbox.kafka.continuity import Continuity
 from outbox.kafka.publisher import merge_settings
 from outbox.kafka.start import split_start, subscribe_callbacks
 
@@ -76,7 +77,11 @@ class KafkaSubscriber:
         settings, start = split_start(config)  # `--start` rides in the settings: take it out
         # Commits are asynchronous (see `commit`); their outcome arrives in a later poll.
         self._consumer = KafkaConsumer({**settings, "on_commit": _committed})
-        self._consumer.subscribe(list(topics), **subscribe_callbacks(settings, start))
+        #: A partition's records must follow each other; a jump is read again (see there).
+        self.continuity = Continuity()
+        self._consumer.subscribe(
+            list(topics), **subscribe_callbacks(settings, start, self.continuity)
+        )
 
     def poll(self, max_records: int, timeout: float) -> InboxBatch:
         """Wait for one record, then take what else is already there, up to `max_records`."""
@@ -94,7 +99,31 @@ class KafkaSubscriber:
         batch = [first]
         if max_records > 1:
             batch.extend(self._consumer.consume(max_records - 1, 0))
-        return self._records(batch)
+        records, seek = self.continuity.admit(self._records(batch))
+        for (topic, partition), offset in seek.items():
+            self._read_again(topic, partition, offset)
+        return records
+
+    def _read_again(self, topic: str, partition: int, offset: int) -> None:
+        """Seek `partition` back to `offset`, the first record missing before a jump.
+
+        A partition no longer assigned needs nothing (its next owner starts at the committed
+        offset, which is not past `offset`). Otherwise a seek that fails would leave the hole
+        behind the records to come: the error stops the Consumer, and the records are read
+        again from the committed offset when it is restarted.
+        """
+        where = TopicPartition(topic, partition, offset)
+        log.debug("%s[%d]: offsets jumped past %d; reading again from it", topic, partition, offset)
+        try:
+            self._consumer.seek(where)
+        except KafkaException as exc:
+            assigned = {(p.topic, p.partition) for p in self._consumer.assignment()}
+            if (topic, partition) not in assigned:
+                return
+            raise KafkaException(
+                f"cannot read {topic}[{partition}] again from offset {offset} after a jump "
+                f"in its offsets: {exc}"
+            ) from exc
 
     @staticmethod
     def _records(batch: list[Message]) -> list[Message]:
