@@ -73,6 +73,7 @@ from pyspark.sql.types import (
 )
 
 from outbox.core.errors import ConfigurationError, KafkaUnavailable
+from outbox.kafka.continuity import Continuity
 from outbox.spark.offsets import (
     EOF,
     RECORD,
@@ -180,20 +181,34 @@ class KafkaRange(InputPartition):
 
 
 def read_range(options: SourceOptions, rng: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """The records of one range as Arrow batches; fails if the range cannot be read in time."""
+    """The records of one range as Arrow batches, each once and in offset order; fails if the
+    range cannot be read in time.
+
+    A jump in the offsets is read again from the missing offset (outbox.kafka.continuity: a
+    broker can hand out a record before the one behind it is readable); a record delivered
+    twice is kept once.
+    """
     consumer = Consumer(options.client_config())
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    continuity = Continuity()
+    continuity.start((rng.topic, rng.partition), rng.start)
     rows = _Columns()
     position = rng.start
     try:
         while position < rng.end:
             got = _consume_some(consumer, options.poll_timeout, rng, position)
+            kept, seek = continuity.admit([m for m in got if kind_of(m) == RECORD])
+            admitted = {id(m) for m in kept}
+            for (topic, partition), offset in seek.items():
+                consumer.seek(TopicPartition(topic, partition, offset))
             for message in got:
                 kind = kind_of(message)
                 offset = message.offset() or 0
+                if kind == RECORD and id(message) not in admitted:
+                    break  # a jump: the partition is read again from the missing offset
                 if kind == EOF and offset >= rng.end:
                     position = rng.end
-                elif kind == RECORD and rng.start <= offset < rng.end:
+                elif kind == RECORD and position <= offset < rng.end:
                     rows.add(message)
                     position = offset + 1
                 elif kind == RECORD and offset >= rng.end:
