@@ -21,6 +21,8 @@ the partition's later records of that poll. If a read comes back with the missin
 broker had skipped it (logged as a warning); if `HOLE_READS` reads in a row jump from the same
 offset, the hole is the log's own and is accepted. A real hole costs two more fetches of the
 partition (on Apache Kafka, where they come from transactional producers, not from outbox's).
+A record below the expected offset (the same broker has been seen delivering one twice in a
+row) was delivered already, or lies below the committed offset: it is dropped.
 """
 
 from __future__ import annotations
@@ -106,12 +108,13 @@ class Continuity:
                 del self._rereading[partition]
                 self.skipped += 1
                 log.warning(
-                    "%s[%d]: the broker skipped offset %d and gave it on a second read; "
+                    "%s[%d]: the broker skipped offset %d and gave it on a later read; "
                     "nothing was committed past it",
                     *partition,
                     expected,
                 )
-            if expected is None or offset >= expected:
-                self._expected[partition] = offset + 1
+            elif expected is not None and offset < expected:
+                continue  # delivered already (or below the committed offset): stored
+            self._expected[partition] = offset + 1
             kept.append(record)
         return kept, seek

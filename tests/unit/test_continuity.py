@@ -87,9 +87,9 @@ def test_a_partition_forgotten_at_revocation_starts_afresh() -> None:
     assert offsets(kept) == [(0, 100)] and seek == {}
 
 
-def test_a_record_delivered_again_is_kept_and_does_not_move_the_expectation_back() -> None:
+def test_a_record_delivered_again_is_dropped_and_does_not_move_the_expectation_back() -> None:
     c = Continuity()
-    c.start(("t", 0), 0)
-    kept, seek = c.admit(recs((0, 0), (0, 1), (0, 1), (0, 0), (0, 2)))
-    assert offsets(kept) == [(0, 0), (0, 1), (0, 1), (0, 0), (0, 2)] and seek == {}
-    assert c.admit(recs((0, 4)))[1] == {("t", 0): 3}
+    c.start(("t", 0), 1)
+    kept, seek = c.admit(recs((0, 0), (0, 1), (0, 2), (0, 2), (0, 1), (0, 3)))
+    assert offsets(kept) == [(0, 1), (0, 2), (0, 3)] and seek == {}
+    assert c.admit(recs((0, 5)))[1] == {("t", 0): 4}
