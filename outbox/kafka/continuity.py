@@ -77,12 +77,28 @@ class Continuity:
             self._expected.pop(partition, None)
             self._rereading.pop(partition, None)
 
-    def admit(self, records: Sequence[R]) -> tuple[list[R], dict[Partition, int]]:
+    def admit(self, records: Sequence[R]) -> tuple[Sequence[R], dict[Partition, int]]:
         """The records that follow on from what was delivered, and the partitions to seek back
         (to the offset missing before a jump; none of their later records is kept)."""
-        kept: list[R] = []
+        if self._rereading:
+            return self._admit_slowly(records, 0)
+        expected = self._expected
+        for i, record in enumerate(records):  # the usual case: every record follows on
+            partition = (record.topic() or "", record.partition() or 0)
+            offset = record.offset() or 0
+            known = expected.get(partition)
+            if known is not None and known != offset:
+                return self._admit_slowly(records, i)
+            expected[partition] = offset + 1
+        return records, {}
+
+    def _admit_slowly(
+        self, records: Sequence[R], first: int
+    ) -> tuple[list[R], dict[Partition, int]]:
+        """`admit` from `records[first]` on, the first record that does not follow on."""
+        kept: list[R] = list(records[:first])
         seek: dict[Partition, int] = {}
-        for record in records:
+        for record in records[first:]:
             partition = (record.topic() or "", record.partition() or 0)
             if partition in seek:
                 continue  # after a jump: read again from the missing offset

@@ -87,7 +87,7 @@ class KafkaSubscriber:
         """Wait for one record, then take what else is already there, up to `max_records`."""
         return inbox_batch(self._poll(max_records, timeout))
 
-    def _poll(self, max_records: int, timeout: float) -> list[Message]:
+    def _poll(self, max_records: int, timeout: float) -> Sequence[Message]:
         """Wait for one record, then take what else is already there, up to `max_records`.
 
         `consume(n, timeout)` alone would hold the first record until n arrived or the timeout

@@ -197,14 +197,17 @@ def read_range(options: SourceOptions, rng: KafkaRange) -> Iterator[pa.RecordBat
     try:
         while position < rng.end:
             got = _consume_some(consumer, options.poll_timeout, rng, position)
-            kept, seek = continuity.admit([m for m in got if kind_of(m) == RECORD])
-            admitted = {id(m) for m in kept}
+            records = [m for m in got if kind_of(m) == RECORD]
+            kept, seek = continuity.admit(records)
             for (topic, partition), offset in seek.items():
                 consumer.seek(TopicPartition(topic, partition, offset))
+            admitted = None if kept is records else {id(m) for m in kept}
             for message in got:
                 kind = kind_of(message)
                 offset = message.offset() or 0
-                if kind == RECORD and id(message) not in admitted:
+                if kind == RECORD and admitted is not None and id(message) not in admitted:
+                    if offset < position:
+                        continue  # delivered already
                     break  # a jump: the partition is read again from the missing offset
                 if kind == EOF and offset >= rng.end:
                     position = rng.end

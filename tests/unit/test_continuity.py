@@ -93,3 +93,15 @@ def test_a_record_delivered_again_is_dropped_and_does_not_move_the_expectation_b
     kept, seek = c.admit(recs((0, 0), (0, 1), (0, 2), (0, 2), (0, 1), (0, 3)))
     assert offsets(kept) == [(0, 1), (0, 2), (0, 3)] and seek == {}
     assert c.admit(recs((0, 5)))[1] == {("t", 0): 4}
+
+
+def test_a_partition_read_again_waits_for_its_record_while_others_flow() -> None:
+    c = Continuity()
+    c.start(("t", 0), 0)
+    c.start(("t", 1), 0)
+    assert c.admit(recs((0, 0), (0, 2)))[1] == {("t", 0): 1}
+    kept, seek = c.admit(recs((1, 0), (1, 1)))
+    assert offsets(kept) == [(1, 0), (1, 1)] and seek == {}
+    kept, seek = c.admit(recs((0, 1), (0, 2)))
+    assert offsets(kept) == [(0, 1), (0, 2)] and seek == {}
+    assert (c.skipped, c.holes) == (1, 0)

@@ -93,3 +93,12 @@ def test_a_hole_read_three_times_is_the_logs_own(monkeypatch: pytest.MonkeyPatch
     script = {10: [[Msg(10), Msg(11)], [Msg(13), Msg(14, eof=True)]], 12: [[Msg(13)]]}
     assert read(monkeypatch, script) == [10, 11, 13]
     assert ScriptedConsumer.seeks == [12, 12]
+
+
+def test_a_record_delivered_twice_before_a_jump(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = {
+        10: [[Msg(10), Msg(10), Msg(11), Msg(13), Msg(14, eof=True)]],
+        12: [[Msg(12), Msg(13), Msg(14, eof=True)]],
+    }
+    assert read(monkeypatch, script) == [10, 11, 12, 13]
+    assert ScriptedConsumer.seeks == [12]
