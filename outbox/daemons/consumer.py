@@ -168,7 +168,11 @@ class Consumer:
                     batch = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
                     if not batch:
                         continue
-                conn, following = self._store(conn, batch, meanwhile=waiting)
+                # A full batch: while it is stored, the records waiting behind it are taken.
+                # A short one: nothing is likely to wait yet, and the look would cost the log
+                # transport a round trip per batch (as the Producer, outbox/daemons/producer.py).
+                full = len(batch) >= self.config.batch_size
+                conn, following = self._store(conn, batch, meanwhile=waiting if full else None)
                 if conn is None:
                     break  # stopped while the database was unreachable: nothing committed
                 failpoint("consumer.after_insert")
