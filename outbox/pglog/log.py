@@ -168,22 +168,33 @@ def encode_headers(headers: Iterable[tuple[str, str | bytes | None]]) -> bytes:
 
 
 def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
-    """The headers `encode_headers` wrote."""
+    """The headers `encode_headers` wrote. `ValueError` (a `UnicodeDecodeError` for a name
+    that is not UTF-8) when `data` is not in that form: cut short, a length past its end, a
+    negative length other than a null value's -1."""
     headers: list[tuple[str, bytes | None]] = []
     if not data:
         return headers
     view = memoryview(data)
+    size = len(view)
     at = 0
-    while at < len(view):
+    while at < size:
+        if at + 2 > size:
+            raise ValueError(f"headers cut short at byte {at} (a name length)")
         (name_length,) = _NAME_LENGTH.unpack_from(view, at)
         at += 2
+        if at + name_length + 4 > size:
+            raise ValueError(f"header name of {name_length} bytes at byte {at} runs past the end")
         name = bytes(view[at : at + name_length]).decode()
         at += name_length
         (value_length,) = _VALUE_LENGTH.unpack_from(view, at)
         at += 4
-        if value_length < 0:
+        if value_length == -1:
             headers.append((name, None))
             continue
+        if value_length < 0 or at + value_length > size:
+            raise ValueError(
+                f"header {name!r}: value length {value_length} at byte {at} does not fit"
+            )
         headers.append((name, bytes(view[at : at + value_length])))
         at += value_length
     return headers

@@ -16,6 +16,7 @@ from outbox.core.ids import process_id
 from outbox.core.naps import AWAKE_AFTER
 from outbox.core.redact import redact_text
 from outbox.core.topics import validate_topic
+from outbox.core.wire import RawHeaders, UnreadableHeaders
 from outbox.pglog.log import (
     DEFAULT_SCHEMA,
     Connection,
@@ -320,7 +321,7 @@ class PgLogSubscriber:
                 offset,
                 key,
                 value,
-                decode_headers(headers),
+                _headers(headers),
                 int(created_at.timestamp() * 1000),
             )
             self._positions[partition_id] = offset + 1
@@ -372,3 +373,12 @@ class PgLogSubscriber:
             log.debug("log subscriber close: %s", exc)
         finally:
             conn.close()  # the session ends: its advisory locks go with it
+
+
+def _headers(data: bytes | None) -> RawHeaders:
+    """A record's headers; headers not in the log's form (written by something other than
+    outbox's publisher) quarantine the record instead of stopping the subscriber."""
+    try:
+        return decode_headers(data)
+    except ValueError as exc:
+        return UnreadableHeaders.because(exc)

@@ -593,3 +593,47 @@ def test_a_woken_member_keeps_its_nap_at_a_low_rate_and_ends_it_under_sustained_
         assert not napping(), "sustained load did not end the nap"
     finally:
         subscriber.close()
+
+
+# -- records not in the log's form ------------------------------------------------------------
+
+
+def test_a_record_whose_headers_are_not_in_the_logs_form_is_quarantined(
+    outbox_database_factory: DatabaseFactory, log_url: str
+) -> None:
+    """Headers written by something other than outbox's publisher (cut short, a length past
+    the end, a name that is not UTF-8) cannot stop the Consumer: the record is stored dead
+    with the reason, the records around it flow."""
+    inbox = outbox_database_factory()
+    topic = "t.raw"
+    PgLog(log_url).create_topic(topic, 1)
+    publish(log_url, topic, 0, 5, keys=1)
+    garbage = {
+        1: b"\x00\x05ab",  # a name of 5 bytes, 2 there
+        2: b"\x00\x01x\x7f\xff\xff\xff",  # a value of 2 GB
+        3: b"\x00\x02\xff\xfe\xff\xff\xff\xff",  # a name that is not UTF-8, null value
+    }
+    with psycopg.connect(log_url, autocommit=True) as conn:
+        for offset, headers in garbage.items():
+            conn.execute(
+                "UPDATE outbox_log.log_records SET headers = %s WHERE log_offset = %s",
+                (headers, offset),
+            )
+    consumer = log_consumer(inbox, log_url, topic, "g-raw", [])
+    with running(consumer):
+        wait_for(lambda: count(inbox, "consumer_queue") >= 5, 30, "the five records")
+    assert (consumer.stored, consumer.quarantined) == (2, 3)
+    with psycopg.connect(inbox) as conn:
+        rows = conn.execute(
+            "SELECT source_offset, dead_at IS NOT NULL, last_error FROM outbox.consumer_queue"
+            " ORDER BY source_offset"
+        ).fetchall()
+    assert [(o, dead) for o, dead, _ in rows] == [
+        (0, False),
+        (1, True),
+        (2, True),
+        (3, True),
+        (4, False),
+    ]
+    for _, dead, error in rows:
+        assert not dead or "headers cannot be read" in error, error
