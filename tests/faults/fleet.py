@@ -31,10 +31,19 @@ import psycopg
 from outbox import Broker, Message
 from outbox.core.lanes import LANES
 
-from ..integration.relay_helpers import Daemon, spawn_consumer, spawn_handler, spawn_producer
+from ..integration.relay_helpers import (
+    Daemon,
+    is_log_url,
+    spawn_consumer,
+    spawn_handler,
+    spawn_producer,
+)
 from . import soak_app
 
 APP = "tests.faults.soak_app:handlers"
+#: What a daemon restarted while PostgreSQL is down says as it exits at start-up: its own
+#: database, or (on the log transport) the log database, checked first by the CLI.
+OUTAGE_EXITS = ("cannot connect to PostgreSQL", "cannot connect to the log database")
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,7 +207,7 @@ class Fleet:
             output = daemon.output()[-4000:]
             if daemon.process.pid in self.killed_by_us:
                 self.killed_by_us.discard(daemon.process.pid)
-            elif "cannot connect to PostgreSQL" in output and now - self.last_outage() < 20:
+            elif any(m in output for m in OUTAGE_EXITS) and now - self.last_outage() < 20:
                 self.outage_exits.append(Exit(name, code, output))
             else:
                 self.unexpected.append(Exit(name, code, output))
@@ -698,7 +707,9 @@ def env_float(name: str, default: float) -> float:
 def find_on_topic(bootstrap: str, topic: str, ids: Iterable[Any]) -> dict[str, tuple[int, int]]:
     """(partition, offset) of each message id found on `topic`, read from the start of every
     partition without a group: tells a message the broker holds but the group skipped from
-    one it never stored."""
+    one it never stored. `bootstrap` may be the PostgreSQL log's URL (`find_in_log`)."""
+    if is_log_url(bootstrap):
+        return find_in_log(bootstrap, topic, ids)
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     wanted = {str(i) for i in ids}
@@ -723,4 +734,32 @@ def find_on_topic(bootstrap: str, topic: str, ids: Iterable[Any]) -> dict[str, t
                             found[text] = (record.partition() or 0, record.offset() or 0)
     finally:
         consumer.close()
+    return found
+
+
+def find_in_log(url: str, topic: str, ids: Iterable[Any]) -> dict[str, tuple[int, int]]:
+    """`find_on_topic` on the PostgreSQL log: the records of `topic` whose message id header
+    is one of `ids` (looked up by the id's bytes in the headers, then the headers decoded)."""
+    from outbox.core.headers import MESSAGE_ID
+    from outbox.pglog.log import decode_headers
+
+    found: dict[str, tuple[int, int]] = {}
+    with psycopg.connect(url) as conn:
+        for text in {str(i) for i in ids}:
+            rows = conn.execute(
+                "SELECT p.partition, r.log_offset, r.headers FROM outbox_log.log_records r"
+                " JOIN outbox_log.log_partitions p ON p.id = r.partition_id"
+                " JOIN outbox_log.log_topics t ON t.id = p.topic_id"
+                " WHERE t.name = %s AND position(%s::bytea IN r.headers) > 0"
+                " ORDER BY p.partition, r.log_offset",
+                (topic, text.encode()),
+            ).fetchall()
+            for partition, offset, headers in rows:
+                try:
+                    decoded = decode_headers(bytes(headers))
+                except Exception:  # a poison record's garbage headers
+                    continue
+                if (MESSAGE_ID, text.encode()) in decoded:
+                    found[text] = (int(partition), int(offset))
+                    break
     return found
