@@ -33,9 +33,7 @@ or looked up in the log's records by its message id header).
 OUTBOX_SOAK_SECONDS (default 60, for each transport) sets the chaos time; OUTBOX_SOAK_SEED
 replays a seed (the actions and their order, not the exact timing); OUTBOX_SOAK_SKIP lists
 actions to leave out (e.g. "failing message,poison records"). `pytest -m soak` selects only
-this test, `-k kafka` or `-k postgres` one transport. OUTBOX_SOAK_LOG_UNDECODABLE=1 also writes
-log records whose headers bytes cannot be decoded (see LOG_UNDECODABLE: the log subscriber
-does not quarantine them yet).
+this test, `-k kafka` or `-k postgres` one transport.
 
 A daemon that a supervisor restarted while PostgreSQL was down exits at start-up with
 "cannot connect to PostgreSQL" (or, on the log transport, "cannot connect to the log
@@ -133,10 +131,9 @@ LOG_POISONS: dict[str, tuple[list[tuple[str, Any]] | bytes, bytes, bool]] = {
     "NUL in header name": ([("x-\x00name", b"v"), (CONTENT_TYPE, JSON)], NOT_JSON, True),
 }
 
-#: Headers bytes `decode_headers` cannot read (a name that is not UTF-8, a length cut short):
-#: the log subscriber's poll raises on them (UnicodeDecodeError, struct.error) instead of
-#: quarantining the record, and the consumer exits, again at each restart: a library bug, so
-#: they are written only with OUTBOX_SOAK_LOG_UNDECODABLE=1. They cannot be ordinary rows.
+#: Headers bytes not in the log's form (a name that is not UTF-8, a length cut short, garbage):
+#: the record is quarantined with the reason (the subscriber once raised on them, and the
+#: consumer exited at every restart). They cannot be ordinary rows.
 LOG_UNDECODABLE: dict[str, tuple[list[tuple[str, Any]] | bytes, bytes, bool]] = {
     "non-UTF-8 header name": (b"\x00\x03\xff\xfe\xfd\x00\x00\x00\x01v", b"{}", True),
     "headers cut in a length": (b"\x00\x01a\x00\x00", b"{}", True),
@@ -156,14 +153,8 @@ LOG_ACTIONS = {k: v for k, v in ACTIONS.items() if k != "freeze broker"}
 
 
 def log_poisons() -> dict[str, tuple[list[tuple[str, Any]] | bytes, bytes, bool]]:
-    """The poison kinds written into the log: POISONS, LOG_POISONS (and LOG_UNDECODABLE)."""
-    kinds: dict[str, tuple[list[tuple[str, Any]] | bytes, bytes, bool]] = {
-        **POISONS,
-        **LOG_POISONS,
-    }
-    if os.environ.get("OUTBOX_SOAK_LOG_UNDECODABLE", "").strip() not in ("", "0"):
-        kinds.update(LOG_UNDECODABLE)
-    return kinds
+    """The poison kinds written into the log: POISONS, LOG_POISONS and LOG_UNDECODABLE."""
+    return {**POISONS, **LOG_POISONS, **LOG_UNDECODABLE}
 
 
 class LogWriter:
