@@ -271,7 +271,7 @@ def _log_url(args: argparse.Namespace) -> str | None:
     from outbox.pglog import check_log
 
     url = require(args.log_url, "--log-url", ENV_LOG_URL)
-    check_log(url, args.log_schema)
+    check_log(url, args.log_schema, wait=getattr(args, "wait_for_database", 0.0) or 0.0)
     return url
 
 

@@ -23,7 +23,7 @@ from outbox.core.errors import (
 )
 from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.topics import validate_topic
-from outbox.postgres.connection import connect, connect_or_raise
+from outbox.postgres.connection import check_database, connect
 from outbox.postgres.migrate import alembic_config, offline_sql
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 
@@ -105,13 +105,20 @@ def check_schema(conn: Connection, schema: str) -> None:
     )
 
 
-def check_log(url: str, schema: str = DEFAULT_SCHEMA, *, timeout: float = 10.0) -> None:
-    """One clear error if the log database is unreachable or its schema not migrated."""
+def check_log(
+    url: str, schema: str = DEFAULT_SCHEMA, *, timeout: float = 10.0, wait: float = 0.0
+) -> None:
+    """One clear error if the log database is unreachable or its schema not migrated; with
+    `wait` > 0, an unreachable one is waited for up to `wait` seconds (`--wait-for-database`),
+    a schema not migrated never is."""
     validate_schema(schema)
-    with connect_or_raise(
-        url, what="the log database", timeout=timeout, application_name="outbox-check"
-    ) as conn:
-        check_schema(conn, schema)
+    check_database(
+        lambda: connect(url, timeout=timeout, application_name="outbox-check"),
+        schema,
+        wait=wait,
+        what="the log database",
+        check=check_schema,
+    )
 
 
 # -- migrations ---------------------------------------------------------------------------------

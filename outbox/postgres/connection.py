@@ -89,9 +89,11 @@ def check_database(
     *,
     wait: float = 0.0,
     stopping: Callable[[], bool] = lambda: False,
+    what: str = "PostgreSQL",
+    check: Callable[[Connection, str], None] = check_schema,
 ) -> None:
-    """Connect and check the schema version; one clear error for either failure (see
-    `unavailable`).
+    """Connect and check the schema version (`check`); one clear error for either failure
+    (see `unavailable`; `what` names the database in it).
 
     With `wait` > 0, a refused connection (PostgreSQL down or still starting) is retried with
     backoff, a WARNING each time, for up to `wait` seconds or until `stopping()`; a wrong
@@ -105,16 +107,16 @@ def check_database(
         try:
             conn = open_connection()
         except psycopg.Error as exc:
-            error = unavailable(exc)
+            error = unavailable(exc, what)
         else:
             try:
                 with conn:
-                    check_schema(conn, schema)
+                    check(conn, schema)
                 return
             except psycopg.OperationalError as exc:
                 # Lost while checking the schema (PostgreSQL shutting down): the same outage as
                 # a refused connection, the same one-line error, and waited for alike.
-                error = unavailable(exc)
+                error = unavailable(exc, what)
         left = deadline - time.monotonic()
         if left <= 0 or stopping():
             raise error from None

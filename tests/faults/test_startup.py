@@ -80,3 +80,47 @@ def test_a_connection_lost_during_the_schema_check_is_the_same_one_line_outage(
 
     with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
         check_database(terminated, "outbox")
+
+
+def test_a_log_daemon_started_while_postgres_is_down_waits_for_the_log_when_asked(
+    outbox_servers: Servers,
+    outbox_database_url: str,
+    outbox_log_url: str,
+) -> None:
+    """On the log transport the CLI checks the log database first: --wait-for-database covers
+    that check too (it exited 1 at once, however long the daemon was told to wait)."""
+    from outbox.pglog import PgLog
+    from tests.integration.relay_helpers import spawn_consumer
+
+    postgres = outbox_servers.postgres
+    if not hasattr(postgres, "restart") or postgres.source != "local":  # type: ignore[attr-defined]
+        pytest.skip("needs a PostgreSQL server the harness started")
+    PgLog(outbox_log_url).create_topic("t.waits", 1)
+    restarting = threading.Thread(
+        target=postgres.restart,  # type: ignore[attr-defined]
+        kwargs={"downtime": 4.0},
+        daemon=True,
+    )
+    restarting.start()
+    wait_for(lambda: _down(outbox_log_url), 30, "PostgreSQL to go down", interval=0.02)
+    quick = spawn_consumer(outbox_database_url, outbox_log_url, "t.waits", "g-quick")
+    waiting = spawn_consumer(
+        outbox_database_url, outbox_log_url, "t.waits", "g-waits", "--wait-for-database", "60"
+    )
+    try:
+        assert quick.wait(30) == 1
+        assert "cannot connect to the log database" in quick.output()
+        restarting.join(30)
+        wait_for(
+            lambda: "consumer starting" in waiting.output() or waiting.process.poll() is not None,
+            60,
+            "the waiting consumer to start",
+        )
+        time.sleep(1)
+        assert waiting.process.poll() is None, waiting.output()[-2000:]
+        assert "cannot connect to the log database" in waiting.output()  # the waits, logged
+    finally:
+        quick.close()
+        waiting.terminate()
+        waiting.wait(30)
+        waiting.close()
