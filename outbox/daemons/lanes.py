@@ -118,6 +118,13 @@ class LaneRelay(Generic[Row]):
         asks `next_due` again only after this grew or it took lanes."""
         return 0
 
+    def fetched_all(self) -> bool:
+        """Whether the last `fetch` took every row it could see (it came back short), so that
+        a look right after processing them could only find rows committed since. Only then,
+        with the sleeping flag kept (every such commit notifies) and no retry waiting, is that
+        look skipped (see `_serve`)."""
+        return False
+
     def housekeeping(self, conn: Connection, *, busy: bool) -> None:
         """Periodic work between batches (retention, for example); keep it short when `busy`."""
 
@@ -199,6 +206,13 @@ class LaneRelay(Generic[Row]):
                         lanes.set_sleeping(conn, False)
                         sleeping = False
                     self.housekeeping(conn, busy=True)
+                    if sleeping and self._nothing_left():
+                        # The look would find nothing: every row committed since the fetch
+                        # notified (the flag is set), none was held back for a retry, and the
+                        # fetch came back short. Wait as after an empty look.
+                        busy_since = None
+                        self._wait(conn, self._idle_timeout(conn, idle_step))
+                        idle_step += 1
                     continue
                 busy_since = None
                 if not sleeping:
@@ -216,6 +230,17 @@ class LaneRelay(Generic[Row]):
         finally:
             if not conn.closed:
                 lanes.leave(conn)
+
+    def _nothing_left(self) -> bool:
+        """After a batch: no row of the owned lanes can be due that the fetch did not take (see
+        `fetched_all`), no retry waits (a key held back for one is freed when it succeeds), no
+        failure since `next_due` was last asked, and no rebalance due (it may take lanes)."""
+        return (
+            self.fetched_all()
+            and not self._due_unknown
+            and self.failures() == self._failures_seen
+            and time.monotonic() < self._next_rebalance
+        )
 
     def _idle_timeout(self, conn: Connection, step: int) -> float:
         """How long to sleep after a fetch found nothing: the idle schedule's next step, or less

@@ -172,3 +172,62 @@ def test_an_idle_handler_wakes_for_the_retry_it_scheduled_not_at_its_poll_interv
         wait_for(lambda: runner.handled == 1, 10, "the retry")
     assert len(attempts) == 2
     assert attempts[1] - attempts[0] < 2.0, f"retried after {attempts[1] - attempts[0]:.1f}s"
+
+
+def test_a_handler_woken_for_a_few_rows_does_not_look_again_after_them(
+    outbox_database_url: str,
+) -> None:
+    """With its flag kept, every row committed after a short fetch notifies: the look that
+    used to follow each batch could only come back empty (a statement per wake-up)."""
+    url = outbox_database_url
+    handlers = Handlers()
+    handled: list[bytes] = []
+
+    @handlers.handler("t.few")
+    def on_few(message: InboxMessage, conn: psycopg.Connection) -> None:
+        handled.append(message.raw_payload)
+
+    with handler_thread(url, handlers, poll_interval=5) as runner:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the handler to sleep")
+        time.sleep(1.0)  # idle, its quick polls over: only a wake-up is left
+        fetch = runner.fetch
+        fetched: list[int] = []
+
+        def counted(conn: psycopg.Connection, lanes: list[int]) -> object:
+            rows = fetch(conn, lanes)
+            fetched.append(len(rows))
+            return rows
+
+        runner.fetch = counted
+        for n in range(3):
+            put_inbox(url, "t.few", [b'{"n": %d}' % n])
+            wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
+            time.sleep(0.2)
+    assert fetched == [1, 1, 1], fetched
+
+
+def test_a_key_held_behind_a_retry_goes_on_as_soon_as_the_retry_succeeds(
+    outbox_database_url: str,
+) -> None:
+    """A row held back because an earlier row of its key waits for a retry goes with that
+    retry, once due, in order: no notification says it is free, and an idle handler that
+    skips the look after a short batch (only when no retry waits) must not strand it until
+    its 5 s poll interval."""
+    url = outbox_database_url
+    handlers = Handlers()
+    seen: list[tuple[int, float]] = []
+
+    @handlers.handler("t.held", backoff=Backoff(initial=0.3, maximum=0.3, jitter=0))
+    def on_held(message: InboxMessage, conn: psycopg.Connection) -> None:
+        n = message.payload["n"]
+        seen.append((n, time.monotonic()))
+        if n == 0 and len(seen) == 1:
+            raise RuntimeError("the first message fails once")
+
+    with handler_thread(url, handlers, poll_interval=5) as runner:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the handler to sleep")
+        time.sleep(1.0)
+        put_inbox(url, "t.held", [b'{"n": 0}', b'{"n": 1}'])  # one key
+        wait_for(lambda: runner.handled == 2, 10, "both messages")
+    assert [n for n, _ in seen] == [0, 0, 1]
+    assert seen[2][1] - seen[0][1] < 2.0, f"the held row waited {seen[2][1] - seen[0][1]:.1f}s"

@@ -58,6 +58,8 @@ class HandlerRunner(LaneRelay[Pending]):
         self._unordered = handlers.unordered_topics
         self._workers: list[Worker] = []
         self._limit = config.batch_size
+        #: The last fetch came back with fewer rows than it asked for.
+        self._short = False
         self._next_retention = 0.0
         self.outcomes = Outcomes(handlers)
         self.observability = Observability(
@@ -94,6 +96,7 @@ class HandlerRunner(LaneRelay[Pending]):
     def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
         limit = self._limit
         rows = self.store.fetch(conn, lanes, limit, self._unordered)
+        self._short = len(rows) < limit
         batch_size = self.config.batch_size
         self._limit = (
             min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if len(rows) >= limit else batch_size
@@ -105,6 +108,9 @@ class HandlerRunner(LaneRelay[Pending]):
 
     def failures(self) -> int:
         return self.outcomes.failed
+
+    def fetched_all(self) -> bool:
+        return self._short
 
     def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
         groups: list[list[Pending]] = [[] for _ in self._workers]
