@@ -161,3 +161,33 @@ def test_a_cooperative_group_gets_an_incremental_assignment() -> None:
     _assign(consumer, "2024-05-01T10:00:00Z", strategy="cooperative-sticky")
     assert consumer.assigned is not None and consumer.assigned[0].topic == "incremental"
     assert [p.offset for p in consumer.assigned[1:]] == [1, 2, 3]
+
+
+def test_the_continuity_check_learns_where_each_assigned_partition_starts() -> None:
+    from outbox.kafka.continuity import Continuity
+
+    continuity = Continuity()
+    consumer = FakeConsumer(committed={0: 42, 1: 7}, times={})
+    callbacks = subscribe_callbacks({"group.id": "g"}, None, continuity)
+    partitions = [TopicPartition("t", n, OFFSET_INVALID) for n in range(3)]
+    callbacks["on_assign"](consumer, partitions)  # type: ignore[arg-type]
+
+    class Rec:
+        def __init__(self, partition: int, offset: int) -> None:
+            self.p, self.o = partition, offset
+
+        def topic(self) -> str:
+            return "t"
+
+        def partition(self) -> int:
+            return self.p
+
+        def offset(self) -> int:
+            return self.o
+
+    # 0 resumes at 42: 43 first is a jump; 1 at 7; 2 has no commit: whatever comes first.
+    _, seek = continuity.admit([Rec(0, 43), Rec(1, 7), Rec(2, 100)])
+    assert seek == {("t", 0): 42}
+    callbacks["on_revoke"](consumer, partitions[:1])  # type: ignore[arg-type]
+    kept, seek = continuity.admit([Rec(0, 500)])
+    assert [r.o for r in kept] == [500] and seek == {}  # forgotten at revocation
