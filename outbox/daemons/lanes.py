@@ -206,10 +206,12 @@ class LaneRelay(Generic[Row]):
                         lanes.set_sleeping(conn, False)
                         sleeping = False
                     self.housekeeping(conn, busy=True)
-                    if sleeping and self._nothing_left():
+                    if sleeping and self._nothing_left() and not notified(conn, 0):
                         # The look would find nothing: every row committed since the fetch
-                        # notified (the flag is set), none was held back for a retry, and the
-                        # fetch came back short. Wait as after an empty look.
+                        # notified (the flag is set) and no notification came, none was held
+                        # back for a retry, and the fetch came back short. Wait as after an
+                        # empty look. (A notification that came means rows: look, and count
+                        # the time as busy, so that sustained load still ends the nap.)
                         busy_since = None
                         self._wait(conn, self._idle_timeout(conn, idle_step))
                         idle_step += 1
