@@ -20,6 +20,22 @@ from tests.integration.relay_helpers import count, producer_thread, wait_for
 pytestmark = pytest.mark.faults
 
 
+def _take_down(servers: Servers, url: str, downtime: float = 4.0) -> threading.Thread:
+    """Restart the harness's PostgreSQL in the background, down for `downtime` seconds; return
+    once `url` refuses connections (skip where the harness did not start the server)."""
+    postgres = servers.postgres
+    if not hasattr(postgres, "restart") or postgres.source != "local":  # type: ignore[attr-defined]
+        pytest.skip("needs a PostgreSQL server the harness started")
+    restarting = threading.Thread(
+        target=postgres.restart,  # type: ignore[attr-defined]
+        kwargs={"downtime": downtime},
+        daemon=True,
+    )
+    restarting.start()
+    wait_for(lambda: _down(url), 30, "PostgreSQL to go down", interval=0.02)
+    return restarting
+
+
 def _down(url: str) -> bool:
     try:
         psycopg.connect(url, connect_timeout=1).close()
@@ -35,19 +51,10 @@ def test_a_daemon_started_while_postgres_is_down_waits_for_it_when_asked(
     outbox_topic: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    postgres = outbox_servers.postgres
-    if not hasattr(postgres, "restart") or postgres.source != "local":  # type: ignore[attr-defined]
-        pytest.skip("needs a PostgreSQL server the harness started")
     url = outbox_database_url
     with psycopg.connect(url) as conn, conn.transaction():
         Broker().send(conn, outbox_topic, {"n": 1}, key="k")
-    restarting = threading.Thread(
-        target=postgres.restart,  # type: ignore[attr-defined]
-        kwargs={"downtime": 4.0},
-        daemon=True,
-    )
-    restarting.start()
-    wait_for(lambda: _down(url), 30, "PostgreSQL to go down", interval=0.02)
+    restarting = _take_down(outbox_servers, url)
     # By default: one clear error at once, for a supervisor to restart the daemon.
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
@@ -92,17 +99,8 @@ def test_a_log_daemon_started_while_postgres_is_down_waits_for_the_log_when_aske
     from outbox.pglog import PgLog
     from tests.integration.relay_helpers import spawn_consumer
 
-    postgres = outbox_servers.postgres
-    if not hasattr(postgres, "restart") or postgres.source != "local":  # type: ignore[attr-defined]
-        pytest.skip("needs a PostgreSQL server the harness started")
     PgLog(outbox_log_url).create_topic("t.waits", 1)
-    restarting = threading.Thread(
-        target=postgres.restart,  # type: ignore[attr-defined]
-        kwargs={"downtime": 4.0},
-        daemon=True,
-    )
-    restarting.start()
-    wait_for(lambda: _down(outbox_log_url), 30, "PostgreSQL to go down", interval=0.02)
+    restarting = _take_down(outbox_servers, outbox_log_url)
     quick = spawn_consumer(outbox_database_url, outbox_log_url, "t.waits", "g-quick")
     waiting = spawn_consumer(
         outbox_database_url, outbox_log_url, "t.waits", "g-waits", "--wait-for-database", "60"
