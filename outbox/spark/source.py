@@ -197,18 +197,16 @@ def read_range(options: SourceOptions, rng: KafkaRange) -> Iterator[pa.RecordBat
     try:
         while position < rng.end:
             got = _consume_some(consumer, options.poll_timeout, rng, position)
-            records = [m for m in got if kind_of(m) == RECORD]
-            kept, seek = continuity.admit(records)
+            kinds = [kind_of(m) for m in got]  # once: a transient error is logged as it is read
+            _, seek = continuity.admit([m for m, k in zip(got, kinds, strict=True) if k == RECORD])
             for (topic, partition), offset in seek.items():
                 consumer.seek(TopicPartition(topic, partition, offset))
-            admitted = None if kept is records else {id(m) for m in kept}
-            for message in got:
-                kind = kind_of(message)
+            for message, kind in zip(got, kinds, strict=True):
                 offset = message.offset() or 0
-                if kind == RECORD and admitted is not None and id(message) not in admitted:
-                    if offset < position:
-                        continue  # delivered already
-                    break  # a jump: the partition is read again from the missing offset
+                if seek and kind == RECORD and offset > position:
+                    # One partition, read without a hole up to `position`: the first record
+                    # past it is the jump, read again from the missing offset.
+                    break
                 if kind == EOF and offset >= rng.end:
                     position = rng.end
                 elif kind == RECORD and position <= offset < rng.end:
