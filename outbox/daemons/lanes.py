@@ -235,14 +235,18 @@ class LaneRelay(Generic[Row]):
 
     def _nothing_left(self) -> bool:
         """After a batch: no row of the owned lanes can be due that the fetch did not take (see
-        `fetched_all`), no retry waits (a key held back for one is freed when it succeeds), no
-        failure since `next_due` was last asked, and no rebalance due (it may take lanes)."""
+        `fetched_all`), no retry can wait (a key held back for one is freed when it succeeds),
+        and no rebalance is due (it may take lanes)."""
         return (
             self.fetched_all()
-            and not self._due_unknown
-            and self.failures() == self._failures_seen
+            and not self._retry_may_wait()
             and time.monotonic() < self._next_rebalance
         )
+
+    def _retry_may_wait(self) -> bool:
+        """Whether a retry can be waiting in the owned lanes: one was when `next_due` was last
+        asked, lanes were taken since, or a failure was recorded since (decision 12)."""
+        return self._due_unknown or self.failures() != self._failures_seen
 
     def _idle_timeout(self, conn: Connection, step: int) -> float:
         """How long to sleep after a fetch found nothing: the idle schedule's next step, or less
@@ -250,11 +254,10 @@ class LaneRelay(Generic[Row]):
         just found nothing, is waited for on the schedule, which grows (no busy loop)."""
         timeout = IDLE_POLLS[step] if step < len(IDLE_POLLS) else self.poll_interval
         timeout = min(timeout, self.poll_interval)
-        failures = self.failures()
-        if self.lanes and (self._due_unknown or failures != self._failures_seen):
+        if self.lanes and self._retry_may_wait():
             # Asked only when a retry can be waiting (decision 12): asking before every idle
             # wait cost a statement per wake-up.
-            self._failures_seen = failures
+            self._failures_seen = self.failures()
             due = self.next_due(conn, sorted(self.lanes))
             self._due_unknown = due is not None
             if due is not None and due > 0:
