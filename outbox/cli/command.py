@@ -271,7 +271,7 @@ def _log_url(args: argparse.Namespace) -> str | None:
     from outbox.pglog import check_log
 
     url = require(args.log_url, "--log-url", ENV_LOG_URL)
-    check_log(url, args.log_schema, wait=getattr(args, "wait_for_database", 0.0) or 0.0)
+    check_log(url, args.log_schema, wait=args.wait_for_database)
     return url
 
 
