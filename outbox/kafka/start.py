@@ -47,6 +47,9 @@ START_KEY = "outbox.start"
 LOOKUP_TIMEOUT = 10.0
 #: What a partition without a committed offset reports as its committed offset.
 _NO_OFFSET = -1001  # confluent_kafka.OFFSET_INVALID
+#: The offsets of an assigned partition that mean "where the group committed" (OFFSET_INVALID,
+#: OFFSET_STORED).
+_RESUMES = (_NO_OFFSET, -1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +175,9 @@ class _Rebalance:
         if self.continuity is None or not partitions:
             return
         starts = {(p.topic, p.partition): p.offset for p in partitions}
-        unknown = [TopicPartition(p.topic, p.partition) for p in partitions if p.offset < 0]
+        # Only a partition left to resume where the group committed needs the lookup; one sent
+        # to its beginning or end by `--start` has no known first offset (whatever comes first).
+        unknown = [TopicPartition(p.topic, p.partition) for p in partitions if p.offset in _RESUMES]
         if unknown:
             try:
                 for c in consumer.committed(unknown, timeout=LOOKUP_TIMEOUT):
@@ -206,13 +211,18 @@ class _Rebalance:
                 exc,
             )
             return partitions
+        # A partition the group committed is assigned at its committed offset (where the
+        # client would resume anyway), so that `_expect` need not ask for it a second time.
+        known = {
+            (c.topic, c.partition): c.offset for c in committed if c.error is None and c.offset >= 0
+        }
         fresh = [
             TopicPartition(c.topic, c.partition, start.millis)
             for c in committed
             if c.offset < 0 and c.error is None
         ]
         if not fresh:
-            return partitions
+            return _at(partitions, known)
         try:
             found = consumer.offsets_for_times(fresh, timeout=LOOKUP_TIMEOUT)
         except KafkaException as exc:
@@ -239,10 +249,7 @@ class _Rebalance:
                 "the end" if offset == OFFSET_END else f"offset {offset}",
                 start,
             )
-        return [
-            TopicPartition(p.topic, p.partition, offsets.get((p.topic, p.partition), p.offset))
-            for p in partitions
-        ]
+        return _at(partitions, {**known, **offsets})
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         del consumer
@@ -261,6 +268,16 @@ class _Rebalance:
     def _forget(self, partitions: list[TopicPartition]) -> None:
         if self.continuity is not None:
             self.continuity.forget((p.topic, p.partition) for p in partitions)
+
+
+def _at(
+    partitions: list[TopicPartition], offsets: dict[tuple[str, int], int]
+) -> list[TopicPartition]:
+    """`partitions`, each at its offset in `offsets` where it has one."""
+    return [
+        TopicPartition(p.topic, p.partition, offsets.get((p.topic, p.partition), p.offset))
+        for p in partitions
+    ]
 
 
 def _member_id(consumer: Consumer) -> str:

@@ -56,11 +56,13 @@ class FakeConsumer:
         self.looked_up: list[int] = []
         self.assigned: list[TopicPartition] | None = None
         self.fail_times = False
+        self.committed_calls = 0
 
     def memberid(self) -> str:
         return "member-1"
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> Any:
+        self.committed_calls += 1
         return [
             TopicPartition(p.topic, p.partition, self._committed.get(p.partition, OFFSET_INVALID))
             for p in partitions
@@ -96,7 +98,7 @@ def test_a_time_positions_only_the_partitions_without_a_commit(
     assert consumer.looked_up == [1, 2]
     assert consumer.assigned is not None
     assert [(p.partition, p.offset) for p in consumer.assigned] == [
-        (0, OFFSET_INVALID),  # the committed offset, as librdkafka resolves it
+        (0, 42),  # the committed offset
         (1, 7),
         (2, OFFSET_END),
     ]
@@ -161,6 +163,24 @@ def test_a_cooperative_group_gets_an_incremental_assignment() -> None:
     _assign(consumer, "2024-05-01T10:00:00Z", strategy="cooperative-sticky")
     assert consumer.assigned is not None and consumer.assigned[0].topic == "incremental"
     assert [p.offset for p in consumer.assigned[1:]] == [1, 2, 3]
+
+
+def test_with_a_start_time_the_committed_offsets_are_read_once_for_both_uses() -> None:
+    from outbox.kafka.continuity import Continuity
+
+    continuity = Continuity()
+    consumer = FakeConsumer(committed={0: 42}, times={1: 7, 2: -1})
+    settings = {"group.id": "g", "partition.assignment.strategy": "range"}
+    callbacks = subscribe_callbacks(settings, parse_start("2024-05-01T10:00:00Z"), continuity)
+    partitions = [TopicPartition("t", n, OFFSET_INVALID) for n in range(3)]
+    callbacks["on_assign"](consumer, partitions)  # type: ignore[arg-type]
+    assert consumer.committed_calls == 1
+    assert consumer.assigned is not None
+    assert [(p.partition, p.offset) for p in consumer.assigned] == [
+        (0, 42),
+        (1, 7),
+        (2, OFFSET_END),
+    ]
 
 
 def test_the_continuity_check_learns_where_each_assigned_partition_starts() -> None:
