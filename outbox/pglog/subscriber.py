@@ -313,7 +313,7 @@ class PgLogSubscriber:
         ).fetchall()
         names = self._topics.names
         add = batch.add
-        for partition_id, offset, key, value, headers, created_at in records:
+        for partition_id, offset, key, value, headers, created_ms in records:
             topic, partition = names[partition_id]
             add(
                 topic,
@@ -322,7 +322,7 @@ class PgLogSubscriber:
                 key,
                 value,
                 _headers(headers),
-                int(created_at.timestamp() * 1000),
+                created_ms,
             )
             self._positions[partition_id] = offset + 1
         return batch

@@ -637,3 +637,32 @@ def test_a_record_whose_headers_are_not_in_the_logs_form_is_quarantined(
     ]
     for _, dead, error in rows:
         assert not dead or "headers cannot be read" in error, error
+
+
+def test_a_record_whose_creation_time_no_datetime_holds_does_not_stop_the_consumer(
+    outbox_database_factory: DatabaseFactory, log_url: str
+) -> None:
+    """A creation time written by hand that Python cannot load (infinite, past year 9999,
+    before year 1) stopped every fetch of its partition's reader: the record is stored with
+    its outbox creation time (the header) and the records around it flow."""
+    inbox = outbox_database_factory()
+    topic = "t.when"
+    PgLog(log_url).create_topic(topic, 1)
+    publish(log_url, topic, 0, 5, keys=1)
+    times = {1: "infinity", 2: "-infinity", 3: "20000-01-01"}
+    with psycopg.connect(log_url, autocommit=True) as conn:
+        for offset, when in times.items():
+            conn.execute(
+                "UPDATE outbox_log.log_records SET created_at = %s::timestamptz"
+                " WHERE log_offset = %s",
+                (when, offset),
+            )
+    consumer = log_consumer(inbox, log_url, topic, "g-when", [])
+    with running(consumer):
+        wait_for(lambda: count(inbox, "consumer_queue") >= 5, 30, "the five records")
+    assert (consumer.stored, consumer.quarantined) == (5, 0)
+    with psycopg.connect(inbox) as conn:
+        rows = conn.execute(
+            "SELECT source_offset, dead_at IS NULL FROM outbox.consumer_queue ORDER BY 1"
+        ).fetchall()
+    assert rows == [(offset, True) for offset in range(5)]

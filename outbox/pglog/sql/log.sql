@@ -58,8 +58,13 @@ SELECT (SELECT count(*) FROM appended),
 
 -- name: log_fetch
 -- The next records of the partitions a member reads, from its positions, in offset order per
--- partition, at most `limit` in all (the partitions in the order given).
-SELECT p.partition_id, r.log_offset, r.key, r.value, r.headers, r.created_at
+-- partition, at most `limit` in all (the partitions in the order given). The creation time in
+-- milliseconds, NULL when infinite: a time written by hand past year 9999 or before year 1
+-- cannot be loaded as a Python datetime, and would stop the fetch of every record after it
+-- (the reader falls back to the time it reads the record, as for a Kafka record's timestamp).
+SELECT p.partition_id, r.log_offset, r.key, r.value, r.headers,
+       CASE WHEN isfinite(r.created_at)
+            THEN CAST(floor(extract(epoch FROM r.created_at) * 1000) AS bigint) END
 FROM unnest(%(partition_ids)s::int[], %(positions)s::bigint[]) WITH ORDINALITY
      AS p(partition_id, position, ord)
 CROSS JOIN LATERAL (
