@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_start(consumer)
     consumer.add_argument(
         "--batch-size",
-        type=flag_type("count"),
+        type=flag_type("poll_records"),
         default=1000,
         help="Kafka records stored per inbox transaction, at most",
     )
@@ -129,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_database(handler)
     add_runtime(handler)
-    handler.add_argument("--concurrency", type=flag_type("count"), default=4, help="worker threads")
+    handler.add_argument(
+        "--concurrency",
+        type=flag_type("threads"),
+        default=4,
+        help="worker threads, each with its database session (1 to 1000)",
+    )
     handler.add_argument(
         "--batch-size",
         type=flag_type("count"),

@@ -20,11 +20,33 @@ from typing import Literal
 
 from outbox.core.errors import ConfigurationError
 
-#: What a number means, and so which values are valid.
-Rule = Literal["seconds", "seconds_or_zero", "count", "count_or_zero", "port"]
+#: What a number means, and so which values are valid: besides the kinds above, the worker
+#: threads of a Handler (each a thread and a database session) and the records one Consumer
+#: poll may ask for (librdkafka takes at most 1,000,000).
+Rule = Literal[
+    "seconds", "seconds_or_zero", "count", "count_or_zero", "port", "threads", "poll_records"
+]
 
 #: The rules whose values are whole numbers.
-INTEGER_RULES: frozenset[Rule] = frozenset({"count", "count_or_zero", "port"})
+INTEGER_RULES: frozenset[Rule] = frozenset(
+    {"count", "count_or_zero", "port", "threads", "poll_records"}
+)
+
+#: The longest duration accepted (100 years): a longer one reaches past the range of
+#: PostgreSQL's timestamps once subtracted from now (a dedup window of 10,000 years stopped the
+#: Handler at its first clean-up), or past the longest wait Python's threads take.
+MAX_SECONDS = 100 * 365.25 * 86400
+#: The largest count accepted: PostgreSQL's `integer`, which the counts meet in statements.
+MAX_COUNT = 2**31 - 1
+
+#: The whole numbers each integer rule accepts, lowest and highest.
+_RANGES: dict[Rule, tuple[int, int]] = {
+    "count": (1, MAX_COUNT),
+    "count_or_zero": (0, MAX_COUNT),
+    "port": (0, 65535),
+    "threads": (1, 1000),
+    "poll_records": (1, 1_000_000),
+}
 
 _REQUIREMENT: dict[Rule, str] = {
     "seconds": "> 0 seconds (a finite number)",
@@ -32,6 +54,8 @@ _REQUIREMENT: dict[Rule, str] = {
     "count": ">= 1 (a whole number)",
     "count_or_zero": ">= 0 (a whole number)",
     "port": "a port number 0-65535",
+    "threads": "a whole number from 1 to 1000",
+    "poll_records": "a whole number from 1 to 1000000",
 }
 
 
@@ -45,14 +69,18 @@ def problem(value: object, rule: Rule) -> str | None:
     if rule in INTEGER_RULES:
         if isinstance(value, bool) or not isinstance(value, int):
             return f"must be {requirement(rule)}, got {type(value).__name__} {value!r}"
-        low, high = {"count": (1, None), "count_or_zero": (0, None), "port": (0, 65535)}[rule]
-        if value < low or (high is not None and value > high):
+        low, high = _RANGES[rule]
+        if value < low or (value > high and rule not in ("count", "count_or_zero")):
             return f"must be {requirement(rule)}, got {value}"
+        if value > high:
+            return f"must be at most {high}, got {value}"
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"must be {requirement(rule)}, got {type(value).__name__} {value!r}"
     if not math.isfinite(value) or value < 0 or (rule == "seconds" and value == 0):
         return f"must be {requirement(rule)}, got {value}"
+    if value > MAX_SECONDS:
+        return f"must be at most {MAX_SECONDS:.0f} seconds (100 years), got {value}"
     return None
 
 

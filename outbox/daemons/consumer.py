@@ -71,7 +71,7 @@ class ConsumerConfig:
             validate_topic(topic)
         check_fields(
             self,
-            {"batch_size": "count", "poll_timeout": "seconds", "connect_timeout": "seconds"},
+            {"batch_size": "poll_records", "poll_timeout": "seconds", "connect_timeout": "seconds"},
         )
 
 

@@ -92,7 +92,12 @@ def parse_start(text: str) -> StartPosition:
             f"the time {text!r} has no UTC offset: add one (Z for UTC, or e.g. +02:00) so that "
             "it names one instant"
         )
-    return StartPosition("time", at.astimezone(UTC))
+    try:
+        return StartPosition("time", at.astimezone(UTC))
+    except OverflowError:  # 9999-12-31T23:59:59-14:00, say: past the last UTC instant
+        raise ValueError(
+            f"the time {text!r} is outside the range of times (years 1 to 9999 in UTC)"
+        ) from None
 
 
 def split_start(config: Mapping[str, Any]) -> tuple[dict[str, Any], StartPosition | None]:

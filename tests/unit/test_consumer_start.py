@@ -33,6 +33,9 @@ def test_parse_start_takes_the_two_words_and_times_with_an_offset() -> None:
         parse_start("2024-05-01T12:00:00")
     with pytest.raises(ValueError, match="expected earliest, latest or an ISO 8601 time"):
         parse_start("yesterday")
+    for outside in ("9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"):
+        with pytest.raises(ValueError, match="outside the range of times"):
+            parse_start(outside)
 
 
 def test_split_start_removes_the_key_and_sets_the_reset_policy() -> None:

@@ -21,17 +21,29 @@ from outbox.daemons.handler import HandlerConfig
 from outbox.daemons.producer import ProducerConfig
 from outbox.observability.runtime import ObservabilityConfig
 
-RULES: tuple[Rule, ...] = ("seconds", "seconds_or_zero", "count", "count_or_zero", "port")
+RULES: tuple[Rule, ...] = (
+    "seconds",
+    "seconds_or_zero",
+    "count",
+    "count_or_zero",
+    "port",
+    "threads",
+    "poll_records",
+)
 
 #: Values no numeric setting accepts.
 ALWAYS_BAD = ["nan", "NaN", "inf", "-inf", "infinity", "-1", "1e400", "many", ""]
 #: Further values refused, and a value accepted, per rule.
 BAD: dict[Rule, list[str]] = {
-    "seconds": ["0", "-0.0", "-0.5"],
-    "seconds_or_zero": ["-0.001"],
-    "count": ["0", "1.5", "-3"],
-    "count_or_zero": ["1.5", "-3"],
+    # Above the top of each range: past PostgreSQL's timestamps once subtracted from now
+    # (seconds), its integer (counts), the threads a process can start, librdkafka's poll.
+    "seconds": ["0", "-0.0", "-0.5", "3e11"],
+    "seconds_or_zero": ["-0.001", "3e11"],
+    "count": ["0", "1.5", "-3", "99999999999999999999"],
+    "count_or_zero": ["1.5", "-3", "2147483648"],
     "port": ["65536", "1.5"],
+    "threads": ["0", "1001", "100000"],
+    "poll_records": ["0", "1000001"],
 }
 GOOD: dict[Rule, str] = {
     "seconds": "0.25",
@@ -39,6 +51,8 @@ GOOD: dict[Rule, str] = {
     "count": "3",
     "count_or_zero": "0",
     "port": "0",
+    "threads": "1000",
+    "poll_records": "1000000",
 }
 
 
@@ -83,6 +97,8 @@ def test_the_table_sees_every_numeric_flag() -> None:
         "dead-letters list --limit",
         "spark consumer --trigger-interval",
         "spark audit --settle",
+        "handler --concurrency",
+        "consumer --batch-size",
     ]:
         assert expected in names, sorted(names)
 
@@ -190,3 +206,13 @@ def test_check_and_parse_agree(rule: Rule) -> None:
 def test_broker_refuses_a_bool_size_limit() -> None:
     with pytest.raises(ConfigurationError):
         Broker(max_payload_bytes=True)
+
+
+def test_the_tops_of_the_ranges_name_the_limit() -> None:
+    with pytest.raises(ConfigurationError, match=r"dedup_window must be at most 3155760000"):
+        _with(HandlerConfig, dedup_window=3e11)
+    with pytest.raises(ConfigurationError, match=r"concurrency must be a whole number from 1 to 1000"):
+        _with(HandlerConfig, concurrency=100_000)
+    with pytest.raises(ConfigurationError, match=r"batch_size must be a whole number from 1 to 1000000"):
+        _with(ConsumerConfig, batch_size=1_000_001)
+    assert _with(ConsumerConfig, batch_size=1_000_000).batch_size == 1_000_000

@@ -45,7 +45,7 @@ class HandlerConfig:
         check_fields(
             self,
             {
-                "concurrency": "count",
+                "concurrency": "threads",
                 "batch_size": "count",
                 "poll_interval": "seconds",
                 "rebalance_interval": "seconds",
