@@ -211,8 +211,10 @@ def test_broker_refuses_a_bool_size_limit() -> None:
 def test_the_tops_of_the_ranges_name_the_limit() -> None:
     with pytest.raises(ConfigurationError, match=r"dedup_window must be at most 3155760000"):
         _with(HandlerConfig, dedup_window=3e11)
-    with pytest.raises(ConfigurationError, match=r"concurrency must be a whole number from 1 to 1000"):
+    threads = r"concurrency must be a whole number from 1 to 1000,"
+    with pytest.raises(ConfigurationError, match=threads):
         _with(HandlerConfig, concurrency=100_000)
-    with pytest.raises(ConfigurationError, match=r"batch_size must be a whole number from 1 to 1000000"):
+    records = r"batch_size must be a whole number from 1 to 1000000,"
+    with pytest.raises(ConfigurationError, match=records):
         _with(ConsumerConfig, batch_size=1_000_001)
     assert _with(ConsumerConfig, batch_size=1_000_000).batch_size == 1_000_000
