@@ -13,6 +13,7 @@ from outbox.core.envelope import InboxMessage
 from outbox.core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    DuplicateMessageId,
     InvalidHeaders,
     InvalidKey,
     InvalidTopic,
@@ -37,6 +38,7 @@ __all__ = [
     "Broker",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "DuplicateMessageId",
     "HandlerConflict",
     "Handlers",
     "InboxMessage",

@@ -134,6 +134,12 @@ class Broker:
     ) -> UUID:
         """Write one message in `tx`'s transaction and return its id.
 
+        `message_id` (a new UUIDv7 when None) names the message end to end: the receiving
+        inbox keeps one message per id, so a second message sent under an id already used is
+        dropped there as a redelivery. While a message with that id still waits in
+        `producer_queue`, this raises `DuplicateMessageId` and writes nothing; the caller's
+        transaction is not aborted.
+
         Called from a handler callback, the message inherits the handled message's correlation
         id and gets its id as causation id; `correlation_id` overrides the inherited one.
         """

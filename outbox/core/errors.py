@@ -27,6 +27,11 @@ class PayloadTooLarge(OutboxError, ValueError):
     """An encoded payload above the configured size limit."""
 
 
+class DuplicateMessageId(OutboxError, ValueError):
+    """A message id that a message still waiting in `producer_queue` has: nothing was written,
+    and the caller's transaction can go on."""
+
+
 class UnsupportedTransaction(OutboxError, TypeError):
     """`tx` is not a connection or session that outbox can write with."""
 

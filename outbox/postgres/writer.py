@@ -8,11 +8,13 @@ the Handler's transactions share).
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from outbox.core.envelope import OutgoingMessage
+from outbox.core.errors import DuplicateMessageId
 from outbox.core.headers import to_json
 from outbox.postgres import sessions
 from outbox.postgres.queries import channel, queries
@@ -46,35 +48,64 @@ def send_one_params(message: OutgoingMessage, channel: str) -> dict[str, Any]:
     }
 
 
-def execute(tx: object, sql: str, params: dict[str, Any]) -> None:
-    """Run one statement in the caller's synchronous transaction handle."""
-    sessions.executor(tx)(sql, params)
+def _taken(message_ids: Sequence[Any]) -> str:
+    shown = ", ".join(str(m) for m in message_ids[:5])
+    more = f" and {len(message_ids) - 5} more" if len(message_ids) > 5 else ""
+    return f"{shown}{more}"
 
 
-async def execute_async(tx: object, sql: str, params: dict[str, Any]) -> None:
-    """Run one statement in the caller's asynchronous transaction handle."""
-    run = await sessions.async_executor(tx)
-    await run(sql, params)
+def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
+    """The error for a batch of which `message_ids` are still waiting in the queue."""
+    ids = _taken(message_ids) or "(sent by a transaction that has committed since)"
+    return DuplicateMessageId(
+        f"message id {ids} is already in producer_queue (sent and not yet relayed): "
+        "each message needs an id of its own; nothing of this send was written"
+    )
 
 
 class Writer:
-    """Writes composed messages to one schema's `producer_queue` in the caller's transaction."""
+    """Writes composed messages to one schema's `producer_queue` in the caller's transaction.
+
+    A message id that a row still waiting in the queue has raises `DuplicateMessageId` and
+    writes nothing, without aborting the caller's transaction (the statement inserts nothing
+    rather than violating the unique index).
+    """
 
     def __init__(self, schema: str) -> None:
         sql = queries(schema)
         self._send, self._send_one = sql["send"], sql["send_one"]
+        self._taken_ids = sql["send_taken_ids"]
         self._channel = channel(schema, "producer_queue")
 
     def write(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
         """Insert `messages` (one statement) with the caller's sync handle `tx`."""
+        if not messages:
+            return
+        run = sessions.executor(tx)
         if len(messages) == 1:
-            execute(tx, self._send_one, send_one_params(messages[0], self._channel))
-        elif messages:
-            execute(tx, self._send, send_params(messages, self._channel))
+            row = run(self._send_one, send_one_params(messages[0], self._channel)).fetchone()
+        else:
+            row = run(self._send, send_params(messages, self._channel)).fetchone()
+        if row[0] != len(messages):
+            ids = {"message_ids": [m.message_id for m in messages]}
+            raise duplicate([r[0] for r in run(self._taken_ids, ids).fetchall()])
 
     async def write_async(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
         """`write` with the caller's async handle."""
+        if not messages:
+            return
+        run = await sessions.async_executor(tx)
         if len(messages) == 1:
-            await execute_async(tx, self._send_one, send_one_params(messages[0], self._channel))
-        elif messages:
-            await execute_async(tx, self._send, send_params(messages, self._channel))
+            result = await run(self._send_one, send_one_params(messages[0], self._channel))
+        else:
+            result = await run(self._send, send_params(messages, self._channel))
+        row = await _maybe_await(result.fetchone())
+        if row[0] != len(messages):
+            ids = {"message_ids": [m.message_id for m in messages]}
+            taken = await _maybe_await((await run(self._taken_ids, ids)).fetchall())
+            raise duplicate([r[0] for r in taken])
+
+
+async def _maybe_await(value: Any) -> Any:
+    """A psycopg async cursor's fetch is awaited; a SQLAlchemy async result's is not."""
+    return await value if inspect.isawaitable(value) else value

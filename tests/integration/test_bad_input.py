@@ -13,6 +13,7 @@ from sqlalchemy import create_engine
 
 from outbox import (
     Broker,
+    DuplicateMessageId,
     InvalidHeaders,
     InvalidKey,
     InvalidTopic,
@@ -254,15 +255,67 @@ def test_cli_bad_schema_name(outbox_database_url: str, outbox_kafka_bootstrap: s
     _one_line_error(result, "schema 'x; DROP SCHEMA outbox' is not valid")
 
 
-def test_message_id_given_twice_across_transactions_is_rejected_by_the_database(
+def test_a_message_id_still_in_the_queue_is_refused_without_aborting_the_transaction(
     seeded: str,
 ) -> None:
-    mid = uuid.uuid4()
+    """A second send of an id that waits in producer_queue raises DuplicateMessageId naming
+    it and writes nothing; the caller's transaction goes on and commits its own writes."""
+    mid, other = uuid.uuid4(), uuid.uuid4()
+    before = _rows(seeded)
     with psycopg.connect(seeded) as conn:
         with conn.transaction():
             broker.send(conn, "t", b"1", message_id=mid)
-        with pytest.raises(psycopg.errors.UniqueViolation), conn.transaction():
-            broker.send(conn, "t", b"2", message_id=mid)
+        with conn.transaction():
+            with pytest.raises(DuplicateMessageId, match=f"message id {mid} is already in"):
+                broker.send(conn, "t", b"2", message_id=mid)
+            with pytest.raises(DuplicateMessageId, match=str(mid)):
+                broker.send_many(
+                    conn, [Message("t", b"3", message_id=other), Message("t", b"4", message_id=mid)]
+                )
+            conn.execute("CREATE TABLE after_refusal (x int)")  # the transaction still works
+    rows = _rows(seeded)
+    assert rows[: len(before)] == before
+    assert [(r[1], r[4]) for r in rows[len(before) :]] == [(mid, b"1")]
+    with psycopg.connect(seeded) as conn:
+        assert conn.execute("SELECT count(*) FROM after_refusal").fetchone() == (0,)
+
+
+def test_a_duplicate_message_id_is_refused_the_same_way_on_every_handle(seeded: str) -> None:
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import Session
+
+    mid = uuid.uuid4()
+    with psycopg.connect(seeded) as conn, conn.transaction():
+        broker.send(conn, "t", b"1", message_id=mid)
+    engine = create_engine(sqlalchemy_url(seeded))
+    try:
+        with Session(engine) as session, session.begin():
+            with pytest.raises(DuplicateMessageId, match=str(mid)):
+                broker.send(session, "t", b"2", message_id=mid)
+    finally:
+        engine.dispose()
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(seeded) as conn:
+            async with conn.transaction():
+                with pytest.raises(DuplicateMessageId, match=str(mid)):
+                    await broker.send_async(conn, "t", b"3", message_id=mid)
+                with pytest.raises(DuplicateMessageId, match=str(mid)):
+                    await broker.send_many_async(
+                        conn, [Message("t", b"4"), Message("t", b"5", message_id=mid)]
+                    )
+        async_engine = create_async_engine(sqlalchemy_url(seeded))
+        try:
+            async with AsyncSession(async_engine) as session, session.begin():
+                with pytest.raises(DuplicateMessageId, match=str(mid)):
+                    await broker.send_async(session, "t", b"6", message_id=mid)
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(main())
+    assert [r[4] for r in _rows(seeded) if r[1] == mid] == [b"1"]
 
 
 @pytest.mark.parametrize(
