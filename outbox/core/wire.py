@@ -239,6 +239,10 @@ class UnreadableHeaders(tuple):  # type: ignore[type-arg]
         return headers
 
 
+#: What `split_headers` holds for one of outbox's own headers before the record names it.
+_ABSENT: Any = object()
+
+
 def split_headers(
     headers: RawHeaders,
 ) -> tuple[Any, Any, str | None, dict[str, str | bytes] | None, str | None]:
@@ -246,17 +250,26 @@ def split_headers(
     must be quarantined or None) of a record's headers.
 
     Only a name that is not ASCII or holds NUL is looked at more closely: the usual record pays
-    for two quick tests per header.
+    for two quick tests per header. A name that comes twice (Kafka allows it) quarantines the
+    record: a row keeps one value per name, and which one should hold cannot be chosen (two
+    content types, two ids), so the record is kept dead with every header as received.
     """
-    raw_id = raw_created = raw_type = None
+    raw_id = raw_created = raw_type = _ABSENT
     user_headers: dict[str, str | bytes] | None = None
     problem: str | None = None
+    repeated: Any = None
     for name, header_value in headers:
         if name == MESSAGE_ID:
+            if raw_id is not _ABSENT:
+                repeated = name
             raw_id = header_value
         elif name == CREATED_AT:
+            if raw_created is not _ABSENT:
+                repeated = name
             raw_created = header_value
         elif name == CONTENT_TYPE:
+            if raw_type is not _ABSENT:
+                repeated = name
             raw_type = header_value
         else:
             if (type(name) is not str or not name.isascii() or "\x00" in name) and not (
@@ -265,7 +278,20 @@ def split_headers(
                 problem = f"header name {storable(repr(name))} cannot be stored (NUL or not UTF-8)"
             if user_headers is None:
                 user_headers = {}
+            elif name in user_headers:
+                repeated = name
             user_headers[name] = text_or_bytes(header_value)
+    if raw_id is _ABSENT:
+        raw_id = None
+    if raw_created is _ABSENT:
+        raw_created = None
+    if raw_type is _ABSENT:
+        raw_type = None
+    if repeated is not None and problem is None:
+        problem = (
+            f"header {storable(repr(repeated))} comes more than once: a row keeps one value "
+            "per name, and which one holds cannot be chosen"
+        )
     content_type = header_text(raw_type)
     if raw_type is not None and (
         content_type is None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import uuid
 from datetime import UTC, datetime
 
@@ -32,6 +34,7 @@ EXTRA: list[list[tuple[str, bytes | str | None]]] = [
     [("x-nul", b"\x00\x01"), ("x-nul-text", "a\x00b"), ("x-surrogate", "\udc80")],
     [("bad\x00name", b"v")],
     [("content-type", b"text\x00plain")],
+    [("x-dup", b"1"), ("x-dup", b"2")],
 ]
 
 
@@ -134,3 +137,41 @@ def test_a_record_timestamp_no_datetime_can_hold_falls_back_to_now() -> None:
     for millis in (10**18, -(10**18)):
         created = _record(b"garbage", millis)
         assert before <= created <= datetime.now(UTC)
+
+
+def test_a_header_name_that_comes_twice_quarantines_the_record_with_every_header() -> None:
+    """A row keeps one value per name: two content types or two ids cannot both hold, and
+    keeping the last one silently changed what the handler received."""
+    cases = [
+        [("content-type", b"application/json"), ("content-type", b"text/plain")],
+        [("outbox-message-id", ID.encode()), ("outbox-message-id", None)],
+        [("outbox-created-at", None), ("outbox-created-at", None)],
+        [("trace", b"hop-1"), ("trace", b"hop-2")],
+    ]
+    for headers in cases:
+        row = decode_record(
+            topic="t",
+            partition=0,
+            offset=7,
+            key=b"k",
+            value=b"{}",
+            headers=headers,
+            timestamp_ms=None,
+        )
+        assert row.quarantine is not None and "comes more than once" in row.quarantine, headers
+        assert repr(headers[0][0]) in row.quarantine
+        kept = [
+            (base64.b64decode(n).decode(), None if v is None else base64.b64decode(v))
+            for n, v in json.loads(row.raw_headers or "[]")
+        ]
+        assert kept == headers
+    fine = decode_record(
+        topic="t",
+        partition=0,
+        offset=8,
+        key=b"k",
+        value=b"{}",
+        headers=[("trace", b"1"), ("Trace", b"2")],
+        timestamp_ms=None,
+    )
+    assert fine.quarantine is None and fine.headers == {"trace": "1", "Trace": "2"}
