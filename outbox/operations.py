@@ -226,7 +226,10 @@ def error_summary(error: str | None) -> str:
     # its last line is the exception. Any other text is summed up by its first line.
     if not error:
         return ""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    # Lines end at "\n" only: a carriage return or another break inside the exception's own
+    # text must not make a line of its own (a traceback's last line then showed only what
+    # followed a "\r" in the message, hiding the exception); the caller escapes them.
+    lines = [line.strip() for line in error.strip().split("\n") if line.strip()]
     if lines[0].startswith("Traceback (most recent call last)"):
         return lines[-1]
     return lines[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
@@ -67,11 +68,34 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_redacted(entry), ensure_ascii=False)
 
 
+#: Control characters a text log line must not carry as they are: they move a terminal's
+#: cursor, set its title, recolour it, or end the line early (a "\r" or "\n" inside an
+#: exception's text could forge a line of its own).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+def escape_controls(text: str, *, keep_newlines: bool = False) -> str:
+    """`text` with control characters written as escapes (`\x1b`, `\r`); line breaks too
+    unless `keep_newlines` (a traceback's own lines)."""
+    escaped = _CONTROL.sub(_escape, text)
+    return escaped if keep_newlines else escaped.replace("\n", "\\n")
+
+
 class RedactingFormatter(logging.Formatter):
-    """The classic text format, with secrets masked."""
+    """The classic text format, with secrets masked and control characters escaped: a message
+    is one line whatever text it carries (an exception's, a record's); a traceback keeps its
+    line breaks."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
+        message = record.getMessage()
+        safe = escape_controls(message)
+        if safe != message:
+            record = logging.makeLogRecord({**record.__dict__, "msg": safe, "args": None})
+        return escape_controls(redact_text(super().format(record)), keep_newlines=True)
 
 
 def configure_logging(level: str, log_format: LogFormat, stream: TextIO | None = None) -> None:

@@ -547,6 +547,13 @@ def test_selection_and_error_summary() -> None:
     assert ops.error_summary(None) == ""
     assert ops.error_summary("\nno handler for 'x'\n(registered: a)") == "no handler for 'x'"
     assert ops.error_summary(_traceback()) == "ValueError: price must be positive"
+    # A carriage return inside the exception's text is not a line of its own: the summary
+    # keeps the exception's name (the caller escapes the "\r").
+    try:
+        raise ValueError("price\rFAKE LINE")
+    except ValueError as exc:
+        forged = "".join(traceback.format_exception(exc))
+    assert ops.error_summary(forged) == "ValueError: price\rFAKE LINE"
     assert ops.parse_row_id(" 12 ") == 12
     mid = uuid.uuid4()
     assert ops.parse_row_id(str(mid)) == mid

@@ -202,6 +202,26 @@ def test_text_format_masks_secrets() -> None:
     assert line == "pw is ***"
 
 
+def test_text_format_escapes_control_characters_and_keeps_a_message_on_one_line() -> None:
+    """An exception's text reaches the log from outside (a callback raising with a payload's
+    text): escape sequences, a carriage return or a line break in it must not recolour the
+    terminal, set its title or forge a log line."""
+    hostile = "\x1b[2J\x1b[31mRED\x1b]0;title\x07\rFAKE LINE\nsecond"
+    line = RedactingFormatter("%(levelname)s %(message)s").format(_record(hostile))
+    assert line == "WARNING \\x1b[2J\\x1b[31mRED\\x1b]0;title\\x07\\rFAKE LINE\\nsecond"
+    assert "\n" not in line and "\x1b" not in line
+    try:
+        raise ValueError("boom\x1b[31m\rX")
+    except ValueError:
+        import sys
+
+        record = logging.makeLogRecord({"msg": "failed", "exc_info": sys.exc_info()})
+    text = RedactingFormatter("%(message)s").format(record)
+    assert text.startswith("failed\nTraceback (most recent call last):\n")
+    assert text.endswith("ValueError: boom\\x1b[31m\\rX")
+    assert text.replace("\n", "").isprintable()
+
+
 def test_configure_logging_writes_json_lines_at_the_level_asked() -> None:
     stream = io.StringIO()
     root = logging.getLogger()
