@@ -344,6 +344,14 @@ class Console:
         return {"changed": count, "message": f"{action}d {count} {rows} of {ops.TABLES[queue]}"}
 
 
+def _without_nul(params: dict[str, str]) -> dict[str, str]:
+    """`params`, refused with 400 if a name or value holds NUL (no PostgreSQL text does)."""
+    for name, value in params.items():
+        if "\x00" in name or "\x00" in value:
+            raise _Refused(HTTPStatus.BAD_REQUEST, f"parameter {name[:40]!r} holds a NUL character")
+    return params
+
+
 class _Refused(Exception):
     def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
@@ -448,7 +456,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _query(self) -> dict[str, str]:
         query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
-        return {k: v[-1] for k, v in query.items()}
+        return _without_nul({k: v[-1] for k, v in query.items()})
 
     def _session(self) -> str | None:
         raw = self.headers.get("Cookie")
@@ -594,7 +602,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length > 65536:
             raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
         raw = self.rfile.read(length).decode("utf-8", "replace")
-        form = {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+        form = _without_nul({k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()})
         d = self.console.database(form.get("db"))
         self._json(HTTPStatus.OK, self.console.change(d, action, form))
 

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from outbox.core.lag import GroupLag, PartitionLag, lag_json
 from outbox.core.text import first_line
+from outbox.kafka.publisher import client
 
 # GroupLag, PartitionLag and lag_json live in outbox.core.lag (the PostgreSQL log returns them
 # too); they stay importable from here.
@@ -46,14 +47,15 @@ class LagReader:
     ) -> None:
         base: dict[str, Any] = {"bootstrap.servers": bootstrap, **dict(extra or {})}
         self._timeout = timeout
-        self._admin = AdminClient(dict(base))
+        self._admin = client(AdminClient, base)
         # A consumer that never subscribes never joins its group; the id is only required.
-        self._watermarks = Consumer(
+        self._watermarks = client(
+            Consumer,
             {
                 **base,
                 "group.id": f"outbox-lag-reader-{uuid.uuid4()}",
                 "enable.auto.commit": False,
-            }
+            },
         )
 
     def list_groups(self) -> list[str]:

@@ -81,6 +81,21 @@ def merge_settings(
     return config
 
 
+def client(factory: Callable[[dict[str, Any]], Any], config: Mapping[str, Any]) -> Any:
+    """`factory(config)` (a librdkafka Producer, Consumer or AdminClient); settings librdkafka
+    refuses (an unknown name, a value of the wrong kind) raise `ConfigurationError` saying so,
+    instead of a bare KafkaException."""
+    try:
+        return factory(dict(config))
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+            raise ConfigurationError(
+                f"librdkafka refused a Kafka setting (--kafka-config): {error.str()}"
+            ) from None
+        raise
+
+
 def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
     """librdkafka settings for the relay: defaults, then the user's, then the required ones."""
     return merge_settings(
@@ -181,7 +196,7 @@ class KafkaPublisher:
         self._new_client()
 
     def _new_client(self) -> None:
-        self._producer = Producer(self._config)
+        self._producer = client(Producer, self._config)
         self._outcomes = _Outcomes()
         self._held: dict[bytes, DeliveryFailure] = {}
         self._callbacks: list[Callable[[KafkaError | None, Message], None]] = []

@@ -27,7 +27,7 @@ from outbox.core.wire import (
     foreign_id,
 )
 from outbox.kafka.continuity import Continuity
-from outbox.kafka.publisher import merge_settings
+from outbox.kafka.publisher import client, merge_settings
 from outbox.kafka.start import split_start, subscribe_callbacks
 
 __all__ = [
@@ -76,7 +76,7 @@ class KafkaSubscriber:
     def __init__(self, config: Mapping[str, Any], topics: Sequence[str]) -> None:
         settings, start = split_start(config)  # `--start` rides in the settings: take it out
         # Commits are asynchronous (see `commit`); their outcome arrives in a later poll.
-        self._consumer = KafkaConsumer({**settings, "on_commit": _committed})
+        self._consumer = client(KafkaConsumer, {**settings, "on_commit": _committed})
         #: A partition's records must follow each other; a jump is read again (see there).
         self.continuity = Continuity()
         self._consumer.subscribe(

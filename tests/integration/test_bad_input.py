@@ -229,6 +229,36 @@ def test_cli_refuses_weakened_delivery_settings(
 
 
 @pytest.mark.parametrize(
+    ("command", "setting", "fragment"),
+    [
+        ("producer", "no.such.key=1", 'No such configuration property: "no.such.key"'),
+        ("producer", "linger.ms=abc", "Invalid value"),
+        ("consumer", "fetch.wait.max.ms=soon", "Invalid value"),
+    ],
+)
+def test_cli_settings_librdkafka_refuses_are_one_line(
+    outbox_database_url: str,
+    outbox_kafka_bootstrap: str,
+    command: str,
+    setting: str,
+    fragment: str,
+) -> None:
+    consumer_args = ["--topic", "t", "--group", "g"] if command == "consumer" else []
+    result = _cli(
+        command,
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+        "--kafka-config",
+        setting,
+        *consumer_args,
+    )
+    _one_line_error(result, "librdkafka refused a Kafka setting (--kafka-config)")
+    assert fragment in result.stderr
+
+
+@pytest.mark.parametrize(
     ("args", "fragment"),
     [
         (["producer", "--kafka-config", "no-equals-sign"], "expected key=value"),

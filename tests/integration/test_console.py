@@ -217,6 +217,9 @@ def test_a_token_is_required_when_configured_and_hosts_are_checked_without_one(
         assert status == 404
         status, _, _ = client.request("/", headers={"Host": "attacker.example:8470"})
         assert status == 403, "a rebinding host name is refused"
+        for query in ("text=a%00b", "topic=%00", "db=orders&queue=consumer&id=1%00"):
+            status, body = client.get_json(f"/api/view?db=orders&{query}")
+            assert status == 400 and "NUL" in body["error"], (query, status, body)
 
     with console(outbox_database_url, auth_token="tok-3f9a1c", host="127.0.0.1") as app:
         anonymous = Client(app)
