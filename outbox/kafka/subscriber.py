@@ -53,6 +53,10 @@ DEFAULTS: dict[str, Any] = {
     "enable.auto.offset.store": False,
     "isolation.level": "read_committed",
     "enable.partition.eof": False,
+    # How soon a subscribed topic that did not exist yet is noticed once it does (a Consumer
+    # started before the first message of its topic was ever produced). librdkafka's default,
+    # 5 minutes, held that first message as long; a metadata request every 5 s costs nothing.
+    "topic.metadata.refresh.interval.ms": 5000,
 }
 
 

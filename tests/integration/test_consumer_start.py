@@ -150,3 +150,23 @@ def test_a_time_start_reads_from_the_first_record_at_or_after_it(
         wait_for(lambda: count(url, "consumer_queue") >= 3, 60, "the record after the end")
         time.sleep(0.5)
     assert stored(url) == {3, 4, 6}
+
+
+def test_a_topic_created_after_the_consumer_subscribed_is_read_within_seconds(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    """Starting the Consumer before anything was ever produced to its topic is the natural
+    deployment order; librdkafka's default metadata refresh (5 minutes) held the first
+    message that long."""
+    import uuid
+
+    url, bootstrap = outbox_database_url, outbox_kafka_bootstrap
+    topic = f"late.{uuid.uuid4().hex[:12]}"
+    # The usual session timeout: the group is joined (about half of it) before the topic
+    # exists, and nothing but the metadata refresh tells the consumer about it afterwards.
+    config = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
+    with consumer_thread(url, bootstrap, [topic], group=f"g-{topic}", kafka_config=config):
+        time.sleep(4)  # subscribed to a topic the broker does not know yet
+        produce(bootstrap, topic, [1], 0)  # the broker creates it on this first produce
+        wait_for(lambda: count(url, "consumer_queue") >= 1, 30, "the new topic's record")
+    assert stored(url) == {1}
