@@ -178,3 +178,37 @@ def test_a_misbehaving_callback_is_a_recorded_failure(
     else:
         # Each good message's effect committed exactly once, with its processed mark.
         assert effects == [1, 3]
+
+
+def test_a_callback_that_hangs_again_does_not_hold_the_other_keys_of_its_batch(
+    outbox_database_url: str,
+) -> None:
+    """Its lease expires and its transaction rolls back, with the other keys batched with it.
+    Its next attempt (due at once here) runs alone, after them: they commit before it starts
+    again, instead of waiting behind it for a second lease."""
+    import threading
+    import time
+
+    url = outbox_database_url
+    handlers = Handlers()
+    starts: dict[bytes, list[float]] = {}
+    lock = threading.Lock()
+
+    @handlers.handler("t", max_attempts=3, backoff=FAST)
+    def hang(message: InboxMessage, conn: Any) -> None:
+        with lock:
+            starts.setdefault(message.key or b"", []).append(time.monotonic())
+        if message.payload.get("hang"):
+            time.sleep(5)  # past the lease, every time
+        conn.execute("INSERT INTO effects VALUES (%s)", (message.payload["n"],))
+
+    rows = [(b"hung", b'{"n": 0, "hang": true}')]
+    rows += [(b"k%d" % n, b'{"n": %d}' % n) for n in range(1, 7)]
+    _put(url, rows)
+    with handler_thread(url, handlers, lease=1.0, concurrency=1):
+        wait_for(lambda: len(_effects(url)) == 6, 30, "the six other keys")
+        wait_for(lambda: len(starts.get(b"hung", [])) >= 2, 30, "the hung one's second try")
+    second_try = starts[b"hung"][1]
+    others = [starts[b"k%d" % n][-1] for n in range(1, 7)]
+    assert max(others) < second_try, "the other keys waited behind the hung callback again"
+    assert _effects(url) == [1, 2, 3, 4, 5, 6]

@@ -30,6 +30,10 @@ class Outcomes:
         self.failed = 0
         self.dead = 0
         self.lease_expired = 0
+        #: Rows whose callback overran its lease: their next attempt runs in a transaction of
+        #: its own, after the other rows of its group, so that a callback that hangs again
+        #: does not roll back (and hold up by a lease) the other keys batched with it.
+        self.alone: set[int] = set()
 
     def message(self, claimed: Claimed) -> InboxMessage:
         """The message a callback receives; `Undecodable` if its payload cannot be decoded."""
@@ -90,6 +94,7 @@ class Outcomes:
         """Count a callback that overran its lease (its failure is counted by `failure`)."""
         with self._lock:
             self.lease_expired += 1
+            self.alone.add(row.id)
         self._tally.lease_expired(row.topic)
 
     def take_tally(self) -> HandlerTally:

@@ -84,11 +84,22 @@ class Worker(Batches):
 
     def _run(self, rows: list[Pending]) -> None:
         """Handle a group in order: runs of sync handlers in batched transactions."""
+        if self.outcomes.alone:
+            rows = self._hung_last(rows)
         failed_keys: set[bytes] = set()
         chunk: list[Pending] = []
         limit = self.config.transaction_size
         try:
             for row in rows:
+                if row.id in self.outcomes.alone:
+                    # Its callback overran its lease last time: alone, after the other keys.
+                    self.handle_batches(chunk, failed_keys)
+                    chunk = []
+                    self.outcomes.alone.discard(row.id)
+                    self.handle_batches([row], failed_keys)
+                    if self.retired:
+                        return
+                    continue
                 spec = self.handlers.get(row.topic)
                 if spec is not None and spec.is_async:
                     self.handle_batches(chunk, failed_keys)
@@ -108,6 +119,23 @@ class Worker(Batches):
             self._reset()
         finally:
             self.current = None
+
+    def _hung_last(self, rows: list[Pending]) -> list[Pending]:
+        """`rows` with those whose callback overran its lease, and the later rows of their
+        keys, moved after the rest (in their order): a key's own order is kept, other keys no
+        longer wait behind a callback that may hang again."""
+        alone = self.outcomes.alone
+        held_keys: set[bytes] = set()
+        first: list[Pending] = []
+        last: list[Pending] = []
+        for row in rows:
+            if row.id in alone or (row.key is not None and row.key in held_keys):
+                last.append(row)
+                if row.key is not None:
+                    held_keys.add(row.key)
+            else:
+                first.append(row)
+        return first + last if last else rows
 
     def _reset(self) -> None:
         self.close_session(quietly=True)
