@@ -155,7 +155,8 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         default=os.environ.get(settings.STATUS_MAX_LAG),
         help="with --check and --kafka-bootstrap (or --transport postgres and --log-url): "
         "records a consumer group may lag behind; a group above it, or whose lag cannot be "
-        f"read, fails the check (env {settings.STATUS_MAX_LAG}; default no limit)",
+        "read (a --group without any committed offset, a cluster that does not answer), "
+        f"fails the check (env {settings.STATUS_MAX_LAG}; default no limit)",
     )
 
     dead = commands.add_parser(
@@ -372,6 +373,8 @@ def _status(args: argparse.Namespace) -> int:
         from outbox.kafka.lag import read_lag
 
         lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
+    if lag is not None and groups:
+        lag = [_known(g) for g in lag]
     max_age = None if args.max_age is None else float(args.max_age)
     problems = check_problems(status, max_age, lag, max_lag) if args.check else None
     if args.json:
@@ -396,6 +399,17 @@ def _status(args: argparse.Namespace) -> int:
             lines.extend(f"  {_safe(p)}" for p in problems)
         _print(lines)
     return CHECK_FAILED if problems else 0
+
+
+def _known(group: GroupLag) -> GroupLag:
+    """A group named with --group that has no committed offset anywhere: not "lag 0" (a
+    misspelt name in a deploy gate passed), but a lag that cannot be read."""
+    if group.error is None and not group.partitions:
+        return GroupLag(
+            group.group,
+            error="no committed offsets: no such group, or it has not committed yet",
+        )
+    return group
 
 
 def _log_lag(url: str, schema: str, groups: Sequence[str]) -> list[GroupLag]:

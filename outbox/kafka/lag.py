@@ -29,6 +29,10 @@ from outbox.kafka.publisher import client
 # too); they stay importable from here.
 __all__ = ["DEFAULT_TIMEOUT", "GroupLag", "LagReader", "PartitionLag", "lag_json", "read_lag"]
 
+#: The group name under which `LagReader.lag` reports that the cluster's groups could not be
+#: listed.
+EVERY_GROUP = "(every group)"
+
 log = logging.getLogger("outbox.lag")
 
 #: Seconds a lag read waits for the cluster, per request.
@@ -45,7 +49,9 @@ class LagReader:
         *,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        base: dict[str, Any] = {"bootstrap.servers": bootstrap, **dict(extra or {})}
+        # Quiet: an unreachable cluster is reported once, in the result, not as a librdkafka
+        # line per connection attempt.
+        base: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0, **dict(extra or {})}
         self._timeout = timeout
         self._admin = client(AdminClient, base)
         # A consumer that never subscribes never joins its group; the id is only required.
@@ -59,10 +65,14 @@ class LagReader:
         )
 
     def list_groups(self) -> list[str]:
-        """The ids of the cluster's consumer groups, in name order."""
+        """The ids of the cluster's consumer groups, in name order; `KafkaException` when the
+        cluster could not be asked (none listed, and an error for every broker)."""
         result = self._admin.list_consumer_groups(request_timeout=self._timeout).result()
-        for error in getattr(result, "errors", None) or ():
+        errors = list(getattr(result, "errors", None) or ())
+        for error in errors:
             log.warning("listing consumer groups: %s", error)
+        if errors and not result.valid:
+            raise KafkaException(errors[0])
         return sorted(g.group_id for g in result.valid)
 
     def group_lag(self, group: str) -> GroupLag:
@@ -90,7 +100,14 @@ class LagReader:
 
     def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
         """The lag of each of `groups` (every group of the cluster when None)."""
-        names = self.list_groups() if groups is None else list(dict.fromkeys(groups))
+        if groups is None:
+            try:
+                names = self.list_groups()
+            except (KafkaException, RuntimeError, ValueError) as exc:
+                # Not "no group": every group's lag is unknown, which fails `status --check`.
+                return [GroupLag(EVERY_GROUP, error=f"cannot list the groups: {first_line(exc)}")]
+        else:
+            names = list(dict.fromkeys(groups))
         return [self.group_lag(g) for g in names]
 
     def close(self) -> None:

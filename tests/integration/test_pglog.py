@@ -536,7 +536,15 @@ def test_status_shows_the_logs_lag_and_check_fails_above_max_lag(
     assert shipping["group"] == "shipping" and shipping["total"] == 3 and not shipping["error"]
     assert shipping["topics"] == {topic: 3}
     assert sum(p["end"] for p in shipping["partitions"]) == 10
-    assert nobody == {"group": "nobody", "total": 0, "topics": {}, "partitions": [], "error": None}
+    assert nobody == {
+        "group": "nobody",
+        "total": 0,
+        "topics": {},
+        "partitions": [],
+        "error": "no committed offsets: no such group, or it has not committed yet",
+    }
+    assert main([*args, "--group", "nobody", "--check", "--max-lag", "10"]) == 3, "a typo fails"
+    assert "consumer group nobody: cannot read its lag" in capsys.readouterr().out
 
     assert main([*args, "--check", "--max-lag", "3"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("check: ok")

@@ -112,3 +112,31 @@ def test_check_fails_with_exit_3_when_a_group_lags_more_than_max_lag(
     assert "--max-lag needs --kafka-bootstrap" in no_kafka.stderr
     bad = _cli(*args, "--check", "--max-lag", "-1")
     assert bad.returncode == 2 and "--max-lag" in bad.stderr
+
+
+def test_check_fails_when_the_lag_of_a_named_group_or_of_every_group_cannot_be_read(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    """A deploy gate must not pass on what it could not read: a misspelt --group (no
+    committed offset anywhere) and an unreachable cluster were "lag 0" and "no group"."""
+    from outbox.testing.servers import free_port
+
+    url = outbox_database_url
+    base = ["status", "--database-url", url, "--check", "--max-lag", "10"]
+    typo = _cli(*base, "--kafka-bootstrap", outbox_kafka_bootstrap, "--group", "shiping")
+    assert typo.returncode == 3, typo.stdout + typo.stderr
+    assert "consumer group shiping: cannot read its lag: no committed offsets" in typo.stdout
+    unreachable = _cli(
+        *base,
+        "--kafka-bootstrap",
+        f"127.0.0.1:{free_port()}",
+        "--kafka-config",
+        "socket.connection.setup.timeout.ms=1000",
+        "--json",
+    )
+    assert unreachable.returncode == 3, unreachable.stdout + unreachable.stderr
+    doc = json.loads(unreachable.stdout)
+    assert doc["check"]["ok"] is False
+    [every] = doc["lag"]
+    assert every["group"] == "(every group)" and "cannot list the groups" in every["error"]
+    assert "%3|" not in unreachable.stderr, "librdkafka's own lines stay quiet"
