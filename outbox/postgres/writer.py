@@ -13,9 +13,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
+
 from outbox.core.envelope import OutgoingMessage
-from outbox.core.errors import DuplicateMessageId
+from outbox.core.errors import DuplicateMessageId, SchemaNotMigrated
 from outbox.core.headers import to_json
+from outbox.core.text import first_line
 from outbox.postgres import sessions
 from outbox.postgres.queries import channel, queries
 
@@ -72,6 +75,7 @@ class Writer:
     """
 
     def __init__(self, schema: str) -> None:
+        self.schema = schema
         sql = queries(schema)
         self._send, self._send_one = sql["send"], sql["send_one"]
         self._taken_ids = sql["send_taken_ids"]
@@ -82,10 +86,16 @@ class Writer:
         if not messages:
             return
         run = sessions.executor(tx)
-        if len(messages) == 1:
-            row = run(self._send_one, send_one_params(messages[0], self._channel)).fetchone()
-        else:
-            row = run(self._send, send_params(messages, self._channel)).fetchone()
+        try:
+            if len(messages) == 1:
+                row = run(self._send_one, send_one_params(messages[0], self._channel)).fetchone()
+            else:
+                row = run(self._send, send_params(messages, self._channel)).fetchone()
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
         if row[0] != len(messages):
             ids = {"message_ids": [m.message_id for m in messages]}
             raise duplicate([r[0] for r in run(self._taken_ids, ids).fetchall()])
@@ -95,15 +105,33 @@ class Writer:
         if not messages:
             return
         run = await sessions.async_executor(tx)
-        if len(messages) == 1:
-            result = await run(self._send_one, send_one_params(messages[0], self._channel))
-        else:
-            result = await run(self._send, send_params(messages, self._channel))
+        try:
+            if len(messages) == 1:
+                result = await run(self._send_one, send_one_params(messages[0], self._channel))
+            else:
+                result = await run(self._send, send_params(messages, self._channel))
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
         row = await _maybe_await(result.fetchone())
         if row[0] != len(messages):
             ids = {"message_ids": [m.message_id for m in messages]}
             taken = await _maybe_await((await run(self._taken_ids, ids)).fetchall())
             raise duplicate([r[0] for r in taken])
+
+    def _not_migrated(self, exc: Exception) -> SchemaNotMigrated | None:
+        """The error to raise instead of `exc` when the statement failed because the queue's
+        table or one of its columns is missing (psycopg's own, or wrapped by SQLAlchemy)."""
+        cause = getattr(exc, "orig", None) or exc
+        if not isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+            return None
+        return SchemaNotMigrated(
+            f"{self.schema}.producer_queue is missing or from an older outbox in this database "
+            f"({first_line(cause)}): run `outbox migrate --schema {self.schema}`, or check "
+            "Broker(schema=...); the transaction is aborted"
+        )
 
 
 async def _maybe_await(value: Any) -> Any:

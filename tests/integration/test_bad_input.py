@@ -482,3 +482,27 @@ def test_unstorable_text_is_refused_and_the_same_transaction_commits_a_good_send
     after = _rows(seeded)
     assert after[: len(before)] == before
     assert [row[1] for row in after[len(before) :]] == [good_id]
+
+
+def test_send_to_a_database_without_the_schema_names_the_fix(
+    outbox_empty_database_url: str, outbox_database_url: str
+) -> None:
+    """Not migrated, or a misspelt Broker(schema=...): an OutboxError that says to migrate
+    (psycopg's UndefinedTable before), on psycopg and SQLAlchemy handles alike."""
+    from sqlalchemy.orm import Session
+
+    from outbox import SchemaNotMigrated
+
+    cases = [(outbox_empty_database_url, Broker()), (outbox_database_url, Broker(schema="outbx"))]
+    for url, sender in cases:
+        with psycopg.connect(url) as conn:
+            with pytest.raises(SchemaNotMigrated, match=r"run `outbox migrate --schema"):
+                with conn.transaction():
+                    sender.send(conn, "t", b"x")
+        engine = create_engine(sqlalchemy_url(url))
+        try:
+            with Session(engine) as session:
+                with pytest.raises(SchemaNotMigrated, match=f"{sender.schema}.producer_queue"):
+                    sender.send_many(session, [Message("t", b"1"), Message("t", b"2")])
+        finally:
+            engine.dispose()
