@@ -24,7 +24,7 @@ from outbox.core.errors import (
 from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import check_database, connect
-from outbox.postgres.migrate import alembic_config, offline_sql
+from outbox.postgres.migrate import alembic_config, offline_sql, run_upgrade
 from outbox.postgres.queries import channel, quote_ident, validate_schema
 
 log = logging.getLogger("outbox.pglog")
@@ -131,9 +131,8 @@ def migrations_dir() -> Path:
 
 def upgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> None:
     """Create or upgrade the log schema."""
-    from alembic import command
-
-    command.upgrade(alembic_config(migrations_dir(), url, schema), revision)
+    cfg = alembic_config(migrations_dir(), url, schema)
+    run_upgrade(cfg, revision, f"log schema {schema!r}")
 
 
 def downgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:

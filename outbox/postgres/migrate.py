@@ -71,6 +71,30 @@ def offline_sql(script_location: Path, schema: str, revision: str = "head") -> s
     return buffer.getvalue()
 
 
+#: The advisory lock key (one bigint: a space of its own beside the lanes' two-int keys) that
+#: serializes the migrations of one database.
+MIGRATION_LOCK = 0x6F7574626F78  # "outbox"
+
+
+def run_upgrade(cfg: Config, revision: str, what: str) -> None:
+    """`alembic upgrade` with `cfg`; a database at a revision these scripts do not know (a
+    newer outbox migrated it) raises `SchemaTooNew` naming `what`, not Alembic's CommandError."""
+    from alembic import command
+    from alembic.util import CommandError
+
+    try:
+        command.upgrade(cfg, revision)
+    except CommandError as exc:
+        found = re.search(r"Can't locate revision identified by '([^']*)'", str(exc))
+        if found is None:
+            raise
+        raise SchemaTooNew(
+            f"{what} is at revision {found.group(1)!r}, which this version of outbox does not "
+            "know: it was migrated by a newer outbox; upgrade this service's outbox (nothing "
+            "was changed)"
+        ) from None
+
+
 def run_environment(
     *,
     default_schema: str,
@@ -116,6 +140,11 @@ def run_environment(
             **options,
         )
         with context.begin_transaction():
+            # One migration at a time per database (several `outbox migrate` at once, say the
+            # init containers of a Deployment): held to the commit; the next one then reads
+            # the version the first one left. Without it the loser failed on CREATE SCHEMA's
+            # unique name or the version table.
+            context.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
             context.execute(text(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}"))
             context.run_migrations(schema=schema)
 
@@ -137,9 +166,8 @@ def run_environment(
 
 def upgrade(database_url: str, schema: str = "outbox", revision: str = "head") -> None:
     """Bring the schema up to `revision` (default: the newest)."""
-    from alembic import command
-
-    command.upgrade(alembic_config(migrations_dir(), database_url, schema), revision)
+    cfg = alembic_config(migrations_dir(), database_url, schema)
+    run_upgrade(cfg, revision, f"outbox schema {schema!r}")
 
 
 def downgrade(database_url: str, schema: str = "outbox", revision: str = "base") -> None:

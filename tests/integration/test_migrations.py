@@ -14,6 +14,7 @@ from sqlalchemy import create_engine
 from outbox import Broker, SchemaNotMigrated, SchemaTooNew
 from outbox.postgres import migrate
 from outbox.postgres.schema import metadata
+from outbox.testing.plugin import DatabaseFactory
 
 
 def _tables(url: str, schema: str) -> set[str]:
@@ -241,3 +242,46 @@ def test_0006_sets_the_queue_tables_autovacuum_by_rows_and_its_downgrade_resets_
     migrate.downgrade(url, revision="0005")
     assert _reloptions(url, "consumer_queue") == {}
     assert _reloptions(url, "producer_queue") == {}
+
+
+def test_migrations_run_at_once_on_one_database_all_succeed(
+    outbox_database_factory: DatabaseFactory,
+) -> None:
+    """Several `outbox migrate` at the same moment (the init containers of a Deployment): one
+    migrates, the others wait for it and find nothing left to do; the log's too. Without the
+    lock one of them failed on CREATE SCHEMA's unique name in two rounds of three."""
+    for _round in range(3):
+        url = outbox_database_factory(migrated=False)
+        commands = [["--database-url", url]] * 3 + [["--database-url", url, "--schema", "billing"]]
+        commands += [["--log-url", url]] * 2
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "outbox.cli", "migrate", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for args in commands
+        ]
+        results = [(p.wait(120), p.communicate()[1]) for p in processes]
+        assert [code for code, _ in results] == [0] * len(commands), results
+        with psycopg.connect(url) as conn:
+            migrate.check_schema(conn, "outbox")
+            migrate.check_schema(conn, "billing")
+
+
+def test_migrate_on_a_schema_a_newer_outbox_migrated_says_so(
+    outbox_database_url: str,
+) -> None:
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        conn.execute("UPDATE outbox.alembic_version SET version_num = '0099'")
+    with pytest.raises(SchemaTooNew, match=r"outbox schema 'outbox' is at revision '0099'"):
+        migrate.upgrade(outbox_database_url)
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "migrate", "--database-url", outbox_database_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "migrated by a newer outbox" in result.stderr and "unexpected" not in result.stderr
