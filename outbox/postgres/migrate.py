@@ -159,9 +159,11 @@ def run_environment(
         run(connection)
         return
     engine = create_engine(url())
-    with engine.connect() as conn:
-        run(conn)
-    engine.dispose()
+    try:
+        with engine.connect() as conn:
+            run(conn)
+    finally:
+        engine.dispose()  # also when a migration failed: no pooled connection left open
 
 
 def upgrade(database_url: str, schema: str = "outbox", revision: str = "head") -> None:
