@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +86,37 @@ def kafka_setting(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def postgres_url_type(env: str) -> Callable[[str], str]:
+    """The argparse `type=` of a PostgreSQL URL flag: a libpq URL or key=value settings; a
+    SQLAlchemy URL's driver name (`postgresql+psycopg://`, as the README writes it for
+    SQLAlchemy) is dropped; another scheme (`mysql://`) is a usage error naming the flag."""
+
+    def postgres_url(text: str) -> str:
+        url = text.strip()
+        found = _SCHEME.match(url)
+        if found is None:
+            return url  # key=value settings, or empty (then required later)
+        scheme = found.group(1)
+        base = scheme.lower().partition("+")[0]
+        if base not in ("postgresql", "postgres"):
+            raise argparse.ArgumentTypeError(
+                f"a URL of scheme {scheme!r} is not a PostgreSQL URL: expected "
+                f"postgresql://user@host/database (from the flag, or from {env})"
+            )
+        return "postgresql" + url[len(scheme) :] if "+" in scheme else url
+
+    postgres_url.__name__ = "PostgreSQL URL"
+    return postgres_url
+
+
 def add_database(parser: argparse.ArgumentParser) -> None:
     """--database-url and --schema."""
     parser.add_argument(
         "--database-url",
+        type=postgres_url_type(ENV_DATABASE_URL),
         default=os.environ.get(ENV_DATABASE_URL),
         help=f"PostgreSQL URL (env {ENV_DATABASE_URL})",
     )
@@ -120,6 +148,7 @@ def add_log(parser: argparse.ArgumentParser) -> None:
     """--log-url and --log-schema: where the PostgreSQL log is."""
     parser.add_argument(
         "--log-url",
+        type=postgres_url_type(ENV_LOG_URL),
         default=os.environ.get(ENV_LOG_URL),
         help=f"PostgreSQL URL of the log database, for --transport postgres (env {ENV_LOG_URL})",
     )

@@ -419,12 +419,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Not an error outbox foresaw (a bug, or a library failing in a new way): still one
         # line; the traceback goes to the DEBUG log.
         logging.getLogger("outbox").debug("unexpected error", exc_info=True)
-        _fatal(
-            args,
-            f"unexpected {type(exc).__name__}: {first_line(exc)} "
-            "(run with --log-level DEBUG for the traceback)",
-        )
+        _fatal(args, _unforeseen(exc))
         return 1
+
+
+def _unforeseen(exc: Exception) -> str:
+    """The one line for an error outbox did not foresee; PostgreSQL's refusals by their kind."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if type(exc).__module__.startswith("psycopg") and sqlstate:
+        if sqlstate == "42501":  # insufficient_privilege
+            return (
+                f"PostgreSQL refused: {first_line(exc)}: the database role lacks a privilege "
+                "(the daemons need USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on "
+                "its tables; `outbox migrate` needs CREATE on the database)"
+            )
+        return f"PostgreSQL refused (SQLSTATE {sqlstate}): {first_line(exc)}"
+    return (
+        f"unexpected {type(exc).__name__}: {first_line(exc)} "
+        "(run with --log-level DEBUG for the traceback)"
+    )
 
 
 def _remember_secrets(args: argparse.Namespace) -> None:

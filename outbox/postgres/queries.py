@@ -19,6 +19,11 @@ def validate_schema(schema: object) -> str:
             f"schema {schema!r} is not valid: use 1-63 lower-case letters, digits and "
             "underscores, starting with a letter or underscore"
         )
+    if schema.startswith("pg_") or schema == "information_schema":
+        raise ConfigurationError(
+            f"schema {schema!r} is PostgreSQL's own (names starting with pg_ are reserved): "
+            "choose another"
+        )
     return schema
 
 

@@ -506,3 +506,20 @@ def test_send_to_a_database_without_the_schema_names_the_fix(
                     sender.send_many(session, [Message("t", b"1"), Message("t", b"2")])
         finally:
             engine.dispose()
+
+
+def test_a_role_without_privileges_gets_one_line_saying_so(outbox_database_url: str) -> None:
+    """A daemon run as a role that cannot use the schema: not 'unexpected
+    InsufficientPrivilege', but what the role lacks."""
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        url = psycopg.conninfo.make_conninfo(outbox_database_url, user=role)
+        result = _cli("producer", "--database-url", url, "--kafka-bootstrap", "127.0.0.1:1")
+        _one_line_error(result, "PostgreSQL refused: permission denied for schema outbox")
+        assert "the database role lacks a privilege" in result.stderr
+        assert "unexpected" not in result.stderr
+    finally:
+        with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")

@@ -175,3 +175,40 @@ def test_the_exit_codes_table_lists_each_code_tested_here() -> None:
 
     codes = [line.split("|")[1].strip() for line in EXIT_CODES.splitlines() if line[:2] == "| "]
     assert codes == ["code", "0", "1", "2", "3", "130"]
+
+
+def test_database_urls_take_sqlalchemys_driver_form_and_refuse_other_databases(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from outbox.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["status", "--database-url", "postgresql+psycopg://u@h:5/db"])
+    assert args.database_url == "postgresql://u@h:5/db"
+    args = parser.parse_args(["status", "--database-url", "host=h dbname=db"])
+    assert args.database_url == "host=h dbname=db"
+    args = parser.parse_args(["migrate", "--log-url", "postgres://u@h/log"])
+    assert args.log_url == "postgres://u@h/log"
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["status", "--database-url", "mysql://u:hunter22@h/db"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "scheme 'mysql' is not a PostgreSQL URL" in err and "hunter22" not in err
+
+
+def test_python_dash_m_outbox_runs_the_command() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.startswith("outbox "), result.stderr
+
+
+def test_a_reserved_schema_name_is_refused() -> None:
+    from outbox import Broker, ConfigurationError
+
+    for name in ("pg_catalog", "pg_temp", "information_schema"):
+        with pytest.raises(ConfigurationError, match="PostgreSQL's own"):
+            Broker(schema=name)
