@@ -272,6 +272,14 @@ def _log_url(args: argparse.Namespace) -> str | None:
             f"(from {settings.TRANSPORT}?)"
         )
     if args.transport != "postgres":
+        if args.log_url:
+            logging.getLogger("outbox").warning(
+                "--log-url (or %s) is set but the transport is %s: the log database is not "
+                "used (--transport postgres, or %s=postgres, to use it)",
+                ENV_LOG_URL,
+                args.transport,
+                settings.TRANSPORT,
+            )
         return None
     from outbox.pglog import check_log
 

@@ -523,3 +523,19 @@ def test_a_role_without_privileges_gets_one_line_saying_so(outbox_database_url: 
     finally:
         with psycopg.connect(outbox_database_url, autocommit=True) as conn:
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_log_url_with_the_kafka_transport_is_named_as_unused(outbox_database_url: str) -> None:
+    result = _cli(
+        "producer",
+        "--database-url",
+        outbox_database_url,
+        "--log-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        f"127.0.0.1:{free_port()}",
+        "--kafka-config",
+        "socket.connection.setup.timeout.ms=1000",
+    )
+    assert result.returncode == 1
+    assert "--log-url (or OUTBOX_LOG_URL) is set but the transport is kafka" in result.stderr
