@@ -29,14 +29,15 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         dest="database_urls",
         action="append",
         default=None,
-        metavar="[NAME=]URL",
-        help="a service database, named NAME in the page (else after its database); "
-        f"repeatable (env {ENV_DATABASE_URL}: one database)",
+        metavar="[NAME[/SCHEMA]=]URL",
+        help="a service database, named NAME in the page (else after its database), its tables "
+        f"in SCHEMA (else --schema's); repeatable (env {ENV_DATABASE_URL}: one database)",
     )
     console.add_argument(
         "--schema",
         default=os.environ.get(ENV_SCHEMA, "outbox"),
-        help=f"schema of the outbox tables in every database (env {ENV_SCHEMA}; default outbox)",
+        help="schema of the outbox tables in every database given without one (NAME/SCHEMA=URL "
+        f"gives one its own; env {ENV_SCHEMA}; default outbox)",
     )
     add_kafka(console)
     add_groups(console)
@@ -78,7 +79,7 @@ def run_console(args: argparse.Namespace) -> int:
     import signal
     from types import FrameType
 
-    from outbox.console.server import Console, ConsoleConfig, Database, parse_database
+    from outbox.console.server import Console, ConsoleConfig, Database, parse_database_entry
     from outbox.core.redact import remember_secrets, secrets_of_url
 
     urls = args.database_urls or (
@@ -89,8 +90,8 @@ def run_console(args: argparse.Namespace) -> int:
     databases = []
     for index, text in enumerate(urls):
         remember_secrets(secrets_of_url(text))
-        name, url = parse_database(text, index)
-        databases.append(Database(name, url, args.schema))
+        name, url, schema = parse_database_entry(text, index)
+        databases.append(Database(name, url, schema or args.schema))
     if args.auth_token:
         remember_secrets([args.auth_token])
     config = ConsoleConfig(

@@ -118,17 +118,26 @@ def parse_database(text: str, index: int = 0) -> tuple[str, str]:
 
     A string libpq parses as a whole (a URL, or `host=... dbname=...`) has no NAME.
     """
+    name, url, _schema = parse_database_entry(text, index)
+    return name, url
+
+
+def parse_database_entry(text: str, index: int = 0) -> tuple[str, str, str | None]:
+    """(name, url, schema or None) of a `--database-url`: `NAME=URL`, `NAME/SCHEMA=URL` (a
+    service whose tables are in SCHEMA of a database it shares with others), or a URL named
+    after its database."""
     from outbox.core.redact import parse_conninfo
 
     whole = parse_conninfo(text)
     if whole is not None:
-        return whole.get("dbname") or f"database{index + 1}", text
-    name, sep, url = text.partition("=")
-    name = name.strip()
-    if sep and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
-        return name, url.strip()
+        return whole.get("dbname") or f"database{index + 1}", text, None
+    label, sep, url = text.partition("=")
+    found = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]{0,62})(?:/([^=]*))?\s*", label)
+    if sep and found:
+        schema = found.group(2)
+        return found.group(1), url.strip(), None if schema is None else validate_schema(schema)
     raise ConfigurationError(
-        "--database-url must be a PostgreSQL URL or NAME=URL "
+        "--database-url must be a PostgreSQL URL, NAME=URL or NAME/SCHEMA=URL "
         f"(got {redact_url(text) if parse_conninfo(text) else 'an unparseable string'})"
     )
 

@@ -257,6 +257,16 @@ def test_database_names() -> None:
     assert parse_database("eu=host=h dbname=shop") == ("eu", "host=h dbname=shop")
     with pytest.raises(ConfigurationError):
         parse_database("not a url at all")
+    from outbox.console.server import parse_database_entry
+
+    assert parse_database_entry("billing/billing_v2=postgresql://u@h/app") == (
+        "billing",
+        "postgresql://u@h/app",
+        "billing_v2",
+    )
+    assert parse_database_entry("orders=postgresql://u@h/app")[2] is None
+    with pytest.raises(ConfigurationError, match="schema"):
+        parse_database_entry('x/bad"name=postgresql://u@h/app')
 
 
 def test_a_quarantined_rows_raw_headers_are_shown_decoded_as_dead_letters_show_does(
