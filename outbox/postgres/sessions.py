@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 
 from outbox.core.errors import NotInTransaction, UnsupportedTransaction
 from outbox.postgres.migrate import sqlalchemy_url
@@ -142,7 +143,8 @@ class PsycopgSession:
         if not isinstance(handle, psycopg.Connection):
             raise _unsupported(handle, "send")
         _check_psycopg(handle)
-        return handle.execute
+        # Rows as tuples whatever the caller's connection makes of them (`row_factory`).
+        return handle.cursor(row_factory=tuple_row).execute
 
     @contextmanager
     def transaction(self, *, pipelined: bool = False) -> Iterator[tuple[Execute, Any]]:
@@ -266,7 +268,7 @@ class AsyncPsycopgSession:
         if not isinstance(handle, psycopg.AsyncConnection):
             raise _unsupported(handle, "send_async")
         _check_psycopg(handle)
-        return handle.execute
+        return handle.cursor(row_factory=tuple_row).execute
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[tuple[AsyncExecute, Any]]:

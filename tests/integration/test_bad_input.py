@@ -539,3 +539,35 @@ def test_a_log_url_with_the_kafka_transport_is_named_as_unused(outbox_database_u
     )
     assert result.returncode == 1
     assert "--log-url (or OUTBOX_LOG_URL) is set but the transport is kafka" in result.stderr
+
+
+def test_send_works_whatever_rows_the_callers_connection_makes(seeded: str) -> None:
+    """`send` reads its statement's result: a connection with `row_factory=dict_row` (or a
+    class of the caller's) must not break it, nor its duplicate-id check."""
+    import asyncio
+    from dataclasses import dataclass
+
+    from psycopg.rows import class_row, dict_row
+
+    @dataclass
+    class Anything:
+        inserted: int
+        notified: bool
+
+    mid = uuid.uuid4()
+    with psycopg.connect(seeded, row_factory=dict_row) as conn, conn.transaction():
+        broker.send(conn, "t", b"1", message_id=mid)
+        with pytest.raises(DuplicateMessageId, match=str(mid)):
+            broker.send(conn, "t", b"2", message_id=mid)
+    with psycopg.connect(seeded) as conn:
+        conn.row_factory = class_row(Anything)  # type: ignore[assignment]
+        with conn.transaction():
+            broker.send_many(conn, [Message("t", b"3"), Message("t", b"4")])
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(seeded, row_factory=dict_row) as conn:
+            async with conn.transaction():
+                await broker.send_async(conn, "t", b"5")
+
+    asyncio.run(main())
+    assert [r[4] for r in _rows(seeded)][-4:] == [b"1", b"3", b"4", b"5"]

@@ -14,11 +14,11 @@ WITH inserted AS (
     )
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM inserted),
+SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT pg_notify(%(channel)s, '')
         FROM {schema}.relay_state
         WHERE queue = 'producer' AND sleeping
-        LIMIT 1) IS NOT NULL;
+        LIMIT 1) IS NOT NULL AS notified;
 
 -- name: send
 -- Insert a batch of messages and, in the same statement, wake a sleeping relay. NOTIFY takes a
@@ -46,11 +46,11 @@ WITH inserted AS (
     )
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM inserted),
+SELECT (SELECT count(*) FROM inserted) AS inserted,
        (SELECT pg_notify(%(channel)s, '')
         FROM {schema}.relay_state
         WHERE queue = 'producer' AND sleeping
-        LIMIT 1) IS NOT NULL;
+        LIMIT 1) IS NOT NULL AS notified;
 
 -- name: send_taken_ids
 -- The message ids of a batch that rows waiting in the queue have (after `send` inserted none).
