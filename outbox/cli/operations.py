@@ -375,6 +375,12 @@ def _status(args: argparse.Namespace) -> int:
         lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
     if lag is not None and groups:
         lag = [_known(g) for g in lag]
+    elif lag is None and args.groups:
+        where = "--log-url" if from_log else "--kafka-bootstrap"
+        print(
+            f"outbox status: --group is not read without {where}: no lag is shown",
+            file=sys.stderr,
+        )
     max_age = None if args.max_age is None else float(args.max_age)
     problems = check_problems(status, max_age, lag, max_lag) if args.check else None
     if args.json:

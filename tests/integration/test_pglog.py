@@ -557,6 +557,8 @@ def test_status_shows_the_logs_lag_and_check_fails_above_max_lag(
     # The lag is the log's only with --transport postgres, which needs --log-url for --max-lag.
     assert main(["status", "--database-url", outbox_database_url, "--log-url", log_url]) == 0
     assert "consumer group" not in capsys.readouterr().out
+    assert main([*status, "--group", "shipping"]) == 0
+    assert "--group is not read without --log-url" in capsys.readouterr().err
     assert main([*status, "--check", "--max-lag", "5"]) == 1
     assert "--max-lag with --transport postgres needs --log-url" in _one_error_line(capsys)
     not_migrated = ["--log-url", log_url, "--log-schema", "other_log"]
