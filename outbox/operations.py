@@ -221,18 +221,26 @@ def parse_row_id(text: str) -> RowId:
 
 
 def error_summary(error: str | None) -> str:
-    """The telling line of `last_error`: the first, or a traceback's last (its exception)."""
-    # A Python traceback starts with "Traceback (most recent call last):", which says nothing;
-    # its last line is the exception. Any other text is summed up by its first line.
+    """The telling line of `last_error`: its first, or for a Python traceback the line that
+    names the last exception (`ValueError: ...`), not the traceback's last line: PostgreSQL's
+    and SQLAlchemy's messages run over several lines (a caret under the statement, a "Background
+    on this error" link), and an exception's own text may hold line breaks."""
     if not error:
         return ""
     # Lines end at "\n" only: a carriage return or another break inside the exception's own
-    # text must not make a line of its own (a traceback's last line then showed only what
-    # followed a "\r" in the message, hiding the exception); the caller escapes them.
-    lines = [line.strip() for line in error.strip().split("\n") if line.strip()]
-    if lines[0].startswith("Traceback (most recent call last)"):
-        return lines[-1]
-    return lines[0]
+    # text must not make a line of its own; the caller escapes them.
+    lines = [line.rstrip() for line in error.strip().split("\n")]
+    if not lines[0].startswith("Traceback (most recent call last)"):
+        return next((line.strip() for line in lines if line.strip()), "")
+    # The last exception's line: the first unindented line after the last frame ("  File ...",
+    # then its indented source lines) of the last traceback.
+    start = max(i for i, line in enumerate(lines) if line.startswith("Traceback ("))
+    frames = [i for i in range(start, len(lines)) if lines[i].startswith("  File ")]
+    after = (frames[-1] if frames else start) + 1
+    for line in lines[after:]:
+        if line.strip() and not line.startswith(" "):
+            return line.strip()
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ alone unless `wait_for_retries`; dead rows are reported, not raised.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +35,7 @@ from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.operations import error_summary
 from outbox.pglog import DEFAULT_PARTITIONS, PgLogPublisher, PgLogSubscriber, check_log
 from outbox.pglog.log import DEFAULT_SCHEMA as DEFAULT_LOG_SCHEMA
 from outbox.ports import (
@@ -86,6 +89,9 @@ class DrainResult:
     dead: tuple[DeadLetter, ...] = ()
     #: Rows left waiting for a retry that was not yet due (see `wait_for_retries`).
     retrying: int = 0
+    #: Topics messages were relayed to that no handler of the registry reads (a misspelt
+    #: topic, say): those messages are not stored by this drain's Consumer.
+    unhandled_topics: tuple[str, ...] = ()
 
 
 # -- the transport, wrapped to know what was relayed and what was stored -----------------------
@@ -126,6 +132,8 @@ class _Ledger:
     relayed: set[str] = field(default_factory=set)
     stored: set[str] = field(default_factory=set)
     polled: int = 0
+    #: Topics relayed to that the handlers do not read.
+    unhandled: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def outstanding(self) -> int:
@@ -150,6 +158,11 @@ class _LedgerPublisher:
                 m.message_id
                 for m, r in zip(records, results, strict=True)
                 if r is None and m.topic in self._ledger.topics
+            )
+            self._ledger.unhandled.update(
+                m.topic
+                for m, r in zip(records, results, strict=True)
+                if r is None and m.topic not in self._ledger.topics
             )
         return results
 
@@ -274,9 +287,9 @@ SELECT message_id, topic, last_error FROM {schema}.{table} WHERE dead_at IS NOT 
 
 
 def _last_line(text: str | None) -> str:
-    """The last line of an error: "ValueError: ..." for a traceback, the text otherwise."""
-    lines = (text or "").strip().splitlines()
-    return lines[-1] if lines else ""
+    """The telling line of an error: "ValueError: ..." for a traceback (the exception's line,
+    not the traceback's last), the first line otherwise (`outbox.operations.error_summary`)."""
+    return error_summary(text)
 
 
 class _Queues:
@@ -490,6 +503,10 @@ def drain(
     they are handled or dead.
     """
     validate_schema(schema)
+    if not isinstance(handlers, Handlers):
+        raise ConfigurationError(
+            f"drain needs an outbox.Handlers registry, got {type(handlers).__name__}"
+        )
     if not len(handlers):
         raise ConfigurationError("drain needs a Handlers registry with at least one handler")
     transport = as_transport(transport)
@@ -532,7 +549,16 @@ def drain(
             look = _wait_idle(threads, queues, ledger, memory, group, timeout, wait_for_retries)
     finally:
         queues.close()
-    return daemons.result(look)
+    result = daemons.result(look)
+    if ledger.unhandled:
+        unhandled = tuple(sorted(ledger.unhandled))
+        logging.getLogger("outbox.testing").warning(
+            "drain relayed messages to %s, which no handler of the registry reads: they were "
+            "not stored (a misspelt topic?)",
+            ", ".join(repr(t) for t in unhandled),
+        )
+        result = dataclasses.replace(result, unhandled_topics=unhandled)
+    return result
 
 
 @dataclass

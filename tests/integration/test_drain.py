@@ -268,6 +268,8 @@ def test_drain_waits_for_log_records_it_did_not_relay(
 def test_bad_arguments_are_refused(outbox_database_url: str) -> None:
     with pytest.raises(ConfigurationError, match="at least one handler"):
         drain(Handlers(), outbox_database_url, InMemoryTransport())
+    with pytest.raises(ConfigurationError, match=r"needs an outbox\.Handlers registry, got func"):
+        drain(cast(Any, recording_handlers), outbox_database_url, InMemoryTransport())
     with pytest.raises(ConfigurationError, match="a PostgresLog"):
         drain(recording_handlers("t"), outbox_database_url, cast(Any, 42))
 
@@ -278,4 +280,35 @@ def test_dead_letters_read_well() -> None:
     letter = DeadLetter("consumer_queue", uuid.UUID(int=1), "t", "ValueError: x")
     assert str(letter) == (
         "consumer_queue: message 00000000-0000-0000-0000-000000000001 topic 't': ValueError: x"
+    )
+
+
+def test_messages_to_a_topic_no_handler_reads_are_named(
+    outbox_database_url: str, outbox_drain: Drain, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A misspelt topic relayed and never stored passed silently (handled 0, no error)."""
+    prepare(outbox_database_url)
+    send(outbox_database_url, "orders.creatd", {"n": 1})
+    send(outbox_database_url, "orders.created", {"n": 2})
+    result = outbox_drain(recording_handlers("orders.created"))
+    assert (result.relayed, result.handled) == (2, 1)
+    assert result.unhandled_topics == ("orders.creatd",)
+    assert any("'orders.creatd', which no handler" in r.getMessage() for r in caplog.records)
+
+
+def test_a_dead_letters_error_is_its_exceptions_line(
+    outbox_database_url: str, outbox_drain: Drain
+) -> None:
+    """A message over several lines (PostgreSQL's, SQLAlchemy's) is summed up by the
+    exception's line, not by the traceback's last line (a caret, a link)."""
+    handlers = Handlers()
+
+    @handlers.handler("t", max_attempts=1)
+    def broken(message: InboxMessage, conn: Any) -> None:
+        conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    send(outbox_database_url, "t", {"n": 1})
+    (dead,) = outbox_drain(handlers).dead
+    assert dead.error.startswith(
+        'psycopg.errors.UndefinedTable: relation "no_such_table" does not exist'
     )

@@ -554,6 +554,22 @@ def test_selection_and_error_summary() -> None:
     except ValueError as exc:
         forged = "".join(traceback.format_exception(exc))
     assert ops.error_summary(forged) == "ValueError: price\rFAKE LINE"
+    # The exception's line, not the traceback's last: PostgreSQL's message ends with a caret
+    # under the statement, SQLAlchemy's with a link, a chained one with the cause's text.
+    for raised, summary in [
+        (ValueError('relation "t" does not exist\nLINE 1: SELECT\n  ^'), 'relation "t" does'),
+        (RuntimeError("(psycopg.errors.UniqueViolation) dup\n(Background on this error)"), "dup"),
+        (ValueError("nope\nsecond line"), "ValueError: nope"),
+    ]:
+        try:
+            try:
+                raise KeyError("the cause")
+            except KeyError as cause:
+                raise raised from cause
+        except Exception as exc:
+            text = "".join(traceback.format_exception(exc))
+        assert ops.error_summary(text).startswith(type(raised).__name__ + ": "), text
+        assert summary in ops.error_summary(text) and "\n" not in ops.error_summary(text)
     assert ops.parse_row_id(" 12 ") == 12
     mid = uuid.uuid4()
     assert ops.parse_row_id(str(mid)) == mid
