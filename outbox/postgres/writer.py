@@ -69,16 +69,17 @@ def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
 class Writer:
     """Writes composed messages to one schema's `producer_queue` in the caller's transaction.
 
-    A message id that a row still waiting in the queue has raises `DuplicateMessageId` and
-    writes nothing, without aborting the caller's transaction (the statement inserts nothing
-    rather than violating the unique index).
+    A message id that a row still waiting in the queue has (committed, or sent by another
+    transaction that then commits) raises `DuplicateMessageId` and writes nothing, without
+    aborting the caller's transaction: the statement skips the id rather than violating the
+    unique index, and a batch's other rows are deleted again.
     """
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
         sql = queries(schema)
         self._send, self._send_one = sql["send"], sql["send_one"]
-        self._taken_ids = sql["send_taken_ids"]
+        self._undo = sql["send_undo"]
         self._channel = channel(schema, "producer_queue")
 
     def write(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
@@ -97,8 +98,10 @@ class Writer:
                 raise
             raise missing from exc
         if row[0] != len(messages):
-            ids = {"message_ids": [m.message_id for m in messages]}
-            raise duplicate([r[0] for r in run(self._taken_ids, ids).fetchall()])
+            ours = self._ours(row)
+            if ours:
+                run(self._undo, {"message_ids": ours})
+            raise duplicate([m.message_id for m in messages if m.message_id not in ours])
 
     async def write_async(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
         """`write` with the caller's async handle."""
@@ -117,9 +120,16 @@ class Writer:
             raise missing from exc
         row = await _maybe_await(result.fetchone())
         if row[0] != len(messages):
-            ids = {"message_ids": [m.message_id for m in messages]}
-            taken = await _maybe_await((await run(self._taken_ids, ids)).fetchall())
-            raise duplicate([r[0] for r in taken])
+            ours = self._ours(row)
+            if ours:
+                await run(self._undo, {"message_ids": ours})
+            raise duplicate([m.message_id for m in messages if m.message_id not in ours])
+
+    @staticmethod
+    def _ours(row: Any) -> list[Any]:
+        """The ids a batch `send` inserted when it could not insert them all (`send_one`
+        inserts one or none: nothing to undo)."""
+        return list(row[1] or []) if len(row) > 2 else []
 
     def _not_migrated(self, exc: Exception) -> SchemaNotMigrated | None:
         """The error to raise instead of `exc` when the statement failed because the queue's

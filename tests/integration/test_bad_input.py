@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -571,3 +572,46 @@ def test_send_works_whatever_rows_the_callers_connection_makes(seeded: str) -> N
 
     asyncio.run(main())
     assert [r[4] for r in _rows(seeded)][-4:] == [b"1", b"3", b"4", b"5"]
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_an_id_sent_meanwhile_by_another_transaction_is_refused_the_same_way(
+    seeded: str, many: bool
+) -> None:
+    """Another transaction sent the id and has not committed yet: this send waits for it and,
+    once it commits, is refused as DuplicateMessageId, its transaction still usable, nothing
+    of it written (a batch's other rows are taken back)."""
+    import threading
+
+    mid, other = uuid.uuid4(), uuid.uuid4()
+    outcome: list[BaseException | None] = []
+    with psycopg.connect(seeded) as first, psycopg.connect(seeded) as second:
+        first.execute("BEGIN")
+        broker.send(first, "t", b"first", message_id=mid)
+
+        def send_too() -> None:
+            try:
+                with second.transaction():
+                    if many:
+                        messages = [
+                            Message("t", b"o", message_id=other),
+                            Message("t", b"2", message_id=mid),
+                        ]
+                        broker.send_many(second, messages)
+                    else:
+                        broker.send(second, "t", b"2", message_id=mid)
+            except BaseException as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+            second.execute("SELECT 1")  # the connection is not in a failed transaction
+
+        thread = threading.Thread(target=send_too)
+        thread.start()
+        time.sleep(0.5)  # the second send waits for the first transaction
+        first.execute("COMMIT")
+        thread.join(30)
+    [error] = outcome
+    assert isinstance(error, DuplicateMessageId) and str(mid) in str(error), error
+    rows = [(r[1], r[4]) for r in _rows(seeded) if r[1] in (mid, other)]
+    assert rows == [(mid, b"first")], "nothing of the refused send was written"

@@ -2,16 +2,14 @@
 -- parameters use psycopg's %(name)s style and are always bound, never interpolated.
 
 -- name: send_one
--- One message: plain values, which cost the server far less than unnest() over arrays.
+-- One message: plain VALUES, which costs the server far less than unnest() over arrays.
 -- Otherwise the same as `send`.
 WITH inserted AS (
     INSERT INTO {schema}.producer_queue
         (message_id, topic, key, payload, headers, content_type, lane)
-    SELECT %(message_id)s, %(topic)s, %(key)s, %(payload)s, CAST(%(headers)s AS jsonb),
-           %(content_type)s, %(lane)s
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {schema}.producer_queue WHERE message_id = %(message_id)s
-    )
+    VALUES (%(message_id)s, %(topic)s, %(key)s, %(payload)s, CAST(%(headers)s AS jsonb),
+            %(content_type)s, %(lane)s)
+    ON CONFLICT (message_id) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted,
@@ -23,11 +21,11 @@ SELECT (SELECT count(*) FROM inserted) AS inserted,
 -- name: send
 -- Insert a batch of messages and, in the same statement, wake a sleeping relay. NOTIFY takes a
 -- cluster-wide lock at commit, so it is issued only when some producer relay is sleeping; a
--- busy relay will find the rows on its next fetch anyway. Returns how many were inserted:
--- none when a message id of the batch is still in the queue (the caller raises
--- DuplicateMessageId), rather than a unique violation that would abort the caller's
--- transaction. (A row of that id that another transaction inserted and has not committed yet
--- is not seen here: the unique index refuses it then.)
+-- busy relay will find the rows on its next fetch anyway. A message id that a row of the
+-- queue has (committed, or inserted by a transaction that then commits: ON CONFLICT waits
+-- for it) is skipped rather than violating the unique index, which would abort the caller's
+-- transaction: the statement returns how many it inserted and, when that is not all of them,
+-- their ids, which the caller deletes again before raising DuplicateMessageId.
 WITH inserted AS (
     INSERT INTO {schema}.producer_queue
         (message_id, topic, key, payload, headers, content_type, lane)
@@ -40,23 +38,22 @@ WITH inserted AS (
         CAST(%(content_types)s AS text[]),
         CAST(%(lanes)s AS smallint[])
     )
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {schema}.producer_queue
-        WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]))
-    )
-    RETURNING 1
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
 )
-SELECT (SELECT count(*) FROM inserted) AS inserted,
+SELECT count(*) AS inserted,
+       CASE WHEN count(*) < cardinality(CAST(%(message_ids)s AS uuid[]))
+            THEN array_agg(message_id) END AS inserted_ids,
        (SELECT pg_notify(%(channel)s, '')
         FROM {schema}.relay_state
         WHERE queue = 'producer' AND sleeping
-        LIMIT 1) IS NOT NULL AS notified;
+        LIMIT 1) IS NOT NULL AS notified
+FROM inserted;
 
--- name: send_taken_ids
--- The message ids of a batch that rows waiting in the queue have (after `send` inserted none).
-SELECT message_id FROM {schema}.producer_queue
-WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]))
-ORDER BY message_id;
+-- name: send_undo
+-- The rows a `send` of which some ids were taken did insert: deleted again in the caller's
+-- transaction, so that the refused send wrote nothing.
+DELETE FROM {schema}.producer_queue WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]));
 
 -- name: schema_version
 SELECT version_num FROM {schema}.alembic_version;
