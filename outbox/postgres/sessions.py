@@ -55,7 +55,12 @@ def _check_psycopg(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     if conn.autocommit and status == TransactionStatus.IDLE:
         raise NotInTransaction(
             "the connection is in autocommit mode outside a transaction, so the message would "
-            "commit on its own: call send inside `with conn.transaction():`"
+            "commit on its own: call "
+            + (
+                "send_async inside `async with conn.transaction():`"
+                if isinstance(conn, psycopg.AsyncConnection)
+                else "send inside `with conn.transaction():`"
+            )
         )
 
 

@@ -140,6 +140,15 @@ def test_autocommit_outside_a_transaction_is_refused(seeded: str) -> None:
             broker.send(conn, "t", b"inside")
     assert len(_rows(seeded)) == len(before) + 1
 
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(seeded, autocommit=True) as conn:
+            with pytest.raises(NotInTransaction, match=r"`async with conn\.transaction\(\):`"):
+                await broker.send_async(conn, "t", b"x")
+
+    import asyncio
+
+    asyncio.run(main())
+
 
 def test_a_failed_transaction_is_refused_with_a_clear_error(seeded: str) -> None:
     with psycopg.connect(seeded) as conn:
