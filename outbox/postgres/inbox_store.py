@@ -12,7 +12,6 @@ passes its own psycopg connection.
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +20,7 @@ from outbox.core.batches import InboxBatch, Quarantined
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
 from outbox.postgres.connection import Connection
 from outbox.postgres.queries import channel, queries
-from outbox.postgres.sessions import AsyncExecute, Execute
+from outbox.postgres.sessions import AsyncExecute, Execute, fetch_one
 
 
 def insert_params(batch: InboxBatch, wake_channel: str) -> dict[str, Any]:
@@ -130,10 +129,7 @@ class InboxStore:
 
     async def claim_async(self, execute: AsyncExecute, row_id: int) -> Claimed | None:
         """Lock one pending row, or None if it is handled or held by another transaction."""
-        result = await execute(self.sql["handler_claim"], {"id": row_id})
-        # psycopg's async cursor fetches asynchronously; SQLAlchemy's result is buffered.
-        fetched = result.fetchone()
-        row = await fetched if inspect.isawaitable(fetched) else fetched
+        row = await fetch_one(await execute(self.sql["handler_claim"], {"id": row_id}))
         return None if row is None else Claimed._make(row)
 
     async def done_async(self, execute: AsyncExecute, row_id: int) -> None:

@@ -15,6 +15,7 @@ install sends with a SQLAlchemy `Session`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal
@@ -387,6 +388,13 @@ def executor(handle: object) -> Execute:
         raise _unsupported(handle, "send")
     run: Execute = flavour(library, False).executor(handle)
     return run
+
+
+async def fetch_one(result: Any) -> Any:
+    """The first row of what an `AsyncExecute` returned: psycopg's async cursor fetches
+    asynchronously, SQLAlchemy's async result is buffered (its fetch is not awaited)."""
+    fetched = result.fetchone()
+    return await fetched if inspect.isawaitable(fetched) else fetched
 
 
 async def async_executor(handle: object) -> AsyncExecute:

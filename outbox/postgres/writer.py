@@ -8,9 +8,9 @@ the Handler's transactions share).
 
 from __future__ import annotations
 
-import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -51,17 +51,12 @@ def send_one_params(message: OutgoingMessage, channel: str) -> dict[str, Any]:
     }
 
 
-def _taken(message_ids: Sequence[Any]) -> str:
+def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
+    """The error for a send of which `message_ids` are still waiting in the queue."""
     shown = ", ".join(str(m) for m in message_ids[:5])
     more = f" and {len(message_ids) - 5} more" if len(message_ids) > 5 else ""
-    return f"{shown}{more}"
-
-
-def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
-    """The error for a batch of which `message_ids` are still waiting in the queue."""
-    ids = _taken(message_ids) or "(sent by a transaction that has committed since)"
     return DuplicateMessageId(
-        f"message id {ids} is already in producer_queue (sent and not yet relayed): "
+        f"message id {shown}{more} is already in producer_queue (sent and not yet relayed): "
         "each message needs an id of its own; nothing of this send was written"
     )
 
@@ -87,63 +82,63 @@ class Writer:
         if not messages:
             return
         run = sessions.executor(tx)
-        try:
-            if len(messages) == 1:
-                row = run(self._send_one, send_one_params(messages[0], self._channel)).fetchone()
-            else:
-                row = run(self._send, send_params(messages, self._channel)).fetchone()
-        except Exception as exc:
-            missing = self._not_migrated(exc)
-            if missing is None:
-                raise
-            raise missing from exc
-        if row[0] != len(messages):
-            ours = self._ours(row)
+        sql, params = self._statement(messages)
+        with self._migrated():
+            row = run(sql, params).fetchone()
+        refused = self._refused(row, messages)
+        if refused is not None:
+            ours, error = refused
             if ours:
                 run(self._undo, {"message_ids": ours})
-            raise duplicate([m.message_id for m in messages if m.message_id not in ours])
+            raise error
 
     async def write_async(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
         """`write` with the caller's async handle."""
         if not messages:
             return
         run = await sessions.async_executor(tx)
-        try:
-            if len(messages) == 1:
-                result = await run(self._send_one, send_one_params(messages[0], self._channel))
-            else:
-                result = await run(self._send, send_params(messages, self._channel))
-        except Exception as exc:
-            missing = self._not_migrated(exc)
-            if missing is None:
-                raise
-            raise missing from exc
-        row = await _maybe_await(result.fetchone())
-        if row[0] != len(messages):
-            ours = self._ours(row)
+        sql, params = self._statement(messages)
+        with self._migrated():
+            row = await sessions.fetch_one(await run(sql, params))
+        refused = self._refused(row, messages)
+        if refused is not None:
+            ours, error = refused
             if ours:
                 await run(self._undo, {"message_ids": ours})
-            raise duplicate([m.message_id for m in messages if m.message_id not in ours])
+            raise error
+
+    def _statement(self, messages: Sequence[OutgoingMessage]) -> tuple[str, dict[str, Any]]:
+        """`send_one` for one message (plain VALUES), `send` for a batch."""
+        if len(messages) == 1:
+            return self._send_one, send_one_params(messages[0], self._channel)
+        return self._send, send_params(messages, self._channel)
 
     @staticmethod
-    def _ours(row: Any) -> list[Any]:
-        """The ids a batch `send` inserted when it could not insert them all (`send_one`
-        inserts one or none: nothing to undo)."""
-        return list(row[1] or []) if len(row) > 2 else []
-
-    def _not_migrated(self, exc: Exception) -> SchemaNotMigrated | None:
-        """The error to raise instead of `exc` when the statement failed because the queue's
-        table or one of its columns is missing (psycopg's own, or wrapped by SQLAlchemy)."""
-        cause = getattr(exc, "orig", None) or exc
-        if not isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+    def _refused(
+        row: Any, messages: Sequence[OutgoingMessage]
+    ) -> tuple[list[Any], DuplicateMessageId] | None:
+        """None when every message was inserted; else the ids the statement did insert (a
+        batch's, to delete again: `send_one` inserts one or none) and the error naming the
+        others."""
+        if row[0] == len(messages):
             return None
-        return SchemaNotMigrated(
-            f"{self.schema}.producer_queue is missing or from an older outbox in this database "
-            f"({first_line(cause)}): run `outbox migrate --schema {self.schema}`, or check "
-            "Broker(schema=...); the transaction is aborted"
-        )
+        ours = list(row[1] or []) if len(row) > 2 else []
+        return ours, duplicate([m.message_id for m in messages if m.message_id not in ours])
 
-
-async def _maybe_await(value: Any) -> Any:
-    """A psycopg async cursor's fetch is awaited; a SQLAlchemy async result's is not."""
-    return await value if inspect.isawaitable(value) else value
+    @contextmanager
+    def _migrated(self) -> Iterator[None]:
+        """Raise `SchemaNotMigrated` instead of the statement's error when the queue's table or
+        one of its columns is missing (psycopg's own error, or wrapped by SQLAlchemy)."""
+        try:
+            yield
+        except Exception as exc:
+            cause = getattr(exc, "orig", None) or exc
+            if not isinstance(
+                cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn
+            ):
+                raise
+            raise SchemaNotMigrated(
+                f"{self.schema}.producer_queue is missing or from an older outbox in this "
+                f"database ({first_line(cause)}): run `outbox migrate --schema {self.schema}`, "
+                "or check Broker(schema=...); the transaction is aborted"
+            ) from exc

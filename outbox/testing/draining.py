@@ -153,17 +153,15 @@ class _LedgerPublisher:
         self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
     ) -> list[DeliveryFailure | None]:
         results = self._inner.publish(records, meanwhile)
-        with self._ledger.lock:
-            self._ledger.relayed.update(
-                m.message_id
-                for m, r in zip(records, results, strict=True)
-                if r is None and m.topic in self._ledger.topics
-            )
-            self._ledger.unhandled.update(
-                m.topic
-                for m, r in zip(records, results, strict=True)
-                if r is None and m.topic not in self._ledger.topics
-            )
+        ledger = self._ledger
+        with ledger.lock:
+            for m, r in zip(records, results, strict=True):
+                if r is not None:
+                    continue
+                if m.topic in ledger.topics:
+                    ledger.relayed.add(m.message_id)
+                else:
+                    ledger.unhandled.add(m.topic)
         return results
 
     def close(self) -> None:
@@ -286,12 +284,6 @@ SELECT message_id, topic, last_error FROM {schema}.{table} WHERE dead_at IS NOT 
 """
 
 
-def _last_line(text: str | None) -> str:
-    """The telling line of an error: "ValueError: ..." for a traceback (the exception's line,
-    not the traceback's last), the first line otherwise (`outbox.operations.error_summary`)."""
-    return error_summary(text)
-
-
 class _Queues:
     """Autocommit connections that read the queues' state (never lock or change a row)."""
 
@@ -361,7 +353,7 @@ class _Queues:
         return [
             f"consumer_queue: message {mid} topic {topic!r} attempts {attempts}"
             f" {'due' if due else 'waiting for a retry'}"
-            + (f"; last error: {_last_line(error)}" if error else "")
+            + (f"; last error: {error_summary(error)}" if error else "")
             for mid, topic, attempts, due, error in rows
         ]
 
@@ -370,7 +362,7 @@ class _Queues:
     ) -> list[DeadLetter]:
         """The dead rows of `table` (every row of producer_dead is dead)."""
         rows = conn.execute(DEAD_ROWS.format(schema=self._schema, table=table)).fetchall()
-        return [DeadLetter(table, mid, topic, _last_line(error)) for mid, topic, error in rows]
+        return [DeadLetter(table, mid, topic, error_summary(error)) for mid, topic, error in rows]
 
 
 # -- running the daemons -----------------------------------------------------------------------
