@@ -608,6 +608,17 @@ def test_a_woken_member_keeps_its_nap_at_a_low_rate_and_ends_it_under_sustained_
 # -- records not in the log's form ------------------------------------------------------------
 
 
+def _overwrite(log_url: str, assignment: str, values: dict[int, Any]) -> None:
+    """Write a column of the log's records at the given offsets as something other than
+    outbox's publisher would (`assignment`: "column = %s", the value bound)."""
+    with psycopg.connect(log_url, autocommit=True) as conn:
+        for offset, value in values.items():
+            conn.execute(
+                f"UPDATE outbox_log.log_records SET {assignment} WHERE log_offset = %s",
+                (value, offset),
+            )
+
+
 def test_a_record_whose_headers_are_not_in_the_logs_form_is_quarantined(
     outbox_database_factory: DatabaseFactory, log_url: str
 ) -> None:
@@ -623,12 +634,7 @@ def test_a_record_whose_headers_are_not_in_the_logs_form_is_quarantined(
         2: b"\x00\x01x\x7f\xff\xff\xff",  # a value of 2 GB
         3: b"\x00\x02\xff\xfe\xff\xff\xff\xff",  # a name that is not UTF-8, null value
     }
-    with psycopg.connect(log_url, autocommit=True) as conn:
-        for offset, headers in garbage.items():
-            conn.execute(
-                "UPDATE outbox_log.log_records SET headers = %s WHERE log_offset = %s",
-                (headers, offset),
-            )
+    _overwrite(log_url, "headers = %s", garbage)
     consumer = log_consumer(inbox, log_url, topic, "g-raw", [])
     with running(consumer):
         wait_for(lambda: count(inbox, "consumer_queue") >= 5, 30, "the five records")
@@ -660,13 +666,7 @@ def test_a_record_whose_creation_time_no_datetime_holds_does_not_stop_the_consum
     PgLog(log_url).create_topic(topic, 1)
     publish(log_url, topic, 0, 5, keys=1)
     times = {1: "infinity", 2: "-infinity", 3: "20000-01-01"}
-    with psycopg.connect(log_url, autocommit=True) as conn:
-        for offset, when in times.items():
-            conn.execute(
-                "UPDATE outbox_log.log_records SET created_at = %s::timestamptz"
-                " WHERE log_offset = %s",
-                (when, offset),
-            )
+    _overwrite(log_url, "created_at = %s::timestamptz", times)
     consumer = log_consumer(inbox, log_url, topic, "g-when", [])
     with running(consumer):
         wait_for(lambda: count(inbox, "consumer_queue") >= 5, 30, "the five records")

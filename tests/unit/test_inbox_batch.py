@@ -7,6 +7,7 @@ import itertools
 import json
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from outbox.core.batches import InboxBatch, quarantined_row
 from outbox.core.wire import decode_record
@@ -139,6 +140,13 @@ def test_a_record_timestamp_no_datetime_can_hold_falls_back_to_now() -> None:
         assert before <= created <= datetime.now(UTC)
 
 
+def _decoded(headers: list[tuple[str, bytes | None]]) -> Any:
+    """The inbox row of a record with these headers (the rest fixed)."""
+    return decode_record(
+        topic="t", partition=0, offset=7, key=b"k", value=b"{}", headers=headers, timestamp_ms=None
+    )
+
+
 def test_a_header_name_that_comes_twice_quarantines_the_record_with_every_header() -> None:
     """A row keeps one value per name: two content types or two ids cannot both hold, and
     keeping the last one silently changed what the handler received."""
@@ -149,15 +157,7 @@ def test_a_header_name_that_comes_twice_quarantines_the_record_with_every_header
         [("trace", b"hop-1"), ("trace", b"hop-2")],
     ]
     for headers in cases:
-        row = decode_record(
-            topic="t",
-            partition=0,
-            offset=7,
-            key=b"k",
-            value=b"{}",
-            headers=headers,
-            timestamp_ms=None,
-        )
+        row = _decoded(headers)
         assert row.quarantine is not None and "comes more than once" in row.quarantine, headers
         assert repr(headers[0][0]) in row.quarantine
         kept = [
@@ -165,13 +165,5 @@ def test_a_header_name_that_comes_twice_quarantines_the_record_with_every_header
             for n, v in json.loads(row.raw_headers or "[]")
         ]
         assert kept == headers
-    fine = decode_record(
-        topic="t",
-        partition=0,
-        offset=8,
-        key=b"k",
-        value=b"{}",
-        headers=[("trace", b"1"), ("Trace", b"2")],
-        timestamp_ms=None,
-    )
+    fine = _decoded([("trace", b"1"), ("Trace", b"2")])
     assert fine.quarantine is None and fine.headers == {"trace": "1", "Trace": "2"}
