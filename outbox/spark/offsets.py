@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from outbox.core.errors import ConfigurationError, KafkaUnavailable
 from outbox.core.topics import validate_topic
+from outbox.kafka.publisher import client
 
 log = logging.getLogger("outbox.spark.source")
 
@@ -233,7 +234,7 @@ class OffsetClient:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         try:
-            self._consumer = Consumer(options.client_config())
+            self._consumer = client(Consumer, options.client_config())
         except KafkaException as exc:
             raise ConfigurationError(f"bad Kafka setting for the source: {exc}") from None
 
@@ -377,7 +378,7 @@ class OffsetClient:
         Asks as a member would, without joining the group: its members are not disturbed.
         """
         config = {**self.options.client_config(), "group.id": group}
-        consumer = Consumer(config)
+        consumer = client(Consumer, config)
         try:
             answers = consumer.committed(
                 [TopicPartition(t, p) for t, p in tps], timeout=self.options.probe_timeout

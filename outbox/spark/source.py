@@ -74,6 +74,7 @@ from pyspark.sql.types import (
 
 from outbox.core.errors import ConfigurationError, KafkaUnavailable
 from outbox.kafka.continuity import Continuity
+from outbox.kafka.publisher import client
 from outbox.spark.offsets import (
     EOF,
     RECORD,
@@ -188,7 +189,7 @@ def read_range(options: SourceOptions, rng: KafkaRange) -> Iterator[pa.RecordBat
     broker can hand out a record before the one behind it is readable); a record delivered
     twice is kept once.
     """
-    consumer = Consumer(options.client_config())
+    consumer = client(Consumer, options.client_config())
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
     continuity = Continuity()
     continuity.start((rng.topic, rng.partition), rng.start)
