@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 from importlib import resources
@@ -56,6 +57,22 @@ def queries(schema: str) -> dict[str, str]:
     return {name: body.replace("{schema}", quoted) for name, body in _raw().items()}
 
 
+#: PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1): `pg_notify` refuses a longer
+#: channel name, and `LISTEN` truncates one, so the two would never meet.
+MAX_IDENTIFIER_BYTES = 63
+
+
 def channel(schema: str, queue: str) -> str:
-    """The LISTEN/NOTIFY channel of one queue table in one schema."""
-    return f"{validate_schema(schema)}.{queue}"
+    """The LISTEN/NOTIFY channel of one queue table in one schema: `schema.queue`, or, where
+    that is longer than PostgreSQL's 63-byte limit, the schema's head, the queue and a digest
+    of the whole name (`outbox_...abc.producer_queue.3f9c1e07a2b4`), so that every schema that
+    passes validation has a channel that fits and no two schemas share one."""
+    name = f"{validate_schema(schema)}.{queue}"
+    if len(name.encode()) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    tail = f".{queue}.{digest}"
+    head = schema[: MAX_IDENTIFIER_BYTES - len(tail.encode())]
+    if not head:
+        raise ConfigurationError(f"queue name {queue!r} is too long for a NOTIFY channel")
+    return head + tail
