@@ -239,7 +239,10 @@ class PgLogPublisher:
                 meanwhile()
             return results
         try:
-            self._append(accepted, _Once(meanwhile))
+            skipped = self._append(accepted, _Once(meanwhile))
+            for index, message, _headers in accepted:
+                if message.topic in skipped:
+                    results[index] = DeliveryFailure(error=storable(skipped[message.topic]))
         except _MeanwhileFailed as failed:
             # The caller's own work failed (the append was rolled back with it): its error,
             # not a failure of the log, and no outcome (the caller sends these rows again).
@@ -321,12 +324,6 @@ class PgLogPublisher:
                     log.info("created log topic %s with %d partitions", topic, self.partitions)
                     self._warned.discard(topic)
                 self._check_count(topic)
-        gone = sorted(batch_topics - topics.partitions.keys())
-        if gone:  # a topic row without partition rows: created, but not by outbox
-            raise _Retry(
-                f"log topic {gone[0]} has no partitions: add them with `outbox log-topics "
-                f"alter {gone[0]} --partitions N`"
-            )
 
     def _reload(self, conn: Connection, names: set[str]) -> None:
         """Read `names` afresh: a topic gone is forgotten, a changed one said so once."""
@@ -397,17 +394,31 @@ class PgLogPublisher:
 
     # -- appending -------------------------------------------------------------------------------
 
-    def _append(self, accepted: list[tuple[int, OutgoingRecord, bytes]], meanwhile: _Once) -> None:
+    def _append(
+        self, accepted: list[tuple[int, OutgoingRecord, bytes]], meanwhile: _Once
+    ) -> dict[str, str]:
         """Append the batch, again after a changed topic (re-read) or a taken offset (the
-        counter repaired), up to APPEND_ATTEMPTS times; _Retry when it never could."""
+        counter repaired), up to APPEND_ATTEMPTS times; _Retry when it never could. The
+        records of a topic that has no partitions (its partition rows deleted by hand) are
+        left out: returns why, per such topic."""
         batch_topics = {m.topic for _, m, _ in accepted}
         for attempt in range(1, APPEND_ATTEMPTS + 1):
             conn = self._connection()
             self._read_topics(conn, batch_topics)
-            partition_ids = self._assign(accepted)
+            empty = batch_topics - self._topics.partitions.keys()
+            skipped = {
+                topic: f"log topic {topic} has no partitions (deleted by hand?): add them with "
+                f"`outbox log-topics alter {topic} --partitions N`"
+                for topic in empty
+            }
+            appended = [a for a in accepted if a[1].topic not in empty]
+            if not appended:
+                meanwhile()
+                return skipped
+            partition_ids = self._assign(appended)
             try:
-                self._append_once(conn, accepted, partition_ids, meanwhile)
-                return
+                self._append_once(conn, appended, partition_ids, meanwhile)
+                return skipped
             except _Retry as changed:
                 if attempt == APPEND_ATTEMPTS:
                     raise

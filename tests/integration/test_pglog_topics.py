@@ -145,6 +145,27 @@ def test_a_deleted_partition_row_loses_no_key(log_url: str, publisher: PgLogPubl
             assert partition == numbers[partition_for(f"k{n % 16}".encode(), 3)], n
 
 
+def test_a_topic_without_partitions_fails_its_records_alone(
+    log_url: str, publisher: PgLogPublisher
+) -> None:
+    assert publisher.publish(batch("emptied", 0, 4) + batch("other", 0, 4)) == [None] * 8
+    sql(
+        log_url,
+        "DELETE FROM outbox_log.log_partitions p USING outbox_log.log_topics t "
+        "WHERE t.id = p.topic_id AND t.name = 'emptied'",
+    )
+    results = publisher.publish(batch("emptied", 4, 8) + batch("other", 4, 8))
+    assert results[4:] == [None] * 4
+    for failure in results[:4]:
+        assert failure is not None and not failure.permanent
+        assert "log topic emptied has no partitions" in failure.error
+        assert "outbox log-topics alter emptied --partitions N" in failure.error
+    assert values(log_url, "other") == list(range(8))
+    PgLog(log_url).grow_topic("emptied", 2)
+    assert publisher.publish(batch("emptied", 4, 8)) == [None] * 4
+    assert values(log_url, "emptied") == list(range(4, 8))
+
+
 def test_a_topic_recreated_by_hand_with_other_ids_is_read_again(
     log_url: str, publisher: PgLogPublisher
 ) -> None:
