@@ -299,11 +299,11 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         help="add partitions to a topic (never removes any)",
         description="Give a topic --partitions partitions by adding new ones (numbers missing "
         "below the highest, partition rows deleted by hand, are added back first). Running "
-        "producers use them within about 5 s, consumers within about a second. Keys then map "
-        "to other partitions, murmur2(key) % partitions, as when partitions are added to a "
-        "Kafka topic: a key's records before and after are in different partitions, with no "
-        "order between them. Partitions cannot be removed: fewer than the topic has is "
-        "refused (exit 1, nothing changed).",
+        "producers use them within about 5 s, consumers within about a second. Most keys then "
+        "map to another partition, murmur2(key) % partitions, as when partitions are added "
+        "to a Kafka topic: such a key's records from before and after are in different "
+        "partitions, with no order between them. Partitions cannot be removed: fewer than "
+        "the topic has is refused (exit 1, nothing changed).",
     )
     add_log(alter)
     alter.add_argument("name", metavar="TOPIC", help="the topic")
@@ -454,9 +454,9 @@ def _log_topics(args: argparse.Namespace) -> int:
                 _print(
                     f"log topic {args.name!r} grew from {before} to {args.partitions} "
                     f"partitions (added {numbers}); keys now map to other partitions "
-                    f"(murmur2(key) % {args.partitions}): a key's later records are not "
-                    "ordered after its earlier ones; running producers and consumers pick "
-                    "the new partitions up within seconds"
+                    f"(murmur2(key) % {args.partitions}): a moved key's later records are "
+                    "not ordered after its earlier ones; running producers and consumers "
+                    "pick the new partitions up within seconds"
                 )
     except psycopg.Error as exc:
         raise DatabaseCommandFailed(
