@@ -145,13 +145,13 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         LOG_URL,
         "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
         "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox status`, "
-        "`outbox log-groups forget`",
+        "`outbox log-groups forget`, `outbox log-topics`",
     ),
     EnvironmentVariable(
         LOG_SCHEMA,
         "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
         "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox status`, "
-        "`outbox log-groups forget`",
+        "`outbox log-groups forget`, `outbox log-topics`",
     ),
     EnvironmentVariable(
         LOG_PARTITIONS,

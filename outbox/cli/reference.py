@@ -61,7 +61,8 @@ EXIT_CODES = """\
 | 1 | an error, one line on stderr: `outbox: error: ...` (a server unreachable, a database \
 not migrated, a required setting given neither as flag nor as variable, a bad setting, an \
 unknown row id, a `log-groups forget` of a group the log does not know or one with consumers \
-running, `outbox demo`, which runs only from a source checkout, ...) |
+running, a `log-topics alter` to fewer partitions than the topic has, `outbox demo`, which \
+runs only from a source checkout, ...) |
 | 2 | a usage error, argparse's message on stderr: `outbox` without a command (the help), an \
 unknown command or flag (flags are never abbreviated: `--database` is not `--database-url`), a \
 missing argument, a bad value of a flag or of the environment variable it defaults from \

@@ -13,18 +13,27 @@ from outbox.pglog.log import (
     DEFAULT_PARTITIONS,
     DEFAULT_SCHEMA,
     GroupInUse,
+    PartitionsCannotShrink,
     PgLog,
+    TopicExists,
+    TopicInfo,
+    UnknownTopic,
     check_log,
 )
-from outbox.pglog.publisher import PgLogPublisher
+from outbox.pglog.publisher import LogAppendRefused, PgLogPublisher
 from outbox.pglog.subscriber import PgLogSubscriber
 
 __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_SCHEMA",
     "GroupInUse",
+    "LogAppendRefused",
+    "PartitionsCannotShrink",
     "PgLog",
     "PgLogPublisher",
     "PgLogSubscriber",
+    "TopicExists",
+    "TopicInfo",
+    "UnknownTopic",
     "check_log",
 ]

@@ -8,6 +8,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,8 @@ DEFAULT_PARTITIONS = 8
 #: Largest record (key, value and headers) the log stores: librdkafka's default
 #: `message.max.bytes`, so that what one transport accepts the other does too.
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
+#: Most partitions a topic can have (the log_topics CHECK constraint).
+MAX_PARTITIONS = 10_000
 #: The newest revision of the log's migrations (outbox/pglog/migrations/versions).
 HEAD_REVISION = "log0001"
 KNOWN_REVISIONS = frozenset({HEAD_REVISION})
@@ -57,6 +60,65 @@ class GroupInUse(OutboxError):
             f"consumer group {group!r} has {len(backend_pids)} live {consumers} (log database "
             f"backend pid {pids}): stop them first; nothing was changed"
         )
+
+
+class TopicExists(OutboxError, ValueError):
+    """A topic to create exists already (as Kafka's TOPIC_ALREADY_EXISTS)."""
+
+
+class UnknownTopic(OutboxError, KeyError):
+    """The log has no topic of that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PartitionsCannotShrink(OutboxError, ValueError):
+    """A topic's partitions can only be added, never removed (as with Kafka)."""
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition of a log topic: its number, the next offset a publisher writes (`end`)
+    and the earliest offset the log keeps (`end` when it keeps none)."""
+
+    partition: int
+    end: int
+    earliest: int
+
+    @property
+    def records(self) -> int:
+        """Offsets kept: end - earliest (records deleted by hand in between still count)."""
+        return max(0, self.end - self.earliest)
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """A log topic and its partitions, in partition order."""
+
+    name: str
+    partitions: tuple[PartitionInfo, ...]
+
+    @property
+    def records(self) -> int:
+        """Offsets kept over every partition."""
+        return sum(p.records for p in self.partitions)
+
+    @property
+    def end(self) -> int:
+        """Records ever appended (the sum of the partitions' ends)."""
+        return sum(p.end for p in self.partitions)
+
+
+def check_partitions(partitions: int) -> int:
+    """`partitions`, or ConfigurationError unless it is a partition count a topic can have."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise ConfigurationError(f"partitions must be an integer, got {partitions!r}")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigurationError(
+            f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}"
+        )
+    return partitions
 
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -221,29 +283,49 @@ def lock_key(lock_class_: int, partition_id: int) -> int:
 
 
 class Topics:
-    """A cache of the partitions of topics: topic -> partition ids (index = partition)."""
+    """A cache of the partitions of topics, read from the log.
+
+    `partitions[topic]`: the topic's partition ids in partition order; a partition's number is
+    `names[id][1]`, never its index in that list (numbers can have gaps: a partition row
+    deleted by hand). `ids[topic]`: partition number -> id. `names`: id -> (topic, partition),
+    also for partitions no longer cached (a reader may still hold records of one).
+    """
 
     def __init__(self, schema: str) -> None:
         self.sql = queries(schema)
         self.partitions: dict[str, list[int]] = {}
+        self.ids: dict[str, dict[int, int]] = {}
         #: partition id -> (topic, partition)
         self.names: dict[int, tuple[str, int]] = {}
 
     def load(self, conn: Connection, topics: Iterable[str]) -> None:
-        """Read the partitions of `topics` that exist (the others stay unknown)."""
-        found: dict[str, list[int]] = {}
+        """Read the partitions of `topics`: a topic found replaces its entry; one not found
+        keeps the entry it had (see `forget`), or stays unknown."""
+        found: dict[str, dict[int, int]] = {}
         for name, partition, partition_id in conn.execute(
             self.sql["log_topics"], {"names": list(topics)}
         ):
-            found.setdefault(name, []).append(partition_id)
+            found.setdefault(name, {})[partition] = partition_id
             self.names[partition_id] = (name, partition)
-        self.partitions.update(found)
+        for name, ids in found.items():
+            self.ids[name] = ids
+            self.partitions[name] = [ids[p] for p in sorted(ids)]
 
-    def create(self, conn: Connection, topic: str, partitions: int) -> None:
-        """Create `topic` with `partitions` unless it exists, then cache its partitions."""
+    def forget(self, topics: Iterable[str]) -> None:
+        """Drop the entries of `topics` (the next `load` reads them afresh)."""
+        for topic in topics:
+            self.partitions.pop(topic, None)
+            self.ids.pop(topic, None)
+
+    def create(self, conn: Connection, topic: str, partitions: int) -> bool:
+        """Create `topic` with `partitions` unless it exists, then cache its partitions;
+        whether this call created it."""
         validate_topic(topic)
-        conn.execute(self.sql["log_create_topic"], {"name": topic, "partitions": partitions})
+        created = conn.execute(
+            self.sql["log_create_topic"], {"name": topic, "partitions": partitions}
+        ).rowcount
         self.load(conn, [topic])
+        return created > 0
 
 
 class PgLog:
@@ -258,22 +340,82 @@ class PgLog:
         return connect(self.url, timeout=10, application_name="outbox-log-admin")
 
     def create_topic(self, name: str, partitions: int = DEFAULT_PARTITIONS) -> None:
-        """Create a topic; ValueError if it exists (as Kafka's TOPIC_ALREADY_EXISTS)."""
-        if partitions < 1:
-            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        """Create a topic; TopicExists (a ValueError) if it exists."""
+        validate_topic(name)
+        check_partitions(partitions)
         with self._connect() as conn:
             topics = Topics(self.schema)
             topics.load(conn, [name])
             if name in topics.partitions:
-                raise ValueError(f"topic {name!r} already exists")
-            topics.create(conn, name, partitions)
+                raise TopicExists(f"log topic {name!r} exists already")
+            if not topics.create(conn, name, partitions):  # created meanwhile
+                raise TopicExists(f"log topic {name!r} exists already")
 
     def partitions(self, topic: str) -> int:
-        """The number of partitions of `topic`; KeyError if it does not exist."""
+        """The number of partitions of `topic`; UnknownTopic (a KeyError) if it does not
+        exist."""
         with self._connect() as conn:
             topics = Topics(self.schema)
             topics.load(conn, [topic])
+            if topic not in topics.partitions:
+                raise UnknownTopic(self._unknown(topic))
             return len(topics.partitions[topic])
+
+    def _unknown(self, topic: str) -> str:
+        return f"log schema {self.schema!r} has no topic {topic!r}"
+
+    def topics(self, names: Iterable[str] | None = None) -> list[TopicInfo]:
+        """The topics named (every topic when None; names the log does not know are left
+        out), in name order, with their partitions, read in one snapshot."""
+        wanted = None if names is None else list(dict.fromkeys(names))
+        with self._connect() as conn:
+            rows = conn.execute(self.sql["log_topic_list"], {"names": wanted}).fetchall()
+        found: dict[str, list[PartitionInfo]] = {}
+        for name, partition, end, earliest in rows:
+            partitions = found.setdefault(name, [])
+            if partition is not None:  # a topic whose partition rows are all gone
+                partitions.append(PartitionInfo(int(partition), int(end), int(earliest)))
+        return [TopicInfo(name, tuple(p)) for name, p in found.items()]
+
+    def grow_topic(self, name: str, partitions: int) -> list[int]:
+        """Give `name` `partitions` partitions by adding new ones; the numbers added (none
+        when it has that many already). Numbers missing below the highest (partition rows
+        deleted by hand) are added back first, then numbers after it.
+
+        A running publisher sees them within its refresh interval, consumers at their next
+        rebalance. Keys then map to other partitions (murmur2(key) % partitions), as after
+        adding partitions to a Kafka topic. Raises UnknownTopic, or PartitionsCannotShrink,
+        with nothing changed, when `partitions` is fewer than the topic has.
+        """
+        check_partitions(partitions)
+        with self._connect() as conn, conn.transaction():
+            row = conn.execute(self.sql["log_topic_lock"], {"name": name}).fetchone()
+            if row is None:
+                raise UnknownTopic(self._unknown(name))
+            topic_id = int(row[0])
+            taken = {
+                int(n)
+                for (n,) in conn.execute(
+                    self.sql["log_topic_partition_numbers"], {"topic_id": topic_id}
+                )
+            }
+            if partitions < len(taken):
+                raise PartitionsCannotShrink(
+                    f"log topic {name!r} has {len(taken)} partitions: partitions can only be "
+                    f"added, not removed (as in Kafka); nothing was changed"
+                )
+            added: list[int] = []
+            number = 0
+            while len(taken) + len(added) < partitions:
+                if number not in taken:
+                    added.append(number)
+                number += 1
+            if added:
+                conn.execute(
+                    self.sql["log_add_partitions"],
+                    {"topic_id": topic_id, "numbers": added, "count": partitions},
+                )
+        return added
 
     def count(self, topic: str | None = None) -> int:
         """How many records the log keeps (of `topic`, or of all topics)."""

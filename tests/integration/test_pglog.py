@@ -57,7 +57,10 @@ def message(topic: str, n: int, key: bytes | None = None) -> OutgoingRecord:
 
 
 def publish(url: str, topic: str, start: int, stop: int, keys: int = 16) -> None:
-    publisher = PgLogPublisher(url)
+    try:  # a publisher of the topic's count, which says nothing about it
+        publisher = PgLogPublisher(url, partitions=PgLog(url).partitions(topic))
+    except KeyError:
+        publisher = PgLogPublisher(url)
     try:
         batch = [message(topic, n, f"k{n % keys}".encode()) for n in range(start, stop)]
         assert publisher.publish(batch) == [None] * len(batch)

@@ -24,15 +24,23 @@ SELECT topic.id, p FROM topic, generate_series(0, topic.partitions - 1) AS p;
 
 -- name: log_lock_partitions
 -- The counter rows of a batch's partitions, locked in id order, so that two publishers whose
--- batches share partitions never deadlock (publish_append then updates them).
-SELECT id FROM {schema}.log_partitions WHERE id = ANY(%(partition_ids)s) ORDER BY id FOR UPDATE;
+-- batches share partitions never deadlock (log_append then updates them). Returns (id, topic,
+-- partition) of each one found: the publisher checks that every partition it chose still
+-- exists and is still the one it thinks (a topic or partition deleted or recreated by hand).
+SELECT p.id, t.name, p.partition
+FROM {schema}.log_partitions p JOIN {schema}.log_topics t ON t.id = p.topic_id
+WHERE p.id = ANY(%(partition_ids)s)
+ORDER BY p.id
+FOR UPDATE OF p;
 
 -- name: log_append
 -- Reserve gapless offsets per partition through its counter row and insert the batch there.
 -- The counter row stays locked until commit, so a partition's offsets commit in order: a
 -- reader that sees offset n committed sees every offset before it (no keyset trap). Within a
 -- partition the records keep their order in the batch (`ord`). Wakes the subscribers that
--- announced a nap (log_members.sleeping); the notification is delivered at commit.
+-- announced a nap (log_members.sleeping); the notification is delivered at commit. Returns
+-- how many records it appended: fewer than the batch when a partition's counter row is gone,
+-- which the publisher checks before it commits.
 WITH batch AS (
     SELECT *
     FROM unnest(
@@ -55,6 +63,59 @@ WITH batch AS (
 SELECT (SELECT count(*) FROM appended),
        (SELECT pg_notify(%(channel)s, '')
         WHERE EXISTS (SELECT 1 FROM {schema}.log_members WHERE sleeping)) IS NOT NULL;
+
+-- name: log_repair_counters
+-- Move the counters of partitions past the highest offset they hold, never backwards: a record
+-- written there by hand (not through log_append) would otherwise make every append to the
+-- partition fail with a unique violation. Returns (id, next offset before, after) of each
+-- counter moved. The counter rows are locked first, so no append runs meanwhile.
+WITH locked AS (
+    SELECT id, next_offset FROM {schema}.log_partitions
+    WHERE id = ANY(%(partition_ids)s) ORDER BY id FOR UPDATE
+), top AS (
+    SELECT l.id, l.next_offset AS was,
+           (SELECT max(r.log_offset) FROM {schema}.log_records r WHERE r.partition_id = l.id)
+           AS highest
+    FROM locked l
+)
+UPDATE {schema}.log_partitions p SET next_offset = top.highest + 1
+FROM top WHERE p.id = top.id AND top.highest >= top.was
+RETURNING p.id, top.was, p.next_offset;
+
+-- name: log_publisher_session
+-- The publisher's session limits (milliseconds, 0 for none): a publisher frozen inside an
+-- append (SIGSTOP, a stalled VM) holds its partitions' counter rows, and every other
+-- publisher of them waits; the server ends such a session, which rolls the append back.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle)s, false),
+       set_config('lock_timeout', %(lock)s, false);
+
+-- name: log_topic_list
+-- Topics (those in `names`, or every topic when it is NULL) with their partitions: (topic,
+-- partition, next offset, earliest offset kept), in topic and partition order; a topic
+-- without partitions has one row with NULLs. The earliest offset is the partition's end when
+-- it keeps no record below it.
+SELECT t.name, p.partition, p.next_offset,
+       LEAST(p.next_offset,
+             (SELECT min(r.log_offset) FROM {schema}.log_records r WHERE r.partition_id = p.id))
+FROM {schema}.log_topics t LEFT JOIN {schema}.log_partitions p ON p.topic_id = t.id
+WHERE %(names)s::text[] IS NULL OR t.name = ANY(%(names)s::text[])
+ORDER BY t.name, p.partition;
+
+-- name: log_topic_lock
+-- A topic's id, its row locked until the transaction ends (two alters of one topic wait for
+-- each other). No row: no such topic.
+SELECT id FROM {schema}.log_topics WHERE name = %(name)s FOR UPDATE;
+
+-- name: log_topic_partition_numbers
+SELECT partition FROM {schema}.log_partitions WHERE topic_id = %(topic_id)s ORDER BY partition;
+
+-- name: log_add_partitions
+-- Add partitions `numbers` to a topic, and record its new count.
+WITH added AS (
+    INSERT INTO {schema}.log_partitions (topic_id, partition)
+    SELECT %(topic_id)s, n FROM unnest(%(numbers)s::int[]) AS n
+)
+UPDATE {schema}.log_topics SET partitions = %(count)s WHERE id = %(topic_id)s;
 
 -- name: log_fetch
 -- The next records of the partitions a member reads, from its positions, in offset order per
