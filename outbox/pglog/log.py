@@ -38,8 +38,8 @@ DEFAULT_PARTITIONS = 8
 #: `message.max.bytes`, so that what one transport accepts the other does too.
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 #: The newest revision of the log's migrations (outbox/pglog/migrations/versions).
-HEAD_REVISION = "log0001"
-KNOWN_REVISIONS = frozenset({HEAD_REVISION})
+HEAD_REVISION = "log0002"
+KNOWN_REVISIONS = frozenset({"log0001", HEAD_REVISION})
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
