@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import time
 from typing import Any
 
@@ -21,7 +20,7 @@ from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.testing.plugin import DatabaseFactory
 
-from .relay_helpers import Daemon, count, wait_for
+from .relay_helpers import Daemon, wait_for
 from .test_pglog import message, publish
 
 TOPIC = "groups.topic"
@@ -179,52 +178,6 @@ def test_a_member_that_may_not_end_a_stale_session_warns_once(
     finally:
         sql(log_url, "DROP OWNED BY outbox_other_member")
         sql(log_url, "DROP ROLE outbox_other_member")
-
-
-def test_a_consumer_process_frozen_with_sigstop_loses_its_partitions_and_loses_nothing(
-    outbox_database_factory: DatabaseFactory, log_url: str
-) -> None:
-    inbox = outbox_database_factory()
-    PgLog(log_url).create_topic(TOPIC, 4)
-    args = [
-        "consumer",
-        "--database-url",
-        inbox,
-        "--transport",
-        "postgres",
-        "--log-url",
-        log_url,
-        "--topic",
-        TOPIC,
-        "--group",
-        "g",
-        "--log-session-timeout",
-        "2",
-    ]
-    with Daemon(*args) as frozen, Daemon(*args) as survivor:
-        wait_for(lambda: _holders(log_url) == 2, 30, "both members to hold partitions")
-        publish(log_url, TOPIC, 0, 400)
-        wait_for(lambda: count(inbox, "consumer_queue") == 400, 60, "the first 400 stored")
-        frozen.signal(signal.SIGSTOP)
-        try:
-            publish(log_url, TOPIC, 400, 1200)
-            wait_for(
-                lambda: count(inbox, "consumer_queue") == 1200, 30, "the survivor to take over"
-            )
-            assert _holders(log_url) == 1
-        finally:
-            frozen.signal(signal.SIGCONT)
-        # The woken member finds its session ended, rejoins, and shares the partitions again.
-        wait_for(lambda: _holders(log_url) == 2, 30, "the woken member to rejoin")
-        publish(log_url, TOPIC, 1200, 1600)
-        wait_for(lambda: count(inbox, "consumer_queue") == 1600, 30, "every record stored")
-        for daemon in (frozen, survivor):
-            assert daemon.process.poll() is None, daemon.output()
-            daemon.signal(signal.SIGTERM)
-            assert daemon.wait(30) == 0, daemon.output()
-        assert "evicted member" in survivor.output(), survivor.output()
-    assert PgLog(log_url).committed("g", TOPIC) == _ends(log_url)
-    assert count(inbox, "consumer_queue") == 1600
 
 
 def _holders(url: str) -> int:
