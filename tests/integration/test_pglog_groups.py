@@ -51,12 +51,13 @@ def partition_id(url: str, topic: str, partition: int) -> int:
 
 
 def settle(members: list[PgLogSubscriber], expected: list[int], seconds: float = 15) -> None:
-    """Poll every member until each reads the number of partitions expected of it."""
+    """Poll every member (committing what it reads: a member gives a partition up only once
+    it committed it) until each reads the number of partitions expected of it."""
     deadline = time.monotonic() + seconds
     while [len(m.partitions) for m in members] != expected:
         assert time.monotonic() < deadline, [m.partitions for m in members]
         for m in members:
-            m.poll(10, 0.02)
+            m.commit(m.poll(10, 0.02))
 
 
 def drain(member: PgLogSubscriber, expected: int, seconds: float = 20) -> list[Any]:
