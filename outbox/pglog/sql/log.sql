@@ -110,7 +110,8 @@ WHERE member_id = %(member_id)s AND backend_pid = pg_backend_pid()
 RETURNING 1;
 
 -- name: log_members_stale
--- The other members of a group whose heartbeat is older than their own session timeout.
+-- The other members of a group whose heartbeat is older than their own session timeout (none
+-- for a member without one: an older outbox's, which does not heartbeat).
 SELECT member_id, backend_pid FROM {schema}.log_members
 WHERE group_id = %(group_id)s AND member_id <> %(member_id)s
   AND updated_at < now() - make_interval(secs => session_timeout)
