@@ -438,3 +438,26 @@ def test_the_consumer_daemon_exits_with_one_line_when_the_log_schema_goes(
         lines = [line for line in consumer.output().splitlines() if "error" in line]
         assert len(lines) == 1 and "log schema 'outbox_log'" in lines[0], consumer.output()
         assert "lost the log database" not in consumer.output()
+
+
+def test_a_session_lost_again_and_again_is_warned_about_at_most_once_a_second(
+    log_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    PgLog(log_url).create_topic(TOPIC, 2)
+    member = PgLogSubscriber(log_url, [TOPIC], "g", rebalance_interval=0.1)
+    try:
+        with caplog.at_level(logging.WARNING, "outbox.pglog"):
+            start = time.monotonic()
+            while time.monotonic() - start < 5:
+                member.poll(10, 0.05)
+                sql(
+                    log_url,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'outbox-log-subscriber'",
+                )
+            seconds = time.monotonic() - start
+    finally:
+        member.close()
+    warnings = [r for r in caplog.records if "lost the log database" in r.getMessage()]
+    assert 1 <= len(warnings) <= seconds + 1, [r.getMessage() for r in warnings]
+    assert "more failures since the last warning" in caplog.text
