@@ -46,6 +46,10 @@ SESSION_TIMEOUT = 10.0
 #: (Kafka's `max.poll.interval.ms`): a loop stuck longer loses its partitions.
 MAX_POLL_INTERVAL = 300.0
 
+#: The longest group name the log stores, in UTF-8 bytes: its unique index holds at most about
+#: 2,700 bytes per entry (a longer name would fail every join, retried as an outage).
+MAX_GROUP_BYTES = 2000
+
 #: What PostgreSQL says when the log's tables or columns are not there: not migrated.
 _NOT_MIGRATED = (
     psycopg.errors.UndefinedTable,
@@ -97,6 +101,11 @@ class PgLogSubscriber:
     ) -> None:
         if not group:
             raise ConfigurationError("a consumer group is required")
+        if len(group.encode(errors="surrogatepass")) > MAX_GROUP_BYTES:
+            raise ConfigurationError(
+                f"consumer group name of {len(group.encode(errors='surrogatepass'))} bytes: the "
+                f"PostgreSQL log stores names of at most {MAX_GROUP_BYTES} bytes (UTF-8)"
+            )
         if not topics:
             raise ConfigurationError("at least one topic is required")
         for topic in topics:
@@ -111,6 +120,8 @@ class PgLogSubscriber:
         self.url = url
         self.topics = tuple(dict.fromkeys(topics))
         self.group = group
+        #: The group as log lines name it (a long name cut short).
+        self._label = group if len(group) <= 60 else f"{group[:57]}..."
         self.schema = validate_schema(schema)
         self.rebalance_interval = rebalance_interval
         self.connect_timeout = connect_timeout
@@ -195,7 +206,7 @@ class PgLogSubscriber:
         self._next_rebalance = 0.0
         if self._heart is None:
             self._heart = threading.Thread(
-                target=self._heartbeats, name=f"outbox-log-heartbeat-{self.group}", daemon=True
+                target=self._heartbeats, name=f"outbox-log-heartbeat-{self._label}", daemon=True
             )
             self._heart.start()
         return conn
@@ -225,19 +236,21 @@ class PgLogSubscriber:
             ) from None
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             raise ConfigurationError(
-                f"the log database refused the subscriber of group {self.group!r}: "
+                f"the log database refused the subscriber of group {self._label!r}: "
                 f"{first_line(exc)}: grant its role the privileges on log schema "
                 f"{self.schema!r} (read and write its tables)"
             ) from None
-        if not isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-            raise exc
+        if isinstance(exc, psycopg.errors.ProgramLimitExceeded) or not isinstance(
+            exc, psycopg.OperationalError | psycopg.InterfaceError
+        ):
+            raise exc  # a refusal retrying cannot change (class 54 is an OperationalError)
         self._failures += 1
         now = time.monotonic()
         if now >= self._next_warning:
             more = self._failures - 1
             log.warning(
                 "log subscriber (group %s) lost the log database%s, retrying in %.1fs: %s%s",
-                self.group,
+                self._label,
                 doing,
                 self._reconnect_delay,
                 redact_text(first_line(exc) or repr(exc)),
@@ -283,7 +296,7 @@ class PgLogSubscriber:
                         "log subscriber (group %s) was not polled for %.1fs (max poll "
                         "interval): it stops heartbeating, and loses its partitions after its "
                         "session timeout (%gs)",
-                        self.group,
+                        self._label,
                         now - self._active_at,
                         self.session_timeout,
                     )
@@ -327,7 +340,7 @@ class PgLogSubscriber:
                         "heartbeating, but this member may not end its session (%s): its "
                         "partitions stay with it until its session ends. Run a group's "
                         "consumers as one database role, or grant theirs pg_signal_backend",
-                        self.group,
+                        self._label,
                         member_id,
                         backend_pid,
                         first_line(exc),
@@ -337,7 +350,7 @@ class PgLogSubscriber:
                 log.warning(
                     "group %s: evicted member %s (log database backend pid %d): no heartbeat "
                     "for longer than its session timeout; its partitions go to the others",
-                    self.group,
+                    self._label,
                     member_id,
                     pid,
                 )
@@ -362,7 +375,7 @@ class PgLogSubscriber:
         for p in sorted(set(self._positions) - set(topics.names)):
             log.warning(
                 "group %s: partition %d of topic %s is gone from the log: no longer read",
-                self.group,
+                self._label,
                 self._names[p][1],
                 self._names[p][0],
             )
@@ -419,7 +432,7 @@ class PgLogSubscriber:
                 "group %s: committed offset %d of topic %s partition %d is %s (end %d; "
                 "written by hand, or the partition was recreated): the group now reads it "
                 "from offset %d",
-                self.group,
+                self._label,
                 committed,
                 name[0],
                 name[1],
@@ -429,7 +442,7 @@ class PgLogSubscriber:
             )
         self._positions[partition_id] = self._committed[partition_id] = start
         self._names[partition_id] = name
-        log.debug("group %s member %s took partition %d", self.group, self.member_id, partition_id)
+        log.debug("group %s member %s took partition %d", self._label, self.member_id, partition_id)
         return True
 
     def _give_up(self, conn: Connection, partition_id: int) -> None:
@@ -563,7 +576,7 @@ class PgLogSubscriber:
                     "log subscriber (group %s): offsets of %d partitions not committed: this "
                     "member no longer holds them (its session was lost or ended); their "
                     "records are delivered again, to their owner",
-                    self.group,
+                    self._label,
                     len(next_offsets) - len(last),
                 )
             if conn is None or not last:

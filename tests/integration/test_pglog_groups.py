@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import string
 import time
 from typing import Any
 
@@ -461,3 +463,31 @@ def test_a_session_lost_again_and_again_is_warned_about_at_most_once_a_second(
     warnings = [r for r in caplog.records if "lost the log database" in r.getMessage()]
     assert 1 <= len(warnings) <= seconds + 1, [r.getMessage() for r in warnings]
     assert "more failures since the last warning" in caplog.text
+
+
+def test_long_group_names_work_up_to_the_limit_and_are_refused_past_it(log_url: str) -> None:
+    from outbox.pglog.subscriber import MAX_GROUP_BYTES
+
+    PgLog(log_url).create_topic(TOPIC, 2)
+    rng = random.Random(7)
+    # Random letters, which PostgreSQL cannot compress: the longest name the index holds.
+    group = "é" + "".join(rng.choice(string.ascii_letters) for _ in range(MAX_GROUP_BYTES - 2))
+    a = PgLogSubscriber(log_url, [TOPIC], group, rebalance_interval=0.1)
+    b = PgLogSubscriber(log_url, [TOPIC], group, rebalance_interval=0.1)
+    try:
+        settle([a, b], [1, 1])
+        publish(log_url, TOPIC, 0, 20)
+        rows: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(rows) < 20:
+            assert time.monotonic() < deadline, len(rows)
+            for member in (a, b):
+                batch = member.poll(100, 0.05)
+                rows.extend(batch.rows())
+                member.commit(batch)
+    finally:
+        a.close()
+        b.close()
+    assert PgLog(log_url).committed(group, TOPIC) == _ends(log_url)
+    with pytest.raises(ConfigurationError, match="at most 2000 bytes"):
+        PgLogSubscriber(log_url, [TOPIC], group + "x")
