@@ -31,6 +31,7 @@ LOG_URL = "OUTBOX_LOG_URL"
 LOG_SCHEMA = "OUTBOX_LOG_SCHEMA"
 LOG_PARTITIONS = "OUTBOX_LOG_PARTITIONS"
 LOG_RETENTION = "OUTBOX_LOG_RETENTION"
+LOG_SESSION_TIMEOUT = "OUTBOX_LOG_SESSION_TIMEOUT"
 # -- the operator commands (`outbox status`, `outbox console`) -----------------------------
 LAG_GROUPS = "OUTBOX_LAG_GROUPS"
 STATUS_MAX_AGE = "OUTBOX_STATUS_MAX_AGE"
@@ -164,6 +165,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "seconds the log keeps a record that every group has read (0: forever); the default of "
         "`--log-retention` (else 604800, 7 days)",
         "`outbox producer`",
+    ),
+    EnvironmentVariable(
+        LOG_SESSION_TIMEOUT,
+        "seconds a log consumer's heartbeat may age before the other members of its group "
+        "evict it; the default of `--log-session-timeout` (else 10)",
+        "`outbox consumer`",
     ),
     EnvironmentVariable(
         LOG_LEVEL, "DEBUG, INFO, WARNING or ERROR; the default of `--log-level`", "`outbox`"

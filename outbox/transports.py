@@ -72,14 +72,24 @@ def log_publishers(
     return publisher
 
 
-def log_subscribers(url: str, schema: str, topics: Sequence[str], group: str) -> SubscriberFactory:
-    """Members of log consumer group `group` reading `topics` (outbox.pglog)."""
+def log_subscribers(
+    url: str,
+    schema: str,
+    topics: Sequence[str],
+    group: str,
+    *,
+    session_timeout: float | None = None,
+) -> SubscriberFactory:
+    """Members of log consumer group `group` reading `topics` (outbox.pglog); a member whose
+    heartbeat is older than `session_timeout` seconds (default the subscriber's) is evicted."""
     from outbox.pglog import PgLogSubscriber
+    from outbox.pglog.subscriber import SESSION_TIMEOUT
 
     topic_list = list(topics)
+    timeout = SESSION_TIMEOUT if session_timeout is None else session_timeout
 
     def subscriber() -> Subscriber:
-        return PgLogSubscriber(url, topic_list, group, schema)
+        return PgLogSubscriber(url, topic_list, group, schema, session_timeout=timeout)
 
     return subscriber
 

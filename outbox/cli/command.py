@@ -117,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     consumer.add_argument("--group", required=True, help="consumer group id")
     add_start(consumer)
     consumer.add_argument(
+        "--log-session-timeout",
+        type=flag_type("seconds", settings.LOG_SESSION_TIMEOUT),
+        default=os.environ.get(settings.LOG_SESSION_TIMEOUT, "10"),
+        help="with --transport postgres: seconds this consumer's heartbeat may age before the "
+        "other members of its group evict it and take its partitions (a frozen process); "
+        "use one value for a group. Kafka's is session.timeout.ms (--kafka-config) "
+        f"(env {settings.LOG_SESSION_TIMEOUT}; default 10)",
+    )
+    consumer.add_argument(
         "--batch-size",
         type=flag_type("poll_records"),
         default=1000,
@@ -334,7 +343,13 @@ def _consumer(args: argparse.Namespace) -> int:
     log_url = _log_url(args)
     factory = None
     if log_url is not None:
-        factory = transports.log_subscribers(log_url, args.log_schema, args.topic, args.group)
+        factory = transports.log_subscribers(
+            log_url,
+            args.log_schema,
+            args.topic,
+            args.group,
+            session_timeout=args.log_session_timeout,
+        )
         bootstrap = ""
     else:
         bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)

@@ -24,7 +24,8 @@ added):
 
 With --kafka-bootstrap (or --transport postgres and --log-url: the groups of the PostgreSQL
 log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
-"partitions": [{"topic", "partition", "committed", "end", "lag"}], "error": null}]; with --check,
+"partitions": [{"topic", "partition", "committed", "end", "lag", "past_end"}], "error": null}]
+(past_end: the committed offset is past the partition's end); with --check,
 "check": {"ok": bool, "max_age_seconds": <float or null>, "max_lag": <int or null>,
 "problems": ["..."]} and the exit code is 3 when not ok.
 
@@ -156,8 +157,8 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         "--check",
         action="store_true",
         help=f"exit {CHECK_FAILED} when a row is dead, a pending or retrying row is older "
-        "than --max-age, or a group lags more than --max-lag (for cron and deploy gates); 0 "
-        "otherwise",
+        "than --max-age, a group lags more than --max-lag, or a group's committed offset is "
+        "past a partition's end (for cron and deploy gates); 0 otherwise",
     )
     status.add_argument(
         "--max-age",
@@ -590,7 +591,8 @@ def check_problems(
     max_lag: int | None = None,
 ) -> list[str]:
     """What fails `outbox status --check`: dead rows, waiting rows older than max_age, and
-    consumer groups (`lag`, GroupLag) lagging more than max_lag or whose lag cannot be read."""
+    consumer groups (`lag`, GroupLag) with a committed offset past a partition's end, lagging
+    more than max_lag, or whose lag cannot be read (the last two with max_lag)."""
     problems = []
     for q in status.queues:
         for topic, per_state in q.topics.items():
@@ -606,6 +608,12 @@ def check_problems(
                         f"{q.table}: {state} row of topic {topic} waiting "
                         f"{fmt.age(count.oldest_age)} (> {max_age:g} s)"
                     )
+    for g in lag or ():
+        for p in g.past_end:
+            problems.append(
+                f"consumer group {g.group}: committed offset {p.committed} is past the end "
+                f"({p.end}) of topic {p.topic} partition {p.partition}"
+            )
     if max_lag is not None:
         for g in lag or ():
             if g.error is not None:
@@ -623,10 +631,19 @@ def _lag_text(groups: Sequence[GroupLag]) -> list[str]:
         if g.error is not None:
             lines.append(f"consumer group {_safe(g.group)}: cannot read its lag: {_safe(g.error)}")
             continue
-        lines.append(f"consumer group {_safe(g.group)}: lag {g.total}")
+        past_end = len(g.past_end)
+        where = "partition" if past_end == 1 else "partitions"
+        beyond = f" (committed past the end in {past_end} {where})" if past_end else ""
+        lines.append(f"consumer group {_safe(g.group)}: lag {g.total}{beyond}")
         if g.partitions:
             body = [
-                [_safe(p.topic), str(p.partition), str(p.committed), str(p.end), str(p.lag)]
+                [
+                    _safe(p.topic),
+                    str(p.partition),
+                    str(p.committed),
+                    str(p.end),
+                    "past end" if p.past_end else str(p.lag),
+                ]
                 for p in g.partitions
             ]
             header = ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]

@@ -27,6 +27,14 @@ class PartitionLag:
         """Records after the committed offset (never negative)."""
         return max(0, self.end - self.committed)
 
+    @property
+    def past_end(self) -> bool:
+        """The committed offset is past the partition's end: not "lag 0" but an offset no
+        record has (written by hand, or the partition was recreated); the group would skip
+        the records written up to it. The log's consumers reset it to the end when they take
+        the partition."""
+        return self.committed > self.end
+
 
 @dataclass(frozen=True)
 class GroupLag:
@@ -41,6 +49,11 @@ class GroupLag:
         """Lag summed over every partition."""
         return sum(p.lag for p in self.partitions)
 
+    @property
+    def past_end(self) -> tuple[PartitionLag, ...]:
+        """The partitions whose committed offset is past their end (`PartitionLag.past_end`)."""
+        return tuple(p for p in self.partitions if p.past_end)
+
     def topics(self) -> dict[str, int]:
         """Lag summed per topic, topics in name order."""
         totals: dict[str, int] = {}
@@ -50,7 +63,8 @@ class GroupLag:
 
 
 def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
-    """The lag as JSON-ready dicts: group, total, per-topic totals, partitions, error."""
+    """The lag as JSON-ready dicts: group, total, per-topic totals, partitions (each saying
+    whether its committed offset is past its end), error."""
     return [
         {
             "group": g.group,
@@ -63,6 +77,7 @@ def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
                     "committed": p.committed,
                     "end": p.end,
                     "lag": p.lag,
+                    "past_end": p.past_end,
                 }
                 for p in g.partitions
             ],

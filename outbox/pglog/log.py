@@ -41,8 +41,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 #: Most partitions a topic can have (the log_topics CHECK constraint).
 MAX_PARTITIONS = 10_000
 #: The newest revision of the log's migrations (outbox/pglog/migrations/versions).
-HEAD_REVISION = "log0001"
-KNOWN_REVISIONS = frozenset({HEAD_REVISION})
+HEAD_REVISION = "log0002"
+KNOWN_REVISIONS = frozenset({"log0001", HEAD_REVISION})
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Sequence
 
 import psycopg
+import psycopg.errors
 
 from outbox.core.batches import InboxBatch
-from outbox.core.errors import ConfigurationError
+from outbox.core.errors import ConfigurationError, SchemaNotMigrated
 from outbox.core.ids import process_id
 from outbox.core.naps import AWAKE_AFTER
 from outbox.core.redact import redact_text
+from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.core.wire import RawHeaders, UnreadableHeaders
 from outbox.pglog.log import (
@@ -36,6 +39,24 @@ log = logging.getLogger("outbox.pglog")
 REBALANCE_INTERVAL = 1.0
 #: Longest wait before connecting again after the log database was lost (seconds).
 MAX_RECONNECT_DELAY = 5.0
+#: Seconds a member's heartbeat may age before the other members of its group evict it
+#: (`--log-session-timeout`; Kafka's `session.timeout.ms`).
+SESSION_TIMEOUT = 10.0
+#: Seconds a member keeps heartbeating while its owner calls neither `poll` nor `commit`
+#: (Kafka's `max.poll.interval.ms`): a loop stuck longer loses its partitions.
+MAX_POLL_INTERVAL = 300.0
+
+#: The longest group name the log stores, in UTF-8 bytes: its unique index holds at most about
+#: 2,700 bytes per entry (a longer name would fail every join, retried as an outage).
+MAX_GROUP_BYTES = 2000
+
+#: What PostgreSQL says when the log's tables or columns are not there: not migrated.
+_NOT_MIGRATED = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.InvalidSchemaName,
+)
 
 
 class PgLogSubscriber:
@@ -47,11 +68,23 @@ class PgLogSubscriber:
     lanes (outbox/daemons/lanes.py). A lock dies with its session, so a killed member's
     partitions are taken over at the others' next look (every `rebalance_interval`). A member
     gives a partition up only once it committed everything it read from it (it stops reading
-    it first), so no record is read by two members of a group unless one of them died.
+    it first), so no record is read by two members of a group unless one of them died or was
+    evicted.
+
+    Liveness, as Kafka's: a member heartbeats (a thread, every `rebalance_interval` at most,
+    while its owner called `poll` or `commit` within `max_poll_interval`); the others end the
+    session of a member whose heartbeat is older than its `session_timeout` (a frozen or
+    stuck process), and its partitions are theirs at their next look. A member whose session
+    was ended commits nothing more: its commit fails with the session, and it commits only
+    partitions its current session holds. Ending another member's session needs the same
+    database role or pg_signal_backend; without it a stale member keeps its partitions (one
+    warning).
 
     `poll` returns the records after this member's positions and waits for a NOTIFY from a
     publisher (sent only while some member announced a nap) or `timeout`, whichever comes
-    first; a lost notification delays a record by at most `timeout`.
+    first; a lost notification delays a record by at most `timeout`. A lost connection is
+    retried with backoff; a log schema not there or not migrated raises `SchemaNotMigrated`, a
+    privilege the role lacks `ConfigurationError`.
     """
 
     def __init__(
@@ -63,19 +96,37 @@ class PgLogSubscriber:
         *,
         rebalance_interval: float = REBALANCE_INTERVAL,
         connect_timeout: float = 10.0,
+        session_timeout: float = SESSION_TIMEOUT,
+        max_poll_interval: float = MAX_POLL_INTERVAL,
     ) -> None:
         if not group:
             raise ConfigurationError("a consumer group is required")
+        if len(group.encode(errors="surrogatepass")) > MAX_GROUP_BYTES:
+            raise ConfigurationError(
+                f"consumer group name of {len(group.encode(errors='surrogatepass'))} bytes: the "
+                f"PostgreSQL log stores names of at most {MAX_GROUP_BYTES} bytes (UTF-8)"
+            )
         if not topics:
             raise ConfigurationError("at least one topic is required")
         for topic in topics:
             validate_topic(topic)
+        for name, value in (
+            ("rebalance_interval", rebalance_interval),
+            ("session_timeout", session_timeout),
+            ("max_poll_interval", max_poll_interval),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigurationError(f"{name} must be > 0 seconds (a finite number)")
         self.url = url
         self.topics = tuple(dict.fromkeys(topics))
         self.group = group
+        #: The group as log lines name it (a long name cut short).
+        self._label = group if len(group) <= 60 else f"{group[:57]}..."
         self.schema = validate_schema(schema)
         self.rebalance_interval = rebalance_interval
         self.connect_timeout = connect_timeout
+        self.session_timeout = session_timeout
+        self.max_poll_interval = max_poll_interval
         self.member_id = process_id()
         self._sql = queries(schema)
         self._channel = wake_channel(schema)
@@ -85,10 +136,11 @@ class PgLogSubscriber:
         self._topics = Topics(schema)
         #: Partitions held: id -> next offset to read; `_committed`: the group's next offset
         #: as this member last stored it. `_draining`: held, no longer read, given up once
-        #: their position is committed.
+        #: their position is committed. `_names`: id -> (topic, partition) of those held.
         self._positions: dict[int, int] = {}
         self._committed: dict[int, int] = {}
         self._draining: set[int] = set()
+        self._names: dict[int, tuple[str, int]] = {}
         self._sleeping = False
         #: Records were found at every look for `AWAKE_AFTER` seconds while the nap was
         #: announced: `commit` ends the nap. `_busy_since`: since when every look found records.
@@ -97,8 +149,20 @@ class PgLogSubscriber:
         self._next_rebalance = 0.0
         self._next_connect = 0.0
         self._reconnect_delay = 0.1
+        self._next_warning = 0.0
+        self._failures = 0
         self._turn = 0
         self._closed = False
+        #: The session (`_conn`) is used by the caller's thread and the heartbeat thread, one
+        #: at a time. `_active_at`: the caller's last poll or commit; `_beat_at`: last beat.
+        self._io = threading.RLock()
+        self._beat_interval = min(rebalance_interval, session_timeout / 3)
+        self._active_at = time.monotonic()
+        self._beat_at = 0.0
+        self._stop = threading.Event()
+        self._heart: threading.Thread | None = None
+        #: Stale members this one may not evict (warned about once each).
+        self._refused: set[str] = set()
 
     # -- the connection --------------------------------------------------------------------------
 
@@ -106,16 +170,20 @@ class PgLogSubscriber:
     def partitions(self) -> list[tuple[str, int]]:
         """The (topic, partition) pairs this member reads now."""
         # Copies first: another thread (a test, a health check) may ask while poll() runs.
-        held, draining = list(self._positions), set(self._draining)
-        return sorted(self._topics.names[p] for p in held if p not in draining)
+        held, draining, names = list(self._positions), set(self._draining), dict(self._names)
+        return sorted(names[p] for p in held if p not in draining and p in names)
 
     def _connection(self) -> Connection | None:
         """The member's session (joining the group on a new one); None while unreachable."""
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
             return self._conn
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
         self._forget_session()
         if time.monotonic() < self._next_connect:
             return None
+        conn: Connection | None = None
         try:
             conn = connect(
                 self.url, timeout=self.connect_timeout, application_name="outbox-log-subscriber"
@@ -127,64 +195,198 @@ class PgLogSubscriber:
             self._group_id = int(row[0])
             self._lock_class = lock_class(self.schema, self._group_id)
             conn.execute(self._sql["log_members_forget_dead"])
-            conn.execute(
-                self._sql["log_member_register"],
-                {
-                    "member_id": self.member_id,
-                    "group_id": self._group_id,
-                    "topics": list(self.topics),
-                },
-            )
+            self._register(conn)
             conn.execute(f"LISTEN {quote_ident(self._channel)}")
         except psycopg.Error as exc:
-            self._lost(exc)
+            if conn is not None:
+                conn.close()
+            self._failed(exc)
             return None
         self._conn = conn
-        self._reconnect_delay = 0.1
         self._next_rebalance = 0.0
+        if self._heart is None:
+            self._heart = threading.Thread(
+                target=self._heartbeats, name=f"outbox-log-heartbeat-{self._label}", daemon=True
+            )
+            self._heart.start()
         return conn
 
-    def _lost(self, exc: BaseException) -> None:
-        """The session is gone, and with it every partition lock: start again later."""
-        log.warning(
-            "log subscriber (group %s) lost the log database, retrying in %.1fs: %s",
-            self.group,
-            self._reconnect_delay,
-            redact_text(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)),
+    def _register(self, conn: Connection) -> None:
+        conn.execute(
+            self._sql["log_member_register"],
+            {
+                "member_id": self.member_id,
+                "group_id": self._group_id,
+                "topics": list(self.topics),
+                "sleeping": self._sleeping,
+                "session_timeout": self.session_timeout,
+            },
         )
+        self._beat_at = time.monotonic()
+
+    def _failed(self, exc: psycopg.Error, doing: str = "") -> None:
+        """A statement failed: raise what retrying cannot fix (the log schema not there or not
+        migrated, a privilege missing, a statement refused); else (the session is lost) start
+        again later, with backoff, warning at most once per backoff step."""
+        if isinstance(exc, _NOT_MIGRATED):
+            raise SchemaNotMigrated(
+                f"the log database has no log schema {self.schema!r}, or an older one "
+                f"({first_line(exc)}): run `outbox migrate --log-url URL --log-schema "
+                f"{self.schema}`"
+            ) from None
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            raise ConfigurationError(
+                f"the log database refused the subscriber of group {self._label!r}: "
+                f"{first_line(exc)}: grant its role the privileges on log schema "
+                f"{self.schema!r} (read and write its tables)"
+            ) from None
+        if isinstance(exc, psycopg.errors.ProgramLimitExceeded) or not isinstance(
+            exc, psycopg.OperationalError | psycopg.InterfaceError
+        ):
+            raise exc  # a refusal retrying cannot change (class 54 is an OperationalError)
+        self._failures += 1
+        now = time.monotonic()
+        if now >= self._next_warning:
+            more = self._failures - 1
+            log.warning(
+                "log subscriber (group %s) lost the log database%s, retrying in %.1fs: %s%s",
+                self._label,
+                doing,
+                self._reconnect_delay,
+                redact_text(first_line(exc) or repr(exc)),
+                f" ({more} more failures since the last warning)" if more else "",
+            )
+            self._failures = 0
+            self._next_warning = now + max(1.0, self._reconnect_delay)
         if self._conn is not None:
             self._conn.close()
         self._conn = None
         self._forget_session()
-        self._next_connect = time.monotonic() + self._reconnect_delay
+        self._next_connect = now + self._reconnect_delay
         self._reconnect_delay = min(2 * self._reconnect_delay, MAX_RECONNECT_DELAY)
 
     def _forget_session(self) -> None:
         self._positions.clear()
         self._committed.clear()
         self._draining.clear()
+        self._names.clear()
         self._sleeping = self._awake = False
         self._busy_since = None
+
+    # -- liveness --------------------------------------------------------------------------------
+
+    def _beat(self, conn: Connection) -> None:
+        """Prove this member alive; register again if its row is gone."""
+        row = conn.execute(
+            self._sql["log_member_heartbeat"], {"member_id": self.member_id}
+        ).fetchone()
+        if row is None:
+            self._register(conn)
+        self._beat_at = time.monotonic()
+
+    def _heartbeats(self) -> None:
+        """The heartbeat thread: beats while the owner polls or commits, so that a member busy
+        storing a batch is not evicted, and a frozen one is."""
+        stalled = False
+        while not self._stop.wait(self._beat_interval / 2):
+            now = time.monotonic()
+            if now - self._active_at > self.max_poll_interval:
+                if not stalled:
+                    log.warning(
+                        "log subscriber (group %s) was not polled for %.1fs (max poll "
+                        "interval): it stops heartbeating, and loses its partitions after its "
+                        "session timeout (%gs)",
+                        self._label,
+                        now - self._active_at,
+                        self.session_timeout,
+                    )
+                stalled = True
+                continue
+            stalled = False
+            if now - self._beat_at < self._beat_interval:
+                continue
+            if not self._io.acquire(timeout=self._beat_interval):
+                continue  # the owner is using the session: it beats in its rebalance
+            try:
+                conn = self._conn
+                if self._closed or conn is None or conn.closed or conn.broken:
+                    continue
+                self._beat(conn)
+            except psycopg.Error as exc:
+                # The owner meets the same failure at its next statement, and handles it.
+                log.debug("log subscriber heartbeat failed: %s", first_line(exc))
+            finally:
+                self._io.release()
+
+    def _evict_stale(self, conn: Connection) -> None:
+        """End the sessions of the group's members whose heartbeat is older than their
+        session timeout: their locks, so their partitions, are free at the next look."""
+        sql = self._sql
+        stale = conn.execute(
+            sql["log_members_stale"], {"group_id": self._group_id, "member_id": self.member_id}
+        ).fetchall()
+        for member_id, backend_pid in stale:
+            try:
+                with conn.transaction():
+                    ended = conn.execute(
+                        sql["log_member_evict"],
+                        {"group_id": self._group_id, "member_id": member_id},
+                    ).fetchall()
+            except psycopg.errors.InsufficientPrivilege as exc:
+                if member_id not in self._refused:
+                    self._refused.add(member_id)
+                    log.warning(
+                        "group %s: member %s (log database backend pid %d) stopped "
+                        "heartbeating, but this member may not end its session (%s): its "
+                        "partitions stay with it until its session ends. Run a group's "
+                        "consumers as one database role, or grant theirs pg_signal_backend",
+                        self._label,
+                        member_id,
+                        backend_pid,
+                        first_line(exc),
+                    )
+                continue
+            for (pid,) in ended:
+                log.warning(
+                    "group %s: evicted member %s (log database backend pid %d): no heartbeat "
+                    "for longer than its session timeout; its partitions go to the others",
+                    self._label,
+                    member_id,
+                    pid,
+                )
 
     # -- sharing the partitions ----------------------------------------------------------------
 
     def _rebalance(self, conn: Connection) -> None:
         """Hold a fair share of each topic's partitions: take free ones up to it, and start
-        draining what is above it."""
+        draining what is above it. Topics and partitions are read again each time, so added
+        ones are read and removed ones given up."""
         now = time.monotonic()
         if now < self._next_rebalance:
             return
         self._next_rebalance = now + self.rebalance_interval
         sql = self._sql
+        self._beat(conn)
         conn.execute(sql["log_members_forget_dead"])
-        self._topics.load(conn, self.topics)
+        self._evict_stale(conn)
+        topics = Topics(self.schema)
+        topics.load(conn, self.topics)
+        self._topics = topics
+        for p in sorted(set(self._positions) - set(topics.names)):
+            log.warning(
+                "group %s: partition %d of topic %s is gone from the log: no longer read",
+                self._label,
+                self._names[p][1],
+                self._names[p][0],
+            )
+            self._give_up(conn, p)
         members: dict[str, int] = {
             str(t): int(n)
             for t, n in conn.execute(sql["log_members_per_topic"], {"group_id": self._group_id})
         }
         held: set[int] | None = None
         for topic in self.topics:
-            ids = self._topics.partitions.get(topic)
+            ids = topics.partitions.get(topic)
             if not ids:
                 continue  # not created yet: no publisher wrote to it
             target = math.ceil(len(ids) / max(1, members.get(topic, 1)))
@@ -207,11 +409,11 @@ class PgLogSubscriber:
                     for p in free:
                         if len(reading) >= target:
                             break
-                        if self._take(conn, p):
+                        if self._take(conn, p, topics.names[p]):
                             reading.append(p)
         self._release_drained(conn)
 
-    def _take(self, conn: Connection, partition_id: int) -> bool:
+    def _take(self, conn: Connection, partition_id: int, name: tuple[str, int]) -> bool:
         key = lock_key(self._lock_class, partition_id)
         got = conn.execute(self._sql["log_partition_lock"], {"key": key}).fetchone()
         if not (got and got[0]):
@@ -221,20 +423,42 @@ class PgLogSubscriber:
             self._sql["log_start_position"],
             {"group_id": self._group_id, "partition_id": partition_id},
         ).fetchone()
-        start = int(row[0]) if row else 0
+        if row is None:  # the partition's row was deleted meanwhile
+            conn.execute(self._sql["log_partition_unlock"], {"key": key})
+            return False
+        start, committed, end = int(row[0]), row[1], int(row[2])
+        if committed is not None and committed != start:
+            log.warning(
+                "group %s: committed offset %d of topic %s partition %d is %s (end %d; "
+                "written by hand, or the partition was recreated): the group now reads it "
+                "from offset %d",
+                self._label,
+                committed,
+                name[0],
+                name[1],
+                "past its end" if committed > end else "negative",
+                end,
+                start,
+            )
         self._positions[partition_id] = self._committed[partition_id] = start
-        log.debug("group %s member %s took partition %d", self.group, self.member_id, partition_id)
+        self._names[partition_id] = name
+        log.debug("group %s member %s took partition %d", self._label, self.member_id, partition_id)
         return True
+
+    def _give_up(self, conn: Connection, partition_id: int) -> None:
+        conn.execute(
+            self._sql["log_partition_unlock"], {"key": lock_key(self._lock_class, partition_id)}
+        )
+        self._draining.discard(partition_id)
+        self._positions.pop(partition_id, None)
+        self._committed.pop(partition_id, None)
+        self._names.pop(partition_id, None)
 
     def _release_drained(self, conn: Connection) -> None:
         """Give up the draining partitions whose records read are all committed."""
         for p in sorted(self._draining):
             if self._positions[p] <= self._committed[p]:
-                conn.execute(
-                    self._sql["log_partition_unlock"], {"key": lock_key(self._lock_class, p)}
-                )
-                self._draining.discard(p)
-                del self._positions[p], self._committed[p]
+                self._give_up(conn, p)
 
     # -- the port --------------------------------------------------------------------------------
 
@@ -245,15 +469,19 @@ class PgLogSubscriber:
             raise RuntimeError("poll() on a closed PgLogSubscriber")
         deadline = time.monotonic() + timeout
         while True:
-            conn = self._connection()
-            if conn is not None:
-                try:
-                    rows = self._poll_once(conn, max_records, deadline)
-                except psycopg.Error as exc:
-                    self._lost(exc)
-                    rows = None
-                if rows:
-                    return rows
+            self._active_at = time.monotonic()
+            with self._io:
+                conn = self._connection()
+                rows: InboxBatch | None = None
+                if conn is not None:
+                    try:
+                        rows = self._poll_once(conn, max_records, deadline)
+                        self._reconnect_delay = 0.1
+                    except psycopg.Error as exc:
+                        self._failed(exc)
+                        rows = None
+                    if rows:
+                        return rows
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return InboxBatch()
@@ -311,7 +539,7 @@ class PgLogSubscriber:
                 "limit": max_records,
             },
         ).fetchall()
-        names = self._topics.names
+        names = self._names
         add = batch.add
         for partition_id, offset, key, value, headers, created_ms in records:
             topic, partition = names[partition_id]
@@ -328,51 +556,67 @@ class PgLogSubscriber:
         return batch
 
     def commit(self, batch: InboxBatch) -> None:
-        """Store the group's next offsets after `batch`; a failure is logged (a redelivery)."""
-        ids = self._topics.partitions
-        last = {
-            ids[topic][partition]: o - 1 for (topic, partition), o in batch.next_offsets().items()
-        }
-        if not last:
+        """Store the group's next offsets after `batch`, in the partitions this member's
+        session holds (read by it); a failure, or a partition no longer held, is logged (its
+        records are delivered again, to its owner)."""
+        next_offsets = batch.next_offsets()
+        if not next_offsets:
             return
-        conn = self._connection()
-        if conn is None:
-            log.warning("offset commit failed (the batch will be redelivered): no connection")
-            return
-        params = {
-            "group_id": self._group_id,
-            "partition_ids": list(last),
-            "next_offsets": [o + 1 for o in last.values()],
-        }
-        try:
-            conn.execute(self._sql["log_commit"], params)
-            if self._awake and self._sleeping:
-                self._set_sleeping(conn, False)
-            self._awake = False
-            for p, o in last.items():
-                if p in self._committed:
-                    self._committed[p] = max(self._committed[p], o + 1)
-            self._release_drained(conn)
-        except psycopg.Error as exc:
-            log.warning("offset commit failed (the batch will be redelivered): %s", exc)
-            self._lost(exc)
+        self._active_at = time.monotonic()
+        with self._io:
+            conn = self._connection()
+            held = {name: p for p, name in self._names.items()}
+            last: dict[int, int] = {}
+            for name, o in next_offsets.items():
+                p = held.get(name)
+                if p is not None and o <= self._positions[p]:
+                    last[p] = o
+            if len(last) < len(next_offsets):
+                log.warning(
+                    "log subscriber (group %s): offsets of %d partitions not committed: this "
+                    "member no longer holds them (its session was lost or ended); their "
+                    "records are delivered again, to their owner",
+                    self._label,
+                    len(next_offsets) - len(last),
+                )
+            if conn is None or not last:
+                return
+            params = {
+                "group_id": self._group_id,
+                "partition_ids": list(last),
+                "next_offsets": list(last.values()),
+            }
+            try:
+                conn.execute(self._sql["log_commit"], params)
+                if self._awake and self._sleeping:
+                    self._set_sleeping(conn, False)
+                self._awake = False
+                for p, o in last.items():
+                    self._committed[p] = max(self._committed[p], o)
+                self._release_drained(conn)
+            except psycopg.Error as exc:
+                self._failed(exc, " committing offsets (the batch will be delivered again)")
 
     def close(self) -> None:
         """Leave the group: its partitions go to the other members at their next look."""
         if self._closed:
             return
         self._closed = True
-        conn = self._conn
-        self._conn = None
-        if conn is None or conn.closed:
-            return
-        try:
-            if not conn.broken:
-                conn.execute(self._sql["log_member_unregister"], {"member_id": self.member_id})
-        except psycopg.Error as exc:
-            log.debug("log subscriber close: %s", exc)
-        finally:
-            conn.close()  # the session ends: its advisory locks go with it
+        self._stop.set()
+        if self._heart is not None and self._heart is not threading.current_thread():
+            self._heart.join(timeout=5)
+        with self._io:
+            conn = self._conn
+            self._conn = None
+            if conn is None or conn.closed:
+                return
+            try:
+                if not conn.broken:
+                    conn.execute(self._sql["log_member_unregister"], {"member_id": self.member_id})
+            except psycopg.Error as exc:
+                log.debug("log subscriber close: %s", exc)
+            finally:
+                conn.close()  # the session ends: its advisory locks go with it
 
 
 def _headers(data: bytes | None) -> RawHeaders:

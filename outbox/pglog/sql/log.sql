@@ -119,7 +119,10 @@ UPDATE {schema}.log_topics SET partitions = %(count)s WHERE id = %(topic_id)s;
 
 -- name: log_fetch
 -- The next records of the partitions a member reads, from its positions, in offset order per
--- partition, at most `limit` in all (the partitions in the order given). The creation time in
+-- partition, at most `limit` in all (the partitions in the order given). Only offsets below the
+-- partition's counter (`next_offset`) are records: a row at or past it was not appended by a
+-- publisher (planted by hand) and is never read, so it cannot make a group jump past the
+-- records appended later; a partition whose row is gone has no records. The creation time in
 -- milliseconds, NULL when infinite: a time written by hand past year 9999 or before year 1
 -- cannot be loaded as a Python datetime, and would stop the fetch of every record after it
 -- (the reader falls back to the time it reads the record, as for a Kafka record's timestamp).
@@ -128,10 +131,12 @@ SELECT p.partition_id, r.log_offset, r.key, r.value, r.headers,
             THEN CAST(floor(extract(epoch FROM r.created_at) * 1000) AS bigint) END
 FROM unnest(%(partition_ids)s::int[], %(positions)s::bigint[]) WITH ORDINALITY
      AS p(partition_id, position, ord)
+JOIN {schema}.log_partitions lp ON lp.id = p.partition_id
 CROSS JOIN LATERAL (
     SELECT log_offset, key, value, headers, created_at
     FROM {schema}.log_records r
     WHERE r.partition_id = p.partition_id AND r.log_offset >= p.position
+      AND r.log_offset < lp.next_offset
     ORDER BY r.log_offset
     LIMIT %(limit)s
 ) r
@@ -147,12 +152,60 @@ WITH created AS (
 SELECT id FROM created UNION ALL SELECT id FROM {schema}.log_groups WHERE name = %(name)s;
 
 -- name: log_member_register
--- backend_start with backend_pid names this session exactly (as relay_register).
-INSERT INTO {schema}.log_members (member_id, group_id, topics, backend_pid, backend_start)
+-- backend_start with backend_pid names this session exactly (as relay_register). updated_at is
+-- the member's heartbeat (log_member_heartbeat), session_timeout how old it may get before the
+-- other members evict this one (log_member_evict).
+INSERT INTO {schema}.log_members
+    (member_id, group_id, topics, backend_pid, backend_start, sleeping, session_timeout)
 VALUES (%(member_id)s, %(group_id)s, %(topics)s, pg_backend_pid(),
-        (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))
-ON CONFLICT (member_id) DO UPDATE SET backend_pid = EXCLUDED.backend_pid,
-    backend_start = EXCLUDED.backend_start, sleeping = false, updated_at = now();
+        (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()),
+        %(sleeping)s, %(session_timeout)s)
+ON CONFLICT (member_id) DO UPDATE SET group_id = EXCLUDED.group_id, topics = EXCLUDED.topics,
+    backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
+    sleeping = EXCLUDED.sleeping, session_timeout = EXCLUDED.session_timeout, updated_at = now();
+
+-- name: log_member_heartbeat
+-- The member's proof of life; no row: its registration is gone (the member registers again).
+UPDATE {schema}.log_members SET updated_at = now()
+WHERE member_id = %(member_id)s AND backend_pid = pg_backend_pid()
+RETURNING 1;
+
+-- name: log_members_stale
+-- The other members of a group whose heartbeat is older than their own session timeout (none
+-- for a member without one: an older outbox's, which does not heartbeat).
+SELECT member_id, backend_pid FROM {schema}.log_members
+WHERE group_id = %(group_id)s AND member_id <> %(member_id)s
+  AND updated_at < now() - make_interval(secs => session_timeout)
+ORDER BY member_id;
+
+-- name: log_member_evict
+-- Evict one stale member (run in a transaction): end its session, so that its advisory locks,
+-- its partitions, go to the others (and a commit it sends when it wakes up fails: the session
+-- it would commit in is gone), then drop its row. Its row is locked and its staleness checked
+-- again first, so a member that beat meanwhile is left alone. Needs the member's role, or
+-- pg_signal_backend (else insufficient_privilege, and nothing changes). Returns the backend pid
+-- ended, no row when the member was not stale or its session already gone. (backend_start is
+-- NULL in pg_stat_activity for another role's session unless this role has pg_read_all_stats.)
+WITH stale AS (
+    SELECT m.member_id, m.backend_pid, m.backend_start
+    FROM {schema}.log_members m
+    WHERE m.member_id = %(member_id)s AND m.group_id = %(group_id)s
+      AND m.updated_at < now() - make_interval(secs => m.session_timeout)
+    FOR UPDATE
+), session AS (
+    SELECT s.member_id, a.pid
+    FROM stale s JOIN pg_stat_activity a ON a.pid = s.backend_pid
+    WHERE a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (a.backend_start = s.backend_start OR a.backend_start IS NULL
+           OR s.backend_start IS NULL)
+      AND a.application_name = 'outbox-log-subscriber' AND a.pid <> pg_backend_pid()
+    OFFSET 0  -- the session is found before anything is ended
+), ended AS (
+    SELECT member_id, pid FROM session WHERE pg_terminate_backend(pid)
+), dropped AS (
+    DELETE FROM {schema}.log_members m USING ended WHERE m.member_id = ended.member_id
+)
+SELECT pid FROM ended;
 
 -- name: log_member_unregister
 DELETE FROM {schema}.log_members WHERE member_id = %(member_id)s;
@@ -197,27 +250,42 @@ SELECT pg_advisory_unlock(%(key)s::bigint);
 -- Where the group reads a partition it just took: after its last committed record, else (a
 -- new group) at the earliest record retained, else after the last record ever (all deleted).
 -- A new group's start is committed at once, so retention never deletes what it has not read.
-WITH start AS (
-    SELECT p.id AS partition_id, COALESCE(
-        (SELECT o.next_offset FROM {schema}.log_group_offsets o
-         WHERE o.group_id = %(group_id)s AND o.partition_id = p.id),
-        (SELECT min(r.log_offset) FROM {schema}.log_records r WHERE r.partition_id = p.id),
-        p.next_offset
-    ) AS next_offset
+-- A committed offset past the partition's end (`next_offset`; written by hand, or left from a
+-- partition recreated) is reset to the end, a negative one to 0, and the reset is stored (a
+-- commit never moves a group back, so the group would otherwise stay past the end): returns
+-- the start, the committed offset found (NULL: none) and the end. No row: no such partition.
+WITH part AS (
+    SELECT p.id, p.next_offset AS end_offset,
+           (SELECT o.next_offset FROM {schema}.log_group_offsets o
+            WHERE o.group_id = %(group_id)s AND o.partition_id = p.id) AS committed
     FROM {schema}.log_partitions p WHERE p.id = %(partition_id)s
+), start AS (
+    SELECT id AS partition_id, committed, end_offset, CASE
+        WHEN committed IS NOT NULL THEN LEAST(GREATEST(committed, 0), end_offset)
+        ELSE COALESCE(
+            (SELECT min(r.log_offset) FROM {schema}.log_records r
+             WHERE r.partition_id = part.id AND r.log_offset < part.end_offset),
+            end_offset)
+        END AS next_offset
+    FROM part
 ), registered AS (
     INSERT INTO {schema}.log_group_offsets (group_id, partition_id, next_offset)
     SELECT %(group_id)s, partition_id, next_offset FROM start
-    ON CONFLICT (group_id, partition_id) DO NOTHING
+    ON CONFLICT (group_id, partition_id) DO UPDATE
+    SET next_offset = EXCLUDED.next_offset, updated_at = now()
+    WHERE {schema}.log_group_offsets.next_offset <> EXCLUDED.next_offset
 )
-SELECT next_offset FROM start;
+SELECT next_offset, committed, end_offset FROM start;
 
 -- name: log_commit
 -- Store a group's next offsets; never backwards (a late commit of a member that lost the
--- partition meanwhile must not make the group read again what its successor stored).
+-- partition meanwhile must not make the group read again what its successor stored). The
+-- subscriber commits only partitions whose lock its session holds; a partition whose row is
+-- gone is skipped.
 INSERT INTO {schema}.log_group_offsets (group_id, partition_id, next_offset)
-SELECT %(group_id)s, partition_id, next_offset
+SELECT %(group_id)s, c.partition_id, c.next_offset
 FROM unnest(%(partition_ids)s::int[], %(next_offsets)s::bigint[]) AS c(partition_id, next_offset)
+JOIN {schema}.log_partitions p ON p.id = c.partition_id
 ON CONFLICT (group_id, partition_id) DO UPDATE
 SET next_offset = GREATEST({schema}.log_group_offsets.next_offset, EXCLUDED.next_offset),
     updated_at = now();
