@@ -29,9 +29,12 @@ TOPIC_CHARS = 256
 #: Bytes of a key read for the list, and for one row.
 LIST_KEY_BYTES = 64
 ROW_KEY_BYTES = 1024
-#: Characters of an error read for the list (its summary is found in them), and for one row.
+#: Characters of an error read for the list (its summary is found in them), and for one row:
+#: its first ..._CHARS, and of a longer one its last ..._TAIL_CHARS too.
 LIST_ERROR_CHARS = 4096
-ROW_ERROR_CHARS = 16384
+LIST_ERROR_TAIL_CHARS = 1024
+ROW_ERROR_CHARS = 8192
+ROW_ERROR_TAIL_CHARS = 8192
 #: Characters of an error summary shown in the list.
 SUMMARY_CHARS = 300
 #: Bytes of a payload read for its preview.
@@ -53,18 +56,27 @@ class DeadSummary:
     dead_at: datetime
     error_head: str | None
     error_size: int | None
+    error_tail: str | None
     quarantined: bool
 
     @property
     def error_summary(self) -> str:
-        """The telling line of the error's first characters, cut to SUMMARY_CHARS."""
-        summary = ops.error_summary(self.error_head)
+        """The telling line of the error (`outbox.operations.error_summary`) found in its
+        first and last characters, cut to SUMMARY_CHARS."""
+        summary = ops.error_summary(joined(self.error_head, self.error_tail))
         if len(summary) > SUMMARY_CHARS:
             return summary[: SUMMARY_CHARS - 1] + "…"
-        head, size = self.error_head, self.error_size
-        if head is not None and size is not None and size > len(head.encode()):
-            return summary + " …"
         return summary
+
+
+def joined(head: str | None, tail: str | None) -> str | None:
+    """The first and last characters of a text read apart, as one text with the line the
+    tail starts in (cut) left out: enough for `error_summary` to find a traceback's last
+    line."""
+    if head is None or tail is None:
+        return head
+    rest = tail.partition("\n")[2] if "\n" in tail else tail
+    return f"{head}\n{rest}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,8 @@ class RowView:
     next_attempt_at: datetime
     error_head: str | None
     error_size: int | None
+    #: The error's last characters when it is longer than `error_head` (else None).
+    error_tail: str | None
     dead_at: datetime | None
     state: str
     source_partition: int | None = None
@@ -148,6 +162,7 @@ def dead_page(
         "topic_chars": TOPIC_CHARS,
         "key_bytes": LIST_KEY_BYTES,
         "error_chars": LIST_ERROR_CHARS,
+        "tail_chars": LIST_ERROR_TAIL_CHARS,
     }
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         rows = cur.execute(sql[f"console_{queue}_dead_page"], params).fetchall()
@@ -163,6 +178,7 @@ def dead_page(
             dead_at=dead_at,
             error_head=error,
             error_size=error_size,
+            error_tail=_tail(error, error_tail, LIST_ERROR_CHARS),
             quarantined=bool(quarantined),
         )
         for (
@@ -175,6 +191,7 @@ def dead_page(
             dead_at,
             error,
             error_size,
+            error_tail,
             quarantined,
         ) in rows[:limit]
     )
@@ -203,6 +220,7 @@ def show_row(
         "payload_bytes": PREVIEW_BYTES,
         "headers_bytes": HEADERS_BYTES,
         "error_chars": ROW_ERROR_CHARS,
+        "tail_chars": ROW_ERROR_TAIL_CHARS,
     }
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(queries(schema)[f"console_{queue}_show"], params).fetchone()
@@ -210,7 +228,7 @@ def show_row(
         raise ops.NoSuchDeadLetter(f"{ops.TABLES[queue]} has no row {row_id}")
     consumer: dict[str, Any] = {}
     if queue == "consumer":
-        partition, offset, received_at, processed_at, raw, raw_size = row[18:24]
+        partition, offset, received_at, processed_at, raw, raw_size = row[19:25]
         consumer = {
             "source_partition": partition,
             "source_offset": offset,
@@ -244,8 +262,15 @@ def show_row(
         error_size=row[15],
         dead_at=row[16],
         state=row[17],
+        error_tail=_tail(row[14], row[18], ROW_ERROR_CHARS),
         **consumer,
     )
+
+
+def _tail(head: str | None, tail: str | None, chars: int) -> str | None:
+    """The tail read with `head`, when the text is longer than `head` (PostgreSQL reads a tail
+    by the text's size in bytes; a text of multi-byte characters may be all in `head`)."""
+    return tail if head is not None and len(head) >= chars else None
 
 
 def preview(head: bytes, size: int) -> tuple[str, str, bool]:

@@ -297,7 +297,7 @@ def _size(size: int) -> str:
 
 
 def row_detail(row: RowView, *, read_only: bool) -> str:
-    """Everything about one row: fields, headers, the error (its first ROW_ERROR_CHARS
+    """Everything about one row: fields, headers, the error (a long one's first and last
     characters), a preview of the payload with its size."""
     key = "(none)" if row.key is None else key_text(row.key)
     if row.key is not None and row.key_size is not None and row.key_size > len(row.key):
@@ -335,11 +335,11 @@ def row_detail(row: RowView, *, read_only: bool) -> str:
     what = "UTF-8" if encoding == "utf-8" else "not UTF-8 text: hex"
     cut_ = f", showing the first {len(row.payload_head)}" if truncated else ""
     error = row.error_head or "(none)"
-    head, size = row.error_head, row.error_size
-    if head is not None and size is not None and size > len(head.encode()):
+    head, size, tail = row.error_head, row.error_size, row.error_tail
+    if head is not None and size is not None and tail is not None:
         error += (
-            f"\n… ({_size(size)} in all, showing the first {len(head)} characters: "
-            "`outbox dead-letters show` prints it all)"
+            f"\n\n… ({_size(size)} in all: showing the first {len(head)} and the last "
+            f"{len(tail)} characters; `outbox dead-letters show` prints it all) …\n\n{tail}"
         )
     actions = ""
     if row.state == "dead" and not read_only:

@@ -358,6 +358,10 @@ def test_oversized_rows_are_cut_in_postgresql_and_the_dead_letters_are_paged(
 
     url = outbox_database_url
     small = [insert(url, "consumer", "dead", error=f"KeyError: 'n{n}'")[0] for n in range(40)]
+    frames = "".join(f'  File "app.py", line {n}, in f{n}\n    f{n + 1}()\n' for n in range(2000))
+    traceback = f"Traceback (most recent call last):\n{frames}KeyError: 'the-end'\n"
+    deep, _ = insert(url, "consumer", "dead", error=traceback)
+    small.append(deep)
     with psycopg.connect(url) as conn:
         big = [
             row[0]
@@ -381,10 +385,13 @@ def test_oversized_rows_are_cut_in_postgresql_and_the_dead_letters_are_paged(
         status, body = _get(base, "/api/view?db=orders&queue=consumer")
         assert status == 200 and len(body) < MAX_RESPONSE_BYTES, (status, len(body))
         view = json.loads(body)
-        assert view["dead_total"] == 61 and view["dead_rows"] == PAGE_ROWS and view["more"]
+        assert view["dead_total"] == 62 and view["dead_rows"] == PAGE_ROWS and view["more"]
         seen = [int(i) for i in re.findall(r'data-id="(\d+)"', view["dead"])]
         assert seen == sorted(small + big + [huge])[:PAGE_ROWS]
         assert "ValueError: boom boom" in view["dead"] and 'id="dead-more"' in view["dead"]
+        # A long traceback's summary is its last exception's line, read from its end.
+        row_html = view["dead"].split(f'data-id="{deep}"')[0].rsplit("<tr>", 1)[1]
+        assert "KeyError: &#x27;the-end&#x27;" in row_html, row_html
         assert len(body) < 200_000, len(body)  # 20 errors of 5 MB: each cut to a summary
 
         status, body = _get(base, f"/api/view?db=orders&queue=consumer&after={seen[-1]}")
@@ -405,7 +412,11 @@ def test_oversized_rows_are_cut_in_postgresql_and_the_dead_letters_are_paged(
         status, body = _get(base, f"/api/row?db=orders&queue=consumer&id={big[0]}")
         detail = json.loads(body)
         assert status == 200 and len(body) < 300_000 and detail["error_size"] == 5_000_012
-        assert "5000012 bytes in all, showing the first" in detail["html"]
+        assert "5000012 bytes in all: showing the first 8192 and the last 8192" in detail["html"]
+        status, body = _get(base, f"/api/row?db=orders&queue=consumer&id={deep}")
+        html = json.loads(body)["html"]
+        assert html.rstrip("</pre>").count("KeyError: &#x27;the-end&#x27;") == 1
+        assert "Traceback (most recent call last)" in html and "in all: showing" in html
         assert "1000000 bytes, showing the first 1024" in detail["html"]  # the key
         for _ in range(5):  # refreshes of the page
             assert _get(base, "/api/view?db=orders&queue=consumer")[0] == 200
@@ -482,7 +493,9 @@ def test_connections_beyond_the_workers_and_their_queue_are_answered_503(
         finally:
             for sock in silent:
                 sock.close()
-        assert Client(app).get_json("/api/status?db=orders")[0] == 200
+        # Their workers see them closed and serve again (until then: 503, Retry-After).
+        client = Client(app)
+        wait_for(lambda: client.get_json("/api/status?db=orders")[0] == 200, 30, "served")
 
 
 def _has_ipv6_loopback() -> bool:

@@ -6,10 +6,13 @@
 
 -- name: console_producer_dead_page
 -- A page of dead rows, in id order after %(after)s (NULL: from the first), at most %(limit)s;
--- the filters are those of ops_producer_dead_list.
+-- the filters are those of ops_producer_dead_list. An error longer than %(error_chars)s bytes
+-- is read as its first %(error_chars)s and its last %(tail_chars)s characters: a Python
+-- traceback ends with the line that names its exception.
 SELECT id, message_id, left(topic, %(topic_chars)s), substring(key from 1 for %(key_bytes)s),
        octet_length(key), attempts, dead_at, left(last_error, %(error_chars)s),
-       octet_length(last_error), false AS quarantined
+       octet_length(last_error), CASE WHEN octet_length(last_error) > %(error_chars)s
+                THEN right(last_error, %(tail_chars)s) END, false AS quarantined
 FROM {schema}.producer_dead
 WHERE (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
   AND (CAST(%(text)s AS text) IS NULL
@@ -30,7 +33,9 @@ WHERE (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
 -- name: console_consumer_dead_page
 SELECT id, message_id, left(topic, %(topic_chars)s), substring(key from 1 for %(key_bytes)s),
        octet_length(key), attempts, dead_at, left(last_error, %(error_chars)s),
-       octet_length(last_error), raw_headers IS NOT NULL AS quarantined
+       octet_length(last_error), CASE WHEN octet_length(last_error) > %(error_chars)s
+                THEN right(last_error, %(tail_chars)s) END,
+       raw_headers IS NOT NULL AS quarantined
 FROM {schema}.consumer_queue
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
@@ -52,15 +57,18 @@ WHERE dead_at IS NOT NULL AND processed_at IS NULL
 
 -- name: console_producer_show
 -- One row by id or message id, in any state, as ops_producer_show, its long values cut: the
--- first bytes of key and payload, the first characters of topic and error, the headers only
--- when their text is at most %(headers_bytes)s bytes; each with its whole size.
+-- first bytes of key and payload, the first characters of topic and the first and last of the
+-- error (as in console_producer_dead_page), the headers only when their text is at most
+-- %(headers_bytes)s bytes; each with its whole size.
 SELECT id, message_id, left(topic, %(topic_chars)s),
        substring(key from 1 for %(key_bytes)s), octet_length(key),
        substring(payload from 1 for %(payload_bytes)s), octet_length(payload),
        CASE WHEN octet_length(headers::text) <= %(headers_bytes)s THEN headers END,
        octet_length(headers::text),
        left(content_type, %(topic_chars)s), lane, created_at, attempts, next_attempt_at,
-       left(last_error, %(error_chars)s), octet_length(last_error), dead_at, state
+       left(last_error, %(error_chars)s), octet_length(last_error), dead_at, state,
+       CASE WHEN octet_length(last_error) > %(error_chars)s
+                THEN right(last_error, %(tail_chars)s) END
 FROM (
     SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at,
            attempts, next_attempt_at, last_error, dead_at,
@@ -89,6 +97,8 @@ SELECT id, message_id, left(topic, %(topic_chars)s),
             WHEN dead_at IS NOT NULL THEN 'dead'
             WHEN attempts > 0 THEN 'retrying'
             ELSE 'pending' END AS state,
+       CASE WHEN octet_length(last_error) > %(error_chars)s
+                THEN right(last_error, %(tail_chars)s) END,
        source_partition, source_offset, received_at, processed_at,
        CASE WHEN octet_length(raw_headers::text) <= %(headers_bytes)s THEN raw_headers END,
        octet_length(raw_headers::text)
