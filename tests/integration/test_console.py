@@ -673,3 +673,17 @@ def test_the_console_command_takes_the_daemons_transport_flags() -> None:
         "postgresql://u@h/log",
         "my_log",
     )
+
+
+def test_an_answer_larger_than_the_bound_is_refused_not_sent(
+    outbox_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from outbox.console import server
+
+    with console(outbox_database_url) as app:
+        client = Client(app)
+        client.open_page()
+        monkeypatch.setattr(server, "MAX_RESPONSE_BYTES", 200)
+        status, headers, body = client.request("/api/status?db=orders")
+        assert status == 500 and len(body) < 200 and b"larger than" in body, body
+        assert int(headers["Content-Length"]) == len(body)
