@@ -533,34 +533,3 @@ def overtaken(
 def purge(conn: psycopg.Connection[Any], schema: str, queue: Queue, selection: Selection) -> int:
     """Delete the selected dead rows (never a live or processed row); return how many."""
     return _change(conn, schema, queue, selection, "purge")
-
-
-# -- throughput -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """Cumulative row counters of a database at `taken_at`, sampled to chart throughput.
-
-    `written`, `relayed` (removed from producer_queue: sent, or moved to producer_dead) and
-    `received` are PostgreSQL's statistics counters (they only grow, unless the statistics are
-    reset); `handled` counts the rows handled after the `since` of the read.
-    """
-
-    taken_at: datetime
-    written: int
-    relayed: int
-    received: int
-    handled: int
-
-
-def counters(conn: psycopg.Connection[Any], schema: str, since: datetime | None = None) -> Counters:
-    """The throughput counters now; `handled` counts rows handled after `since` (0 if None)."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(
-            queries(schema)["ops_throughput"],
-            {"schema": schema, "since": since},
-        ).fetchone()
-    assert row is not None
-    taken_at, written, relayed, received, handled = row
-    return Counters(taken_at, int(written), int(relayed), int(received), int(handled))

@@ -6,7 +6,14 @@ import argparse
 import os
 
 from outbox import settings
-from outbox.cli.arguments import ENV_DATABASE_URL, ENV_SCHEMA, add_groups, add_kafka, env_groups
+from outbox.cli.arguments import (
+    ENV_DATABASE_URL,
+    ENV_SCHEMA,
+    add_groups,
+    add_kafka,
+    add_transport,
+    env_groups,
+)
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
 
@@ -22,7 +29,9 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "console",
         help="serve an operator's web page: queues, processes, lag, throughput, dead letters",
         description="A web page per service database, refreshing on its own. Binds 127.0.0.1 "
-        "unless an auth token is set. See docs/how-to/console.md.",
+        "unless an auth token is set. The consumer groups' lag is read from Kafka "
+        "(--kafka-bootstrap) or, with --transport postgres, from the log at --log-url. See "
+        "docs/how-to/console.md.",
     )
     console.add_argument(
         "--database-url",
@@ -40,7 +49,8 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         f"gives one its own; env {ENV_SCHEMA}; default outbox)",
     )
     add_kafka(console)
-    add_groups(console)
+    add_transport(console)
+    add_groups(console, every="of the Kafka cluster, or of the log with --transport postgres")
     console.add_argument(
         "--host",
         default=os.environ.get(settings.CONSOLE_HOST, "127.0.0.1"),
@@ -94,6 +104,8 @@ def run_console(args: argparse.Namespace) -> int:
         databases.append(Database(name, url, schema or args.schema))
     if args.auth_token:
         remember_secrets([args.auth_token])
+    if args.log_url:
+        remember_secrets(secrets_of_url(args.log_url))
     config = ConsoleConfig(
         databases=tuple(databases),
         host=args.host,
@@ -104,6 +116,9 @@ def run_console(args: argparse.Namespace) -> int:
         kafka_bootstrap=args.kafka_bootstrap or None,
         kafka_config=dict(args.kafka_config),
         groups=tuple(args.groups if args.groups is not None else env_groups()),
+        transport=args.transport,
+        log_url=args.log_url or None,
+        log_schema=args.log_schema,
     )
     console = Console(config)
 

@@ -49,6 +49,7 @@ button.purge { color: var(--bad); }
 #banner { display: none; background: #ffe3e3; color: var(--bad); padding: 6px 16px; }
 #banner.shown { display: block; }
 #message { font-weight: 600; }
+.pager { margin: 6px 0; display: flex; gap: 8px; }
 dialog { border: 1px solid var(--line); border-radius: 6px; }
 """
 
@@ -62,11 +63,12 @@ JS = """\
   const $ = (id) => document.getElementById(id);
   let opened = null;  // {queue, id} of the row shown in the detail panel
   let pending = null; // {action, queue, id} awaiting confirmation
+  let after = "";     // the page of dead letters shown: the id the page starts after
 
   function filters() {
     const f = $("filter");
     return new URLSearchParams({
-      db: db, queue: f.queue.value, topic: f.topic.value, text: f.text.value,
+      db: db, queue: f.queue.value, topic: f.topic.value, text: f.text.value, after: after,
     });
   }
 
@@ -128,7 +130,10 @@ JS = """\
   document.addEventListener("click", (event) => {
     const button = event.target.closest("button");
     if (!button) return;
-    if (button.classList.contains("open")) {
+    if (button.classList.contains("page")) {
+      after = button.dataset.after;
+      load();
+    } else if (button.classList.contains("open")) {
       $("message").textContent = "";
       openRow(button.dataset.queue, button.dataset.id, true);
     } else if (button.classList.contains("act")) {
@@ -148,8 +153,12 @@ JS = """\
     if (chosen && $("confirm").returnValue === "ok") act(chosen.action, chosen.queue, chosen.id);
   });
 
-  $("filter").addEventListener("submit", (event) => { event.preventDefault(); load(); });
-  $("filter").queue.addEventListener("change", load);
+  $("filter").addEventListener("submit", (event) => {
+    event.preventDefault();
+    after = "";
+    load();
+  });
+  $("filter").queue.addEventListener("change", () => { after = ""; load(); });
   load();
   setInterval(load, refresh);
 })();

@@ -14,16 +14,16 @@ import json
 from collections.abc import Sequence
 
 from outbox import operations as ops
+from outbox.console.reads import DeadPage, RowView, preview
 from outbox.console.throughput import Rate
 from outbox.core.lag import GroupLag
-from outbox.formatting import (
-    PAYLOAD_PREVIEW_BYTES,
-    age,
-    key_cell,
-    payload_preview,
-    raw_header_json,
-    when,
-)
+from outbox.formatting import age, cut, key_cell, key_text, raw_header_json, when
+
+#: Rows of a table of the page at most (topics of a queue, processes, claims, partitions of
+#: the lag): with the page size of the dead letters, they bound the size of every answer.
+MAX_TABLE_ROWS = 200
+#: Characters of a topic or group name shown in a table.
+NAME_CHARS = 256
 
 
 def esc(value: object) -> str:
@@ -63,10 +63,13 @@ def queues(status: ops.Status) -> str:
     """One table per queue: rows by topic and state, with the age of the oldest."""
     parts = []
     for q in status.queues:
+        topics = list(q.topics.items())
         rows = [
-            [esc(topic), *(_count(per_state[s], s) for s in q.states)]
-            for topic, per_state in q.topics.items()
+            [esc(cut(topic, NAME_CHARS)), *(_count(per_state[s], s) for s in q.states)]
+            for topic, per_state in topics[:MAX_TABLE_ROWS]
         ]
+        if len(topics) > MAX_TABLE_ROWS:
+            rows.append([_more(len(topics) - MAX_TABLE_ROWS, "topics"), *("" for _ in q.states)])
         rows.append(["<b>total</b>", *(_count(q.totals[s], s) for s in q.states)])
         parts.append(
             f"<h3>{esc(q.table)} <small>rows (age of the oldest by {esc(q.age_column)})</small>"
@@ -75,30 +78,42 @@ def queues(status: ops.Status) -> str:
     return "".join(parts)
 
 
+def _more(count: int, what: str) -> str:
+    """The last cell of a table that was cut."""
+    return f'<span class="none">… and {count} more {esc(what)}</span>'
+
+
 def processes(status: ops.Status) -> str:
     """The registered daemons: host, own pid, backend pid, state, lanes; then the claims."""
     if not status.processes:
         return '<p class="none">No process registered in relay_state.</p>'
     rows = [
         [
-            esc(p.host or "-"),
+            esc(cut(p.host or "-", NAME_CHARS)),
             esc(p.pid if p.pid is not None else "-"),
             esc(p.queue),
             esc(p.backend_pid),
             esc(("sleeping" if p.sleeping else "busy") if p.alive else "gone"),
             esc(p.lanes),
             esc(age(p.since_update)),
-            f"<code>{esc(p.relay_id)}</code>",
+            f"<code>{esc(cut(p.relay_id, NAME_CHARS))}</code>",
         ]
-        for p in status.processes
+        for p in status.processes[:MAX_TABLE_ROWS]
     ]
+    if len(status.processes) > MAX_TABLE_ROWS:
+        rows.append([_more(len(status.processes) - MAX_TABLE_ROWS, "processes")] + [""] * 7)
     html_ = _table(
         ["host", "pid", "queue", "backend pid", "state", "lanes", "since", "relay id"],
         rows,
         "processes",
     )
     if status.claims:
-        claims = [[esc(c.backend_pid), esc(c.state), esc(age(c.age))] for c in status.claims]
+        claims = [
+            [esc(c.backend_pid), esc(c.state), esc(age(c.age))]
+            for c in status.claims[:MAX_TABLE_ROWS]
+        ]
+        if len(status.claims) > MAX_TABLE_ROWS:
+            claims.append([_more(len(status.claims) - MAX_TABLE_ROWS, "transactions"), "", ""])
         html_ += "<h3>handler transactions in flight</h3>" + _table(
             ["backend pid", "state", "age"], claims
         )
@@ -106,24 +121,44 @@ def processes(status: ops.Status) -> str:
 
 
 def lag(groups: Sequence[GroupLag] | None, note: str | None = None) -> str:
-    """Each group's lag per topic and partition, with the totals."""
+    """Each group's lag per topic and partition, with the totals; at most MAX_TABLE_ROWS
+    partitions in all (the totals count every partition)."""
     if groups is None:
         return f'<p class="none">{esc(note or "Lag needs --kafka-bootstrap.")}</p>'
     if not groups:
         return f'<p class="none">{esc(note or "No consumer group.")}</p>'
     parts = []
-    for g in groups:
+    budget = MAX_TABLE_ROWS
+    for shown, g in enumerate(groups):
+        if budget <= 0:
+            parts.append(f"<p>{_more(len(groups) - shown, 'groups')}</p>")
+            break
+        name = esc(cut(g.group, NAME_CHARS))
         if g.error is not None:
-            parts.append(f'<h3>{esc(g.group)}</h3><p class="bad">{esc(g.error)}</p>')
+            parts.append(f'<h3>{name}</h3><p class="bad">{esc(cut(g.error, 1000))}</p>')
+            budget -= 1
             continue
         rows = [
-            [esc(p.topic), esc(p.partition), esc(p.committed), esc(p.end), esc(p.lag)]
-            for p in g.partitions
+            [
+                esc(cut(p.topic, NAME_CHARS)),
+                esc(p.partition),
+                esc(p.committed),
+                esc(p.end),
+                esc(p.lag) + _past_end(p),
+            ]
+            for p in g.partitions[:budget]
         ]
-        for topic, total in g.topics().items():
-            rows.append([f"<b>{esc(topic)}</b>", "all", "", "", f"<b>{esc(total)}</b>"])
+        if len(g.partitions) > budget:
+            rows.append([_more(len(g.partitions) - budget, "partitions"), "", "", "", ""])
+        budget -= len(rows)
+        topics = list(g.topics().items())
+        for topic, total in topics[:MAX_TABLE_ROWS]:
+            rows.append(
+                [f"<b>{esc(cut(topic, NAME_CHARS))}</b>", "all", "", "", f"<b>{esc(total)}</b>"]
+            )
+        budget -= min(len(topics), MAX_TABLE_ROWS)
         parts.append(
-            f'<h3>group {esc(g.group)} <small>total lag <span class="n">{g.total}</span>'
+            f'<h3>group {name} <small>total lag <span class="n">{g.total}</span>'
             "</small></h3>"
             + (
                 _table(["topic", "partition", "committed", "end", "lag"], rows, "lag")
@@ -134,6 +169,17 @@ def lag(groups: Sequence[GroupLag] | None, note: str | None = None) -> str:
     if note:
         parts.append(f'<p class="none">{esc(note)}</p>')
     return "".join(parts)
+
+
+def _past_end(p: object) -> str:
+    """A mark for a partition whose committed offset is past its end (records published there
+    are not delivered until the end passes it): read from the dataclass without relying on a
+    field the transport may not set."""
+    committed, end = getattr(p, "committed", None), getattr(p, "end", None)
+    past = getattr(p, "committed_past_end", None)
+    if past is None and isinstance(committed, int) and isinstance(end, int):
+        past = committed > end
+    return ' <span class="bad">committed past the end</span>' if past else ""
 
 
 #: Series of the throughput chart: (attribute of Rate, label, colour).
@@ -192,18 +238,23 @@ def chart(rates: Sequence[Rate], *, width: int = 720, height: int = 180) -> str:
     return f'<div class="chart">{svg}<div class="legends">{legend}</div></div>'
 
 
-def dead_letters(page: ops.DeadLetterPage, *, read_only: bool) -> str:
-    """The dead rows of the filter, each with a button to open it."""
+def dead_letters(page: DeadPage, *, read_only: bool) -> str:
+    """A page of the dead rows of the filter, each with a button to open it, and the buttons
+    to the first and the next page."""
     where = f" of topic {page.topic}" if page.topic else ""
-    if page.total == 0:
+    if page.total == 0 and page.after is None:
         return f'<p class="none" id="dead-count">No dead rows in {esc(page.table)}{esc(where)}.</p>'
-    shown = "" if len(page.rows) == page.total else f", showing the first {len(page.rows)}"
+    if page.rows:
+        first, last = page.rows[0].id, page.rows[-1].id
+        shown = f", showing {len(page.rows)} (ids {first} to {last})"
+    else:
+        shown = ", none after this page"
     rows = [
         [
             esc(r.id),
             f"<code>{esc(r.message_id)}</code>",
             esc(r.topic),
-            esc(key_cell(r.key)),
+            esc(_key(r.key, r.key_size)),
             esc(r.attempts),
             esc(when(r.dead_at)),
             f'<span class="error">{"(quarantined) " if r.quarantined else ""}'
@@ -214,24 +265,50 @@ def dead_letters(page: ops.DeadLetterPage, *, read_only: bool) -> str:
         for r in page.rows
     ]
     del read_only  # the actions are on the opened row
+    pager = '<p class="pager">'
+    if page.after is not None:
+        pager += '<button type="button" class="page" data-after="">first page</button> '
+    if page.next_after is not None:
+        pager += (
+            f'<button type="button" class="page" id="dead-more" '
+            f'data-after="{esc(page.next_after)}">next page</button>'
+        )
+    pager += "</p>"
     return (
         f'<p id="dead-count">{page.total} dead row{"s" if page.total != 1 else ""} in '
         f"{esc(page.table)}{esc(where)}{esc(shown)}</p>"
         + _table(
             ["id", "message id", "topic", "key", "attempts", "dead at", "error", ""], rows, "dead"
         )
+        + pager
     )
 
 
-def row_detail(row: ops.QueueRow, *, read_only: bool) -> str:
-    """Everything about one row: fields, headers, the whole error, a payload preview."""
+def _key(key: bytes | None, size: int | None) -> str:
+    """A key cell: `key_cell` of its first bytes."""
+    shown = key_cell(key)
+    if key is not None and size is not None and size > len(key) and not shown.endswith("…"):
+        shown += "…"
+    return shown
+
+
+def _size(size: int) -> str:
+    return f"{size} byte" if size == 1 else f"{size} bytes"
+
+
+def row_detail(row: RowView, *, read_only: bool) -> str:
+    """Everything about one row: fields, headers, the error (a long one's first and last
+    characters), a preview of the payload with its size."""
+    key = "(none)" if row.key is None else key_text(row.key)
+    if row.key is not None and row.key_size is not None and row.key_size > len(row.key):
+        key += f"… ({_size(row.key_size)}, showing the first {len(row.key)})"
     fields: list[tuple[str, str]] = [
         ("table", row.table),
         ("id", str(row.id)),
         ("message id", str(row.message_id)),
         ("state", row.state),
         ("topic", row.topic),
-        ("key", key_cell(row.key)),
+        ("key", key),
         ("content type", row.content_type),
         ("lane", str(row.lane)),
         ("attempts", str(row.attempts)),
@@ -250,11 +327,20 @@ def row_detail(row: ops.QueueRow, *, read_only: bool) -> str:
             ("processed at", when(row.processed_at)),
         ]
     table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in fields)
-    headers = json.dumps(row.headers, ensure_ascii=True, sort_keys=True, indent=2)
-    payload, encoding, truncated = payload_preview(row)
-    size = f"{len(row.payload)} bytes"
+    if row.headers is None:
+        headers = f"(too large to show: {_size(row.headers_size)} of JSON)"
+    else:
+        headers = json.dumps(row.headers, ensure_ascii=True, sort_keys=True, indent=2)
+    payload, encoding, truncated = preview(row.payload_head, row.payload_size)
     what = "UTF-8" if encoding == "utf-8" else "not UTF-8 text: hex"
-    cut = f", showing the first {PAYLOAD_PREVIEW_BYTES}" if truncated else ""
+    cut_ = f", showing the first {len(row.payload_head)}" if truncated else ""
+    error = row.error_head or "(none)"
+    head, size, tail = row.error_head, row.error_size, row.error_tail
+    if head is not None and size is not None and tail is not None:
+        error += (
+            f"\n\n… ({_size(size)} in all: showing the first {len(head)} and the last "
+            f"{len(tail)} characters; `outbox dead-letters show` prints it all) …\n\n{tail}"
+        )
     actions = ""
     if row.state == "dead" and not read_only:
         actions = (
@@ -272,16 +358,22 @@ def row_detail(row: ops.QueueRow, *, read_only: bool) -> str:
         f'{actions}<table class="fields">{table}</table>'
         f"<h4>headers</h4><pre>{esc(headers)}</pre>"
         f"{_raw_headers(row)}"
-        f'<h4>error</h4><pre class="error">{esc(row.last_error or "(none)")}</pre>'
-        f'<h4>payload <small id="payload-size">{esc(size)}, {esc(what)}{esc(cut)}</small></h4>'
+        f'<h4>error</h4><pre class="error">{esc(error)}</pre>'
+        f'<h4>payload <small id="payload-size">{esc(_size(row.payload_size))}, {esc(what)}'
+        f"{esc(cut_)}</small></h4>"
         f'<pre class="payload">{esc(payload)}</pre>'
     )
 
 
-def _raw_headers(row: ops.QueueRow) -> str:
+def _raw_headers(row: RowView) -> str:
     """A quarantined row's headers as received: names and values as text, else as hex."""
-    if row.raw_headers is None:
+    if row.raw_headers_size is None:
         return ""
+    if row.raw_headers is None:
+        return (
+            f'<h4>raw headers <small id="raw-headers-count">too large to show: '
+            f"{esc(_size(row.raw_headers_size))} of JSON</small></h4>"
+        )
 
     def cell(text: str | None, encoding: str | None) -> str:
         if text is None:

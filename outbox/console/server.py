@@ -1,4 +1,17 @@
-"""The console's HTTP server: the standard library's `http.server`, one thread per request.
+"""The console's HTTP server: the standard library's `http.server`, served by a fixed pool of
+worker threads (see docs/decisions/0014-console-server.md).
+
+Bounded:
+
+- `workers` threads serve requests; at most `queued` accepted connections wait for one, and
+  any further connection is answered 503 at once and closed;
+- every socket read and write times out after `socket_timeout` seconds, so a client that
+  sends nothing (or reads nothing) frees its worker then;
+- a request body is read only with a valid Content-Length of at most MAX_BODY_BYTES (400 for
+  a missing-digits, negative or repeated one, 413 above, 408 for a body that does not come);
+- no answer is larger than MAX_RESPONSE_BYTES: what is read from the databases is cut in
+  PostgreSQL and paged (`outbox.console.reads`), tables are cut (`outbox.console.render`),
+  and an answer that would still be larger is refused with 500 and logged.
 
 Safe by default:
 
@@ -22,29 +35,30 @@ import hmac
 import ipaddress
 import json
 import logging
+import queue
 import re
 import secrets
+import socket
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
 from outbox import operations as ops
-from outbox.console import assets, render
+from outbox.console import assets, reads, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
-from outbox.formatting import status_json
-from outbox.kafka.lag import LagReader
+from outbox.formatting import cut, status_json
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 
@@ -53,8 +67,15 @@ log = logging.getLogger("outbox.console")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8470
 COOKIE = "outbox_console_session"
-#: Dead rows listed at most per filter.
-DEAD_LIMIT = 200
+#: No answer of the console is larger (bytes); see the module's docstring.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+#: The largest request body accepted (a requeue or purge form is a few dozen bytes).
+MAX_BODY_BYTES = 65536
+#: Partitions of the lag in `/api/status` at most (the totals count them all).
+MAX_LAG_PARTITIONS = 1000
+#: Lag transports: where the console reads the consumer groups' lag.
+TRANSPORTS = ("kafka", "postgres")
+_CONTENT_LENGTH_RE = re.compile(r"[0-9]{1,18}")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
@@ -83,8 +104,17 @@ class ConsoleConfig:
     sample_interval: float = 5.0
     kafka_bootstrap: str | None = None
     kafka_config: Mapping[str, str] = field(default_factory=dict)
-    #: Consumer groups whose lag is shown; empty: every group of the cluster.
+    #: Consumer groups whose lag is shown; empty: every group of the cluster (or log).
     groups: tuple[str, ...] = ()
+    #: Where the lag is read: "kafka" (at kafka_bootstrap) or "postgres" (the log at log_url).
+    transport: str = "kafka"
+    log_url: str | None = None
+    log_schema: str = "outbox_log"
+    #: Threads serving requests, and accepted connections that may wait for one.
+    workers: int = 8
+    queued: int = 16
+    #: Seconds a read from or a write to a client may take before its connection is closed.
+    socket_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.databases:
@@ -101,6 +131,23 @@ class ConsoleConfig:
             )
         if self.refresh <= 0 or self.sample_interval <= 0:
             raise ConfigurationError("refresh and sample interval must be > 0 seconds")
+        if self.transport not in TRANSPORTS:
+            raise ConfigurationError(
+                f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}"
+            )
+        validate_schema(self.log_schema)
+        if self.workers < 1 or self.queued < 0 or self.socket_timeout <= 0:
+            raise ConfigurationError(
+                "the console needs at least one worker, a queue of 0 or more connections and "
+                "a socket timeout > 0 seconds"
+            )
+
+    @property
+    def lag_source(self) -> str | None:
+        """Where the lag is read from (redacted), or None when it is not read."""
+        if self.transport == "postgres":
+            return None if not self.log_url else redact_url(self.log_url)
+        return self.kafka_bootstrap or None
 
 
 def is_loopback(host: str) -> bool:
@@ -154,9 +201,10 @@ class Console:
         self._lag: list[GroupLag] | None = None
         self._lag_note: str | None = None
         self._lag_lock = threading.Lock()
+        self._sample_errors: dict[str, str] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server = _Server((config.host, config.port), _Handler)
+        self._server = _Server(config, _Handler)
         self._server.console = self
 
     @property
@@ -169,6 +217,7 @@ class Console:
 
     def start(self) -> None:
         """Serve and sample in background threads."""
+        self._server.start_workers()
         for target in (self._sample_forever, self._server.serve_forever):
             thread = threading.Thread(target=target, daemon=True, name="outbox-console")
             thread.start()
@@ -193,54 +242,62 @@ class Console:
     def close(self) -> None:
         """Stop serving and sampling."""
         self._stop.set()
-        self._server.shutdown()
+        if self._threads:
+            self._server.shutdown()
         self._server.server_close()
+        self._server.stop_workers()
         for thread in self._threads:
             thread.join(10)
 
     # -- sampling ---------------------------------------------------------------------------
 
     def _sample_forever(self) -> None:
-        reader: LagReader | None = None
+        lag_reader: _LagSource | None = None
         connections: dict[str, psycopg.Connection[Any]] = {}
         try:
             while not self._stop.is_set():
                 for d in self.config.databases:
                     self._sample(d, connections)
-                if self.config.kafka_bootstrap:
-                    reader = self._sample_lag(reader)
+                if self.config.lag_source:
+                    lag_reader = self._sample_lag(lag_reader)
                 self._stop.wait(self.config.sample_interval)
         finally:
             for conn in connections.values():
                 conn.close()
-            if reader is not None:
-                reader.close()
+            if lag_reader is not None:
+                lag_reader.close()
 
     def _sample(self, d: Database, connections: dict[str, psycopg.Connection[Any]]) -> None:
+        """One throughput sample of `d`. A database it cannot read is tried again at the next
+        sample; its error is logged when it starts or changes, and its recovery once."""
         throughput = self._throughput[d.name]
         try:
             conn = connections.get(d.name)
             if conn is None or conn.closed:
                 conn = connections[d.name] = _connect(d.url)
-            last = throughput.since
-            throughput.add(ops.counters(conn, d.schema, last.taken_at if last else None))
+            throughput.add(reads.counters(conn, d.schema, throughput.since))
         except psycopg.Error as exc:
-            log.warning("sampling %s: %s", d.name, redact_text(first_line(exc)))
+            message = redact_text(first_line(exc))
+            if self._sample_errors.get(d.name) != message:
+                log.warning("sampling %s: %s (trying again every sample)", d.name, message)
+            self._sample_errors[d.name] = message
             broken = connections.pop(d.name, None)
             if broken is not None:
                 broken.close()
+            return
+        if self._sample_errors.pop(d.name, None) is not None:
+            log.info("sampling %s again", d.name)
 
-    def _sample_lag(self, reader: LagReader | None) -> LagReader | None:
-        assert self.config.kafka_bootstrap
+    def _sample_lag(self, reader: _LagSource | None) -> _LagSource | None:
         try:
             if reader is None:
-                reader = LagReader(
-                    self.config.kafka_bootstrap, self.config.kafka_config, timeout=5.0
-                )
+                reader = _lag_source(self.config)
             groups = reader.lag(self.config.groups or None)
             note = None
         except Exception as exc:  # the broker's errors have many types; the page says why
             groups, note = None, f"cannot read lag: {redact_text(first_line(exc))}"
+            if reader is not None and self.config.transport == "postgres":
+                reader = None  # a new connection next time
         with self._lag_lock:
             if groups is not None:
                 self._lag = groups
@@ -248,8 +305,10 @@ class Console:
         return reader
 
     def lag(self) -> tuple[list[GroupLag] | None, str | None]:
-        """The last lag read (None before the first, or without Kafka) and a note."""
-        if not self.config.kafka_bootstrap:
+        """The last lag read (None before the first, or when not configured) and a note."""
+        if not self.config.lag_source:
+            if self.config.transport == "postgres":
+                return None, "Lag of the log needs --log-url (and optionally --group)."
             return None, "Lag needs --kafka-bootstrap (and optionally --group)."
         with self._lag_lock:
             if self._lag is None and self._lag_note is None:
@@ -289,14 +348,17 @@ class Console:
         queue = _queue(query.get("queue"))
         topic = query.get("topic", "").strip() or None
         text = query.get("text", "").strip() or None
+        after = _after(query.get("after"))
         with _connection(d) as conn:
             status = ops.status(conn, d.schema)
-            page = ops.list_dead_letters(
-                conn, d.schema, queue, topic=topic, limit=DEAD_LIMIT, text=text
-            )
+            page = reads.dead_page(conn, d.schema, queue, topic=topic, text=text, after=after)
         groups, note = self.lag()
         return {
             "db": d.name,
+            "dead_total": page.total,
+            "dead_rows": len(page.rows),
+            "more": page.more,
+            "next_after": page.next_after,
             "taken_at": render.esc(status.taken_at.strftime("%H:%M:%S")),
             "queues": render.queues(status),
             "processes": render.processes(status),
@@ -314,7 +376,7 @@ class Console:
         return {
             **status_json(status),
             "database": d.name,
-            "lag": None if groups is None else lag_json(groups),
+            "lag": None if groups is None else _bounded_lag_json(groups),
             "lag_note": note,
             "throughput": [
                 {
@@ -333,8 +395,13 @@ class Console:
         queue = _queue(query.get("queue"))
         row_id = _row_id(query.get("id"))
         with _connection(d) as conn:
-            row = ops.show_row(conn, d.schema, queue, row_id)
-        return {"html": render.row_detail(row, read_only=self.config.read_only)}
+            row = reads.show_row(conn, d.schema, queue, row_id)
+        return {
+            "html": render.row_detail(row, read_only=self.config.read_only),
+            "payload_size": row.payload_size,
+            "payload_preview_bytes": len(row.payload_head),
+            "error_size": row.error_size,
+        }
 
     def change(self, d: Database, action: str, form: Mapping[str, str]) -> dict[str, Any]:
         """Requeue or purge one dead row."""
@@ -351,6 +418,62 @@ class Console:
         log.info("console: %sd row %s of %s in %s", action, row_id, ops.TABLES[queue], d.name)
         rows = "row" if count == 1 else "rows"
         return {"changed": count, "message": f"{action}d {count} {rows} of {ops.TABLES[queue]}"}
+
+
+class _LagSource:
+    """Reads consumer-group lag: Kafka's (`outbox.kafka.lag.LagReader`) or the PostgreSQL
+    log's (`outbox.pglog.PgLog.lag`), both as `outbox.core.lag.GroupLag`."""
+
+    def __init__(self, config: ConsoleConfig) -> None:
+        self._kafka: Any = None
+        self._log: Any = None
+        if config.transport == "postgres":
+            from outbox.pglog import PgLog
+
+            assert config.log_url
+            self._log = PgLog(config.log_url, config.log_schema)
+        else:
+            from outbox.kafka.lag import LagReader
+
+            assert config.kafka_bootstrap
+            self._kafka = LagReader(config.kafka_bootstrap, config.kafka_config, timeout=5.0)
+
+    def lag(self, groups: Sequence[str] | None) -> list[GroupLag]:
+        reader = self._log if self._log is not None else self._kafka
+        return list(reader.lag(groups))
+
+    def close(self) -> None:
+        if self._kafka is not None:
+            self._kafka.close()
+
+
+def _lag_source(config: ConsoleConfig) -> _LagSource:
+    return _LagSource(config)
+
+
+def _bounded_lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
+    """`lag_json` of `groups`, with at most MAX_LAG_PARTITIONS partitions in all (a group's
+    `partitions_shown` says how many of its partitions are listed; totals count them all)."""
+    docs = lag_json(groups)
+    budget = MAX_LAG_PARTITIONS
+    for doc in docs:
+        partitions = doc["partitions"]
+        doc["partitions"] = partitions[: max(0, budget)]
+        doc["partitions_shown"] = len(doc["partitions"])
+        doc["partitions_total"] = len(partitions)
+        if len(doc["topics"]) > MAX_LAG_PARTITIONS:
+            doc["topics"] = dict(list(doc["topics"].items())[:MAX_LAG_PARTITIONS])
+        budget -= len(doc["partitions"])
+    return docs
+
+
+def _after(text: str | None) -> int | None:
+    """The `after` cursor of a page of dead rows: empty, or a row id."""
+    if not text:
+        return None
+    if not _CONTENT_LENGTH_RE.fullmatch(text):
+        raise _Refused(HTTPStatus.BAD_REQUEST, "after must be a row id")
+    return int(text)
 
 
 def _without_nul(params: dict[str, str]) -> dict[str, str]:
@@ -414,15 +537,118 @@ def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
             ) from None
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+def _listen_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    """The address family and socket address to bind `host` (an IPv4 or IPv6 address, or a
+    name) on `port`; ConfigurationError if the host cannot be resolved."""
+    bare = host.strip("[]")
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            raise ConfigurationError(
+                f"cannot listen on {host}: the name does not resolve ({exc})"
+            ) from None
+        family, _, _, _, sockaddr = infos[0]
+        return family, sockaddr
+    if address.version == 6:
+        return socket.AF_INET6, (bare, port, 0, 0)
+    return socket.AF_INET, (bare, port)
+
+
+class _Server(HTTPServer):
+    """An HTTP server whose requests a fixed pool of worker threads serve; connections beyond
+    the pool and its queue are answered 503 at once."""
+
     console: Console
+
+    def __init__(self, config: ConsoleConfig, handler: type[BaseHTTPRequestHandler]) -> None:
+        family, address = _listen_address(config.host, config.port)
+        self.address_family = family
+        self._workers = config.workers
+        # A slot per connection being served or waiting for a worker.
+        self._slots = threading.BoundedSemaphore(config.workers + config.queued)
+        self._waiting: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue()
+        self._pool: list[threading.Thread] = []
+        self.busy_answers = 0
+        try:
+            super().__init__(address, handler)
+        except OSError as exc:
+            shown = f"[{config.host}]" if ":" in config.host else config.host
+            raise ConfigurationError(
+                f"cannot listen on {shown}:{config.port}: {exc.strerror or exc}"
+            ) from None
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            # Only the IPv6 address asked for, not IPv4 as well through a mapped address.
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        super().server_bind()
+
+    def start_workers(self) -> None:
+        for number in range(self._workers):
+            thread = threading.Thread(
+                target=self._work, daemon=True, name=f"outbox-console-worker-{number}"
+            )
+            thread.start()
+            self._pool.append(thread)
+
+    def stop_workers(self) -> None:
+        for _ in self._pool:
+            self._waiting.put(None)
+        for thread in self._pool:
+            thread.join(10)
+        self._pool.clear()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self._slots.acquire(blocking=False):
+            self._waiting.put((request, client_address))
+        else:
+            self._busy(request)
+
+    def _busy(self, request: socket.socket) -> None:
+        """Answer 503 without a worker (a few hundred bytes, a short timeout), and close."""
+        self.busy_answers += 1
+        body = b'{"error": "the console is busy: try again in a moment"}'
+        head = (
+            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            request.settimeout(1.0)
+            request.sendall(head.encode("ascii") + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def _work(self) -> None:
+        while True:
+            item = self._waiting.get()
+            if item is None:
+                return
+            request, client_address = item
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
+                self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("console connection from %s failed", client_address, exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "outbox-console"
     sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        # Every read and write of this connection times out.
+        self.connection.settimeout(self.server.console.config.socket_timeout)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -440,6 +666,16 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str,
         headers: Sequence[tuple[str, str]] = (),
     ) -> None:
+        if len(body) > MAX_RESPONSE_BYTES:
+            log.warning(
+                "console answer of %d bytes to %s refused: larger than %d",
+                len(body),
+                cut(redact_text(urlsplit(self.path).path), 100),
+                MAX_RESPONSE_BYTES,
+            )
+            status = HTTPStatus.INTERNAL_SERVER_ERROR
+            body = b'{"error": "the answer would be larger than the console sends"}'
+            content_type, headers = "application/json", ()
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -454,6 +690,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
         for name, value in headers:
             self.send_header(name, value)
+        self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -560,8 +797,8 @@ class _Handler(BaseHTTPRequestHandler):
                 else HTTPStatus.BAD_REQUEST
             )
             self._json(status, {"error": redact_text(first_line(exc))})
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
         except Exception as exc:
             log.warning("console request failed", exc_info=True)
             self._json(
@@ -607,13 +844,35 @@ class _Handler(BaseHTTPRequestHandler):
         if action is None:
             raise _Refused(HTTPStatus.NOT_FOUND, "not found")
         self._check_post()
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > 65536:
-            raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
-        raw = self.rfile.read(length).decode("utf-8", "replace")
+        raw = self._body().decode("utf-8", "replace")
         form = _without_nul({k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()})
         d = self.console.database(form.get("db"))
         self._json(HTTPStatus.OK, self.console.change(d, action, form))
+
+    def _body(self) -> bytes:
+        """The request's body, read as its Content-Length says (at most MAX_BODY_BYTES)."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
+        given = self.headers.get_all("Content-Length") or []
+        if not given:
+            return b""
+        if len(given) > 1 or not _CONTENT_LENGTH_RE.fullmatch(given[0].strip()):
+            raise _Refused(
+                HTTPStatus.BAD_REQUEST, "Content-Length must be one number of bytes (0 or more)"
+            )
+        length = int(given[0])
+        if length > MAX_BODY_BYTES:
+            raise _Refused(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"request body too large: at most {MAX_BODY_BYTES} bytes",
+            )
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            raise _Refused(HTTPStatus.REQUEST_TIMEOUT, "the request body did not come") from None
+        if len(body) < length:
+            raise _Refused(HTTPStatus.BAD_REQUEST, "the request body is shorter than announced")
+        return body
 
 
 def serve(config: ConsoleConfig) -> Console:

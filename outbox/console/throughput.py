@@ -1,8 +1,9 @@
 """Throughput sampled in the console's process: counters read every few seconds, kept a while.
 
-Each sample is `outbox.operations.counters` of one database; a rate is the difference of two
-successive samples over the time between them (a counter that went down, after a statistics
-reset, counts as 0).
+Each sample is `outbox.console.reads.counters` of one database; a rate is the difference of two
+successive samples of a cumulative counter (written, relayed) over the time between them (a
+counter that went down, after a statistics reset, counts as 0), or the rows a sample counted
+since the previous one (received, handled) over that time.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from outbox import operations as ops
+from outbox.console.reads import Counters
 
 #: How long samples are kept (seconds): the chart covers this much.
 WINDOW_SECONDS = 600.0
@@ -34,16 +35,16 @@ class Throughput:
     def __init__(self, window: float = WINDOW_SECONDS) -> None:
         self._window = window
         self._lock = threading.Lock()
-        self._last: ops.Counters | None = None
+        self._last: Counters | None = None
         self._rates: deque[Rate] = deque()
 
     @property
-    def since(self) -> ops.Counters | None:
+    def since(self) -> Counters | None:
         """The last sample (its `taken_at` is the `since` of the next read)."""
         with self._lock:
             return self._last
 
-    def add(self, sample: ops.Counters) -> None:
+    def add(self, sample: Counters) -> None:
         """Add a sample read with `since` = the previous sample's time."""
         with self._lock:
             last, self._last = self._last, sample
@@ -62,7 +63,7 @@ class Throughput:
                     at=at,
                     written=per_second(sample.written, last.written),
                     relayed=per_second(sample.relayed, last.relayed),
-                    received=per_second(sample.received, last.received),
+                    received=sample.received / seconds,
                     handled=sample.handled / seconds,
                 )
             )

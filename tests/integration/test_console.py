@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +27,8 @@ import pytest
 from outbox.console import Console, ConsoleConfig, Database, serve
 from outbox.console.server import parse_database
 from outbox.core.errors import ConfigurationError
+from outbox.postgres import migrate
+from tests.integration.relay_helpers import wait_for
 from tests.integration.test_operations import insert, row_of
 
 PASSWORD = "pw-Secr3t-value"
@@ -305,3 +311,379 @@ def test_a_quarantined_rows_raw_headers_are_shown_decoded_as_dead_letters_show_d
         assert '<td>x-empty</td><td><span class="none">(no value)</span></td>' in html
         _, plain = client.get_json(f"/api/row?db=orders&queue=consumer&id={ordinary}")
         assert "raw headers" not in plain["html"]
+
+
+# -- hostile conditions: oversized rows, malformed requests, many connections -----------------
+
+
+def _spawn_console(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """`outbox console` as a process of its own on a free port: (process, its URL)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", "console", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("outbox console: http://"), line + process.stdout.read()
+    return process, line.split(": ", 1)[1].strip().rstrip("/")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set size (VmHWM), in MB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def _get(base: str, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(base + path, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_oversized_rows_are_cut_in_postgresql_and_the_dead_letters_are_paged(
+    outbox_database_url: str,
+) -> None:
+    """20 dead rows with 5 MB errors and a 100 MB payload: every answer stays small and the
+    console's process stays small (it read everything before: 100 MB per refresh, 640 MB to
+    open the payload's row)."""
+    from outbox.console.reads import PAGE_ROWS, PREVIEW_BYTES
+    from outbox.console.server import MAX_RESPONSE_BYTES
+
+    url = outbox_database_url
+    small = [insert(url, "consumer", "dead", error=f"KeyError: 'n{n}'")[0] for n in range(40)]
+    frames = "".join(f'  File "app.py", line {n}, in f{n}\n    f{n + 1}()\n' for n in range(2000))
+    traceback = f"Traceback (most recent call last):\n{frames}KeyError: 'the-end'\n"
+    deep, _ = insert(url, "consumer", "dead", error=traceback)
+    small.append(deep)
+    with psycopg.connect(url) as conn:
+        big = [
+            row[0]
+            for row in conn.execute(
+                "INSERT INTO outbox.consumer_queue (message_id, topic, key, payload, "
+                "content_type, lane, attempts, last_error, dead_at) "
+                "SELECT gen_random_uuid(), 'orders', convert_to(repeat('k', 1000000), 'UTF8'), "
+                "'{}', 'application/json', 1, 5, "
+                "'ValueError: ' || repeat('boom ', 1000000), now() "
+                "FROM generate_series(1, 20) RETURNING id"
+            ).fetchall()
+        ]
+        [(huge,)] = conn.execute(
+            "INSERT INTO outbox.consumer_queue (message_id, topic, payload, content_type, lane, "
+            "attempts, last_error, dead_at) SELECT gen_random_uuid(), 'orders', "
+            "convert_to(repeat('{\"x\": 1}', 12500000), 'UTF8'), 'application/json', 1, 5, "
+            "'ValueError: huge', now() RETURNING id"
+        ).fetchall()
+    process, base = _spawn_console("--database-url", f"orders={url}")
+    try:
+        status, body = _get(base, "/api/view?db=orders&queue=consumer")
+        assert status == 200 and len(body) < MAX_RESPONSE_BYTES, (status, len(body))
+        view = json.loads(body)
+        assert view["dead_total"] == 62 and view["dead_rows"] == PAGE_ROWS and view["more"]
+        seen = [int(i) for i in re.findall(r'data-id="(\d+)"', view["dead"])]
+        assert seen == sorted(small + big + [huge])[:PAGE_ROWS]
+        assert "ValueError: boom boom" in view["dead"] and 'id="dead-more"' in view["dead"]
+        # A long traceback's summary is its last exception's line, read from its end.
+        row_html = view["dead"].split(f'data-id="{deep}"')[0].rsplit("<tr>", 1)[1]
+        assert "KeyError: &#x27;the-end&#x27;" in row_html, row_html
+        assert len(body) < 200_000, len(body)  # 20 errors of 5 MB: each cut to a summary
+
+        status, body = _get(base, f"/api/view?db=orders&queue=consumer&after={seen[-1]}")
+        rest = json.loads(body)
+        assert status == 200 and not rest["more"] and rest["next_after"] is None
+        more = [int(i) for i in re.findall(r'data-id="(\d+)"', rest["dead"])]
+        assert seen + more == sorted(small + big + [huge]), "every dead row on one page"
+        assert "first page" in rest["dead"]
+        assert _get(base, "/api/view?db=orders&after=x")[0] == 400
+
+        for _ in range(3):  # three opens of the 100 MB payload's row
+            status, body = _get(base, f"/api/row?db=orders&queue=consumer&id={huge}")
+            assert status == 200 and len(body) < 100_000, (status, len(body))
+            detail = json.loads(body)
+            assert detail["payload_size"] == 100_000_000
+            assert detail["payload_preview_bytes"] == PREVIEW_BYTES
+            assert "100000000 bytes, UTF-8, showing the first" in detail["html"]
+        status, body = _get(base, f"/api/row?db=orders&queue=consumer&id={big[0]}")
+        detail = json.loads(body)
+        assert status == 200 and len(body) < 300_000 and detail["error_size"] == 5_000_012
+        assert "5000012 bytes in all: showing the first 8192 and the last 8192" in detail["html"]
+        status, body = _get(base, f"/api/row?db=orders&queue=consumer&id={deep}")
+        html = json.loads(body)["html"]
+        assert html.rstrip("</pre>").count("KeyError: &#x27;the-end&#x27;") == 1
+        assert "Traceback (most recent call last)" in html and "in all: showing" in html
+        assert "1000000 bytes, showing the first 1024" in detail["html"]  # the key
+        for _ in range(5):  # refreshes of the page
+            assert _get(base, "/api/view?db=orders&queue=consumer")[0] == 200
+        # Generous: the interpreter with psycopg is ~40 MB; reading the rows took 500+ MB.
+        peak = _peak_rss_mb(process.pid)
+        print(f"peak RSS {peak:.0f} MB")
+        assert peak < 200, f"the console's peak RSS was {peak:.0f} MB"
+    finally:
+        process.terminate()
+        process.wait(30)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def _raw_request(app: Console, request: bytes, timeout: float = 10) -> bytes:
+    """Send `request` on a socket of its own and read the answer until the server closes."""
+    host, port = app.url.split("//")[1].rstrip("/").rsplit(":", 1)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_malformed_requests_are_answered_4xx_without_holding_a_worker(
+    outbox_database_url: str,
+) -> None:
+    with console(outbox_database_url, socket_timeout=1.0) as app:
+        client = Client(app)
+        client.open_page()
+        host = app.url.split("//")[1].rstrip("/")
+
+        def post(length: str, body: bytes = b"") -> bytes:
+            head = (
+                f"POST /api/requeue HTTP/1.1\r\nHost: {host}\r\nOrigin: {client.base}\r\n"
+                f"Cookie: {client.cookie}\r\nX-CSRF-Token: {client.csrf}\r\n"
+                f"Content-Type: application/x-www-form-urlencoded\r\n{length}\r\n"
+            )
+            return _raw_request(app, head.encode() + body)
+
+        for length, expected in [
+            ("Content-Length: abc\r\n", b"HTTP/1.0 400 "),  # was 500
+            ("Content-Length: -1\r\n", b"HTTP/1.0 400 "),  # blocked the thread
+            ("Content-Length: 1e3\r\n", b"HTTP/1.0 400 "),
+            ("Content-Length: 5\r\nContent-Length: 5\r\n", b"HTTP/1.0 400 "),
+            ("Content-Length: 99999999999\r\n", b"HTTP/1.0 413 "),
+            ("Transfer-Encoding: chunked\r\n", b"HTTP/1.0 411 "),
+        ]:
+            answer = post(length)
+            assert answer.startswith(expected), (length, answer[:200])
+            assert b'"error"' in answer
+        # A body shorter than announced: the read times out (socket_timeout), 408.
+        answer = post("Content-Length: 40\r\n", b"db=orders")
+        assert answer.startswith(b"HTTP/1.0 408 "), answer[:200]
+        # A client that sends nothing is disconnected after socket_timeout.
+        assert _raw_request(app, b"") == b""
+        assert _raw_request(app, b"GET / HTTP/1.1\r\nHost: x") == b""
+        assert client.get_json("/api/status?db=orders")[0] == 200
+
+
+def test_connections_beyond_the_workers_and_their_queue_are_answered_503(
+    outbox_database_url: str,
+) -> None:
+    with console(outbox_database_url, workers=2, queued=1, socket_timeout=60.0) as app:
+        host, port = app.url.split("//")[1].rstrip("/").rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+        try:
+            server = app._server  # the two workers wait for a request, one connection queued
+            wait_for(lambda: server._waiting.qsize() == 1, 30, "a connection queued")
+            answer = _raw_request(app, b"")
+            assert answer.startswith(b"HTTP/1.0 503 ") and b"busy" in answer, answer
+            assert server.busy_answers == 1
+        finally:
+            for sock in silent:
+                sock.close()
+        # Their workers see them closed and serve again (until then: 503, Retry-After).
+        client = Client(app)
+        wait_for(lambda: client.get_json("/api/status?db=orders")[0] == 200, 30, "served")
+
+
+def _has_ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_console_serves_on_the_ipv6_loopback(outbox_database_url: str) -> None:
+    with console(outbox_database_url, host="::1") as app:
+        assert app.url.startswith("http://[::1]:")
+        client = Client(app)
+        client.open_page()
+        assert client.get_json("/api/status?db=orders")[0] == 200
+
+
+def test_a_host_the_console_cannot_listen_on_is_one_line_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, said in [
+            ("no-such-host.invalid", "cannot listen on no-such-host.invalid"),
+            ("192.0.2.1", "cannot listen on 192.0.2.1:"),  # not an address of this machine
+            ("127.0.0.1", f"cannot listen on 127.0.0.1:{port}: "),  # in use
+        ]:
+            result = subprocess.run(
+                [sys.executable, "-m", "outbox.cli", "console", "--database-url",
+                 "postgresql://u@h/a", "--host", host, "--port", str(port),
+                 "--auth-token", "t"],
+                capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+            )  # fmt: skip
+            assert result.returncode == 1, (host, result.stderr)
+            assert result.stderr.count("\n") == 1 and said in result.stderr, result.stderr
+
+
+def test_the_transactions_in_flight_are_those_of_the_databases_schema(
+    outbox_database_url: str,
+) -> None:
+    """Two services in one database, schemas outbox and billing: a handler transaction of
+    billing is not one of outbox's (both were counted: the filter was the database)."""
+    url = outbox_database_url
+    migrate.upgrade(url, "billing")
+    row, _ = insert(url, "consumer", "pending", schema="billing")
+    databases = (
+        Database("orders", _with_password(url)),
+        Database("billing", _with_password(url), "billing"),
+    )
+    app = serve(ConsoleConfig(databases=databases, port=0, sample_interval=0.2))
+    handler = psycopg.connect(url, application_name="outbox-handler")
+    try:
+        handler.execute("SELECT id FROM billing.consumer_queue WHERE id = %s FOR UPDATE", (row,))
+        client = Client(app)
+        _, billing = client.get_json("/api/status?db=billing")
+        _, orders = client.get_json("/api/status?db=orders")
+        assert len(billing["claims"]) == 1 and billing["claims"][0]["backend_pid"] == (
+            handler.info.backend_pid
+        )
+        assert orders["claims"] == []
+    finally:
+        handler.close()
+        app.close()
+
+
+def test_the_throughput_counts_relayed_and_received_rows(outbox_database_url: str) -> None:
+    """relayed: rows deleted from producer_queue after an acknowledgement, not those moved to
+    producer_dead (they were counted); received: rows stored into consumer_queue, at once (the
+    statistics it was read from are flushed 10 s after a session goes idle: it stayed 0)."""
+    from outbox.console.reads import counters
+
+    url = outbox_database_url
+    ids = [insert(url, "producer", "pending")[0] for _ in range(3)]
+    with psycopg.connect(url, autocommit=True) as reader:
+        first = counters(reader, "outbox")
+        with psycopg.connect(url, autocommit=True) as relay:
+            relay.execute("DELETE FROM outbox.producer_queue WHERE id = ANY(%s)", (ids[:2],))
+            relay.execute(
+                "WITH moved AS (DELETE FROM outbox.producer_queue WHERE id = %s RETURNING *) "
+                "INSERT INTO outbox.producer_dead (id, message_id, topic, key, payload, headers, "
+                "content_type, lane, created_at, attempts, next_attempt_at, last_error, dead_at) "
+                "SELECT id, message_id, topic, key, payload, headers, content_type, lane, "
+                "created_at, attempts, next_attempt_at, 'too large', now() FROM moved",
+                (ids[2],),
+            )
+        # The relay's session ended: its statistics are flushed.
+        wait_for(
+            lambda: (
+                counters(reader, "outbox").relayed > first.relayed
+                or counters(reader, "outbox").written > first.written + 99
+            ),
+            30,
+            "the relay's statistics",
+        )
+        assert counters(reader, "outbox").relayed - first.relayed == 2
+
+        before = counters(reader, "outbox")
+        with psycopg.connect(url, autocommit=True) as consumer:  # stays open and idle
+            consumer.execute("SELECT 1")
+            consumer.execute(
+                "INSERT INTO outbox.consumer_queue (message_id, topic, payload, content_type, "
+                "lane) SELECT gen_random_uuid(), 'orders', '{}', 'application/json', 1 "
+                "FROM generate_series(1, 4)"
+            )
+            after = counters(reader, "outbox", before)
+            assert after.received == 4
+            assert counters(reader, "outbox", after).received == 0
+
+
+def test_a_database_the_console_cannot_reach_is_shown_and_retried_without_flooding_the_log(
+    outbox_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    gone = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{port}/nothing"
+    databases = (Database("gone", gone), Database("orders", outbox_database_url))
+    caplog.set_level(logging.INFO, "outbox.console")
+    app = serve(ConsoleConfig(databases=databases, port=0, sample_interval=0.02))
+    try:
+        client = Client(app)
+        status, body = client.get_json("/api/view?db=gone")
+        assert status == 503 and "cannot connect to PostgreSQL (gone)" in body["error"]
+        assert PASSWORD not in body["error"]
+        assert client.get_json("/api/view?db=orders")[0] == 200
+        time.sleep(1)  # some 50 samples of the unreachable database
+    finally:
+        app.close()
+    warnings = [r for r in caplog.records if "sampling gone" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_the_console_shows_the_lag_of_the_log_transport(
+    outbox_database_url: str, outbox_log_url: str
+) -> None:
+    from outbox.pglog import PgLog
+    from tests.integration.test_pglog import _commit_first, publish
+
+    topic = "console.lag"
+    PgLog(outbox_log_url).create_topic(topic, 2)
+    publish(outbox_log_url, topic, 0, 10)
+    _commit_first(outbox_log_url, topic, "shipping", 7)
+    with console(
+        outbox_database_url, transport="postgres", log_url=outbox_log_url, groups=("shipping",)
+    ) as app:
+        client = Client(app)
+        wait_for(
+            lambda: client.get_json("/api/status?db=orders")[1]["lag"], 30, "the log's lag read"
+        )
+        _, doc = client.get_json("/api/status?db=orders")
+        [shipping] = doc["lag"]
+        assert shipping["group"] == "shipping" and shipping["total"] == 3, shipping
+        _, view = client.get_json("/api/view?db=orders")
+        assert "group shipping" in view["lag"] and ">3</span>" in view["lag"]
+
+    with console(outbox_database_url, transport="postgres") as app:
+        _, view = Client(app).get_json("/api/view?db=orders")
+        assert "needs --log-url" in view["lag"]
+
+
+def test_the_console_command_takes_the_daemons_transport_flags() -> None:
+    from outbox.cli.command import build_parser
+
+    args = build_parser().parse_args(
+        ["console", "--transport", "postgres", "--log-url", "postgresql://u@h/log",
+         "--log-schema", "my_log", "--database-url", "postgresql://u@h/a"]
+    )  # fmt: skip
+    assert (args.transport, args.log_url, args.log_schema) == (
+        "postgres",
+        "postgresql://u@h/log",
+        "my_log",
+    )
+
+
+def test_an_answer_larger_than_the_bound_is_refused_not_sent(
+    outbox_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from outbox.console import server
+
+    with console(outbox_database_url) as app:
+        client = Client(app)
+        client.open_page()
+        monkeypatch.setattr(server, "MAX_RESPONSE_BYTES", 200)
+        status, headers, body = client.request("/api/status?db=orders")
+        assert status == 500 and len(body) < 200 and b"larger than" in body, body
+        assert int(headers["Content-Length"]) == len(body)

@@ -178,3 +178,26 @@ def test_an_operator_requeues_a_dead_letter_in_the_console(
         DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
         for path in shots:
             shutil.copyfile(path, DOCS_IMAGES / path.name)
+
+
+def test_the_dead_letters_are_paged_in_the_browser(
+    outbox_database_url: str, browser_page: Any
+) -> None:
+    from outbox.console.reads import PAGE_ROWS
+    from tests.integration.test_operations import insert
+
+    url, page = outbox_database_url, browser_page
+    ids = [insert(url, "consumer", "dead", error=f"KeyError: {n}")[0] for n in range(60)]
+    config = ConsoleConfig(databases=(Database("orders", url),), port=0, refresh=0.5)
+    with closing(serve(config)) as console:
+        page.goto(console.url)
+        page.wait_for_selector("#dead-more")
+        assert page.locator("#dead button.open").count() == PAGE_ROWS
+        page.click("#dead-more")
+        page.wait_for_selector(f"#dead-count:has-text('ids {ids[PAGE_ROWS]} to {ids[-1]}')")
+        assert page.locator("#dead button.open").count() == 60 - PAGE_ROWS
+        assert page.locator("#dead-more").count() == 0
+        page.wait_for_timeout(1500)  # three refreshes keep the page that is shown
+        assert page.locator("#dead button.open").count() == 60 - PAGE_ROWS
+        page.click("#dead button.page:has-text('first page')")
+        page.wait_for_selector(f"#dead-count:has-text('ids {ids[0]} to {ids[PAGE_ROWS - 1]}')")

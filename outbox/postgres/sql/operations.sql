@@ -224,26 +224,17 @@ SELECT pg_notify(%(channel)s, '');
 -- name: ops_status_claims
 -- Handler transactions in flight: each holds the row lock of the message it is handling, and
 -- its age shows a callback approaching its lease (after which the Handler terminates it).
-SELECT pid,
-       state,
-       GREATEST(0, EXTRACT(EPOCH FROM now() - xact_start))::float8 AS age
-FROM pg_stat_activity
-WHERE datname = current_database()
-  AND application_name = 'outbox-handler'
-  AND xact_start IS NOT NULL
-  AND pid <> pg_backend_pid()
-ORDER BY xact_start;
-
--- name: ops_throughput
--- Counters the console samples to chart throughput: rows written to and removed from
--- producer_queue (a relayed row is deleted) and rows received into consumer_queue, as
--- PostgreSQL's statistics count them (cumulative, flushed within about a second), and the rows
--- handled since %(since)s (processed_at is set when a message is handled).
-SELECT now(),
-       COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'producer_queue'), 0)::bigint,
-       COALESCE(sum(s.n_tup_del) FILTER (WHERE s.relname = 'producer_queue'), 0)::bigint,
-       COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'consumer_queue'), 0)::bigint,
-       (SELECT count(*) FROM {schema}.consumer_queue
-        WHERE processed_at IS NOT NULL AND processed_at > COALESCE(CAST(%(since)s AS timestamptz), 'infinity'))
-FROM pg_stat_user_tables s
-WHERE s.schemaname = %(schema)s AND s.relname IN ('producer_queue', 'consumer_queue');
+-- Only those of this schema: a transaction that holds a lock on this schema's consumer_queue
+-- (handlers of other schemas of the same database lock their own).
+SELECT a.pid,
+       a.state,
+       GREATEST(0, EXTRACT(EPOCH FROM now() - a.xact_start))::float8 AS age
+FROM pg_stat_activity a
+WHERE a.datname = current_database()
+  AND a.application_name = 'outbox-handler'
+  AND a.xact_start IS NOT NULL
+  AND a.pid <> pg_backend_pid()
+  AND EXISTS (SELECT 1 FROM pg_locks l
+              WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted
+                AND l.relation = to_regclass('{schema}.consumer_queue'))
+ORDER BY a.xact_start;
