@@ -29,12 +29,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from outbox import Broker
 from outbox.core.batches import InboxBatch, outgoing_batch
 from outbox.core.envelope import InboxRow, StoredMessage
 from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
 from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
+from outbox.testing.servers import Servers
 
 from .relay_helpers import (
     Daemon,
@@ -373,3 +375,50 @@ def test_workers_refused_connections_back_off_quietly_and_fail_readyz_until_they
         assert "recovered after" in daemon.output()
         daemon.terminate()
         assert daemon.wait(30) == 0, daemon.output()[-3000:]
+
+
+@pytest.mark.faults
+def test_daemons_ride_out_postgres_down_then_up_quietly(
+    outbox_servers: Servers,
+    outbox_database_url: str,
+    outbox_kafka_bootstrap: str,
+    outbox_topic: str,
+    app_dir: Path,
+) -> None:
+    """PostgreSQL restarted, down for 4 s, under a running producer, consumer and handler: each
+    keeps running, logs its outage at most once per 5 s (and once more when it recovers), and
+    a message sent afterwards goes all the way through."""
+    from tests.faults.test_startup import _take_down
+
+    url, bootstrap, topic = outbox_database_url, outbox_kafka_bootstrap, outbox_topic
+    app = _module(app_dir, SYNC_APP.replace("fail.fast", topic))
+    daemons = [
+        spawn_producer(url, bootstrap),
+        spawn_consumer(url, bootstrap, topic, f"g-{topic}"),
+        spawn_handler(url, f"{app}:handlers", env=_env(app_dir)),
+    ]
+    try:
+        for daemon in daemons:
+            wait_for(lambda d=daemon: "starting:" in d.output(), 60, f"{daemon.args[0]} to start")
+        _take_down(outbox_servers, url).join(60)
+        with psycopg.connect(url) as conn, conn.transaction():
+            Broker().send(conn, topic, {"n": 1}, key="k")
+        wait_for(
+            lambda: count(url, "consumer_queue", "processed_at IS NOT NULL") == 1,
+            90,
+            "the message sent after the restart to be handled",
+        )
+        for daemon in daemons:
+            output = daemon.output()
+            assert daemon.process.poll() is None, output[-3000:]
+            lines = [line for line in output.splitlines() if " WARNING " in line]
+            assert len(lines) <= 4, "\n".join(lines)
+            assert "Traceback" not in output, output[-3000:]
+        for daemon in daemons[0], daemons[2]:  # the relays' main loops saw the outage
+            assert "recovered after" in daemon.output(), daemon.output()[-3000:]
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+        for daemon in daemons:
+            daemon.wait(30)
+            daemon.close()

@@ -47,7 +47,7 @@ def _server(code: str) -> BaseException:
 )
 def test_server_errors_that_say_later_are_retriable(code: str) -> None:
     assert retriable(_server(code))
-    wrapped = sqlalchemy.exc.DBAPIError("SELECT 1", {}, _server(code))  # type: ignore[arg-type]
+    wrapped = sqlalchemy.exc.DBAPIError("SELECT 1", {}, _server(code))
     assert retriable(wrapped)
 
 
@@ -67,7 +67,7 @@ def test_server_errors_that_say_later_are_retriable(code: str) -> None:
 )
 def test_other_server_errors_are_not(code: str) -> None:
     assert not retriable(_server(code))
-    wrapped = sqlalchemy.exc.DBAPIError("SELECT 1", {}, _server(code))  # type: ignore[arg-type]
+    wrapped = sqlalchemy.exc.DBAPIError("SELECT 1", {}, _server(code))
     assert not retriable(wrapped)
 
 
@@ -79,7 +79,7 @@ def test_a_lost_or_refused_connection_is_retriable() -> None:
     lost = sqlalchemy.exc.OperationalError(
         "SELECT 1",
         {},
-        psycopg.OperationalError("server closed the connection unexpectedly"),  # type: ignore[arg-type]
+        psycopg.OperationalError("server closed the connection unexpectedly"),
     )
     assert retriable(lost)
     assert retriable(DatabaseUnavailable("cannot connect to PostgreSQL: refused"))
