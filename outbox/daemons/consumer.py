@@ -127,6 +127,8 @@ class Consumer:
         self.heartbeat = Heartbeat()
         #: The inserts' run of failures that retrying can fix (for their logs and /readyz).
         self._outage = Outage("cannot store a batch in PostgreSQL", log)
+        #: The reads' run of failures that retrying can fix (a transport's retriable error).
+        self._reading = Outage("cannot read from the transport", log)
         self.observability = Observability(
             "consumer",
             config,
@@ -135,6 +137,7 @@ class Consumer:
             transport=transport,
         )
         self.observability.health.watch(self._outage.trouble)
+        self.observability.health.watch(self._reading.trouble)
 
     def stop(self) -> None:
         """Ask the consumer to store and commit the batch in hand, then return from `run`."""
@@ -182,7 +185,13 @@ class Consumer:
             while not self.stopping:
                 self.heartbeat.beat()
                 if not batch:
-                    batch = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    try:
+                        batch = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    except Exception as exc:
+                        delay = self._reading.failed(exc)  # raises what retrying cannot fix
+                        self._reading.pause(delay, self._stop, self.heartbeat.beat)
+                        continue
+                    self._reading.recovered()
                     if not batch:
                         continue
                 # A full batch: while it is stored, the records waiting behind it are taken.

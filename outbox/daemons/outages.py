@@ -80,7 +80,7 @@ class Outage:
             self.failures, self.since, self.error = 0, None, ""
         self.log.flush()
         self._logger.info(
-            "%s recovered after %d failed attempts in %.1fs",
+            "%s: recovered after %d failed attempts in %.1fs",
             self.what,
             failures,
             time.monotonic() - (since or time.monotonic()),

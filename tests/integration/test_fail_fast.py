@@ -11,11 +11,13 @@ most a line every few seconds, with /readyz failing until it recovers.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,10 +25,12 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from psycopg import sql
 
 from outbox import Broker
@@ -34,6 +38,8 @@ from outbox.core.batches import InboxBatch, outgoing_batch
 from outbox.core.envelope import InboxRow, StoredMessage
 from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
+from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.memory import InMemoryTransport
 from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
 from outbox.testing.servers import Servers
@@ -42,6 +48,7 @@ from .relay_helpers import (
     Daemon,
     RelayTransport,
     count,
+    running,
     spawn_consumer,
     spawn_handler,
     spawn_producer,
@@ -422,3 +429,65 @@ def test_daemons_ride_out_postgres_down_then_up_quietly(
         for daemon in daemons:
             daemon.wait(30)
             daemon.close()
+
+
+class _Flaky:
+    """A subscriber whose first `failures` polls raise `error`, then reads `inner`."""
+
+    def __init__(self, inner: Any, error: BaseException, failures: int) -> None:
+        self.inner, self.error, self.failures = inner, error, failures
+        self.polls = 0
+
+    def poll(self, max_records: int, timeout: float) -> InboxBatch:
+        self.polls += 1
+        if self.polls <= self.failures:
+            raise self.error
+        batch: InboxBatch = self.inner.poll(max_records, timeout)
+        return batch
+
+    def commit(self, batch: InboxBatch) -> None:
+        self.inner.commit(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _memory_consumer(url: str, error: BaseException, failures: int) -> tuple[Consumer, _Flaky]:
+    transport = InMemoryTransport()
+    transport.create_topic("fail.fast", 1)
+    transport.append("fail.fast", b"k", b"{}")
+    flaky = _Flaky(transport.subscriber(["fail.fast"], "g"), error, failures)
+    config = ConsumerConfig(
+        database_url=url, kafka_bootstrap="", topics=["fail.fast"], group="g", poll_timeout=0.05
+    )
+    return Consumer(config, subscriber_factory=lambda: flaky), flaky
+
+
+def test_the_consumer_retries_a_transports_retriable_error_quietly(
+    outbox_database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "outbox.consumer")
+    retriable = KafkaException(KafkaError(KafkaError._TRANSPORT, retriable=True))
+    consumer, flaky = _memory_consumer(outbox_database_url, retriable, 5)
+    with running(consumer):
+        wait_for(lambda: consumer.stored == 1, 30, "the record stored after the failures")
+    assert flaky.polls > 5
+    lines = [r.getMessage() for r in caplog.records if "read from the transport" in r.getMessage()]
+    # The first failure; the 4 others in one line; the recovery.
+    assert len(lines) == 3, lines
+    assert "repeated 4 times" in lines[1], lines
+    assert "recovered after 5 failed attempts" in lines[2], lines
+
+
+def test_the_consumer_stops_on_a_transports_fatal_error(outbox_database_url: str) -> None:
+    fatal = KafkaException(KafkaError(KafkaError._FATAL, fatal=True))
+    consumer, flaky = _memory_consumer(outbox_database_url, fatal, 1)
+    safety = threading.Timer(10, consumer.stop)  # had it retried, it would stop, not raise
+    safety.start()
+    try:
+        with pytest.raises(KafkaException):
+            consumer.run()
+    finally:
+        safety.cancel()
+    assert flaky.polls == 1
+    assert consumer.stored == 0

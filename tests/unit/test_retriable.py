@@ -180,7 +180,7 @@ def test_an_outage_backs_off_and_makes_readyz_fail_until_it_recovers(
     assert health.ready() == (True, "ok")
     lines = [r.getMessage() for r in caplog.records]
     assert "repeated 9 times" in lines[-2]
-    assert lines[-1].startswith("the loop recovered after 10 failed attempts")
+    assert lines[-1].startswith("the loop: recovered after 10 failed attempts")
 
 
 def test_readyz_fails_only_after_failures_in_a_row() -> None:
