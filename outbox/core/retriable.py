@@ -36,6 +36,7 @@ RETRIABLE_SQLSTATES = frozenset(
         "58000",  # system_error
         "58030",  # io_error
         "25006",  # read_only_sql_transaction: a standby, until a failover promotes it
+        "25P03",  # idle_in_transaction_session_timeout: the session is gone, a new one works
     }
 )
 

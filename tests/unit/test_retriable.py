@@ -43,6 +43,7 @@ def _server(code: str) -> BaseException:
         "57P01",  # admin_shutdown
         "57P02",  # crash_shutdown
         "57P03",  # cannot_connect_now
+        "25P03",  # idle_in_transaction_session_timeout
     ],
 )
 def test_server_errors_that_say_later_are_retriable(code: str) -> None:
