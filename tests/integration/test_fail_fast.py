@@ -322,6 +322,14 @@ def _record(topic: str) -> StoredMessage:
 # -- what retrying can fix -----------------------------------------------------------------------
 
 
+def _wait_for_line(daemon: Daemon, text: str, timeout: float = 60) -> None:
+    """Wait until the daemon logged `text`; fail with its output's end."""
+    try:
+        wait_for(lambda: text in daemon.output(), timeout, repr(text))
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; output:\n{daemon.output()[-3000:]}") from None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -358,10 +366,7 @@ def test_workers_refused_connections_back_off_quietly_and_fail_readyz_until_they
     port = _free_port()
     extra = ("--concurrency", "1", "--health-port", str(port), "--health-host", "127.0.0.1")
     with spawn_handler(url, f"{app}:handlers", *extra, env=_env(app_dir)) as daemon:
-        try:
-            wait_for(lambda: "handler workers lost" in daemon.output(), 60, "a refused worker")
-        except AssertionError:
-            raise AssertionError(daemon.output()[-3000:]) from None
+        _wait_for_line(daemon, "handler workers lost")
         started = time.monotonic()
         wait_for(lambda: _readyz(port)[0] == 503, 30, "/readyz to fail")
         status, reason = _readyz(port)
