@@ -26,20 +26,16 @@ import psycopg
 from outbox.core.batches import InboxBatch, Quarantined
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
+from outbox.core.retriable import sqlstate
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import new_relay_id
+from outbox.daemons.outages import Outage
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import SubscriberFactory, TransportProbe
-from outbox.postgres.connection import (
-    Connection,
-    DatabaseLost,
-    check_database,
-    connect,
-    retrying_database,
-)
+from outbox.postgres.connection import Connection, check_database, connect
 from outbox.postgres.inbox_store import InboxStore, Stored
 from outbox.postgres.queries import validate_schema
 
@@ -85,6 +81,24 @@ class _Refused(Exception):
         self.conn = conn
 
 
+class _Stopped(Exception):
+    """The consumer was stopped while it waited to retry a statement: nothing committed."""
+
+
+def _refused_for_data(exc: BaseException) -> bool:
+    """Whether PostgreSQL (or psycopg, binding the values) refused a statement for the data
+    of a record (a quarantine can help), not for the database's state or the role's rights."""
+    if isinstance(exc, UnicodeError | psycopg.DataError | psycopg.IntegrityError):
+        return True
+    code = sqlstate(exc)
+    return code is not None and code[:2] in _DATA_CLASSES
+
+
+#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
+#: program_limit_exceeded (a value too large for an index row, say).
+_DATA_CLASSES = frozenset({"22", "23", "54"})
+
+
 class Consumer:
     """Stores the records of a transport in `consumer_queue` until asked to stop.
 
@@ -111,6 +125,10 @@ class Consumer:
         self.quarantined = 0
         #: Beaten every turn of the loop and every connection attempt (for /livez).
         self.heartbeat = Heartbeat()
+        #: The inserts' run of failures that retrying can fix (for their logs and /readyz).
+        self._outage = Outage("cannot store a batch in PostgreSQL", log)
+        #: The reads' run of failures that retrying can fix (a transport's retriable error).
+        self._reading = Outage("cannot read from the transport", log)
         self.observability = Observability(
             "consumer",
             config,
@@ -118,6 +136,8 @@ class Consumer:
             relay_id=new_relay_id(),
             transport=transport,
         )
+        self.observability.health.watch(self._outage.trouble)
+        self.observability.health.watch(self._reading.trouble)
 
     def stop(self) -> None:
         """Ask the consumer to store and commit the batch in hand, then return from `run`."""
@@ -165,7 +185,13 @@ class Consumer:
             while not self.stopping:
                 self.heartbeat.beat()
                 if not batch:
-                    batch = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    try:
+                        batch = subscriber.poll(self.config.batch_size, self.config.poll_timeout)
+                    except Exception as exc:
+                        delay = self._reading.failed(exc)  # raises what retrying cannot fix
+                        self._reading.pause(delay, self._stop, self.heartbeat.beat)
+                        continue
+                    self._reading.recovered()
                     if not batch:
                         continue
                 # A full batch: while it is stored, the records waiting behind it are taken.
@@ -219,10 +245,8 @@ class Consumer:
                 conn, dead = self._execute(
                     conn, lambda c: self.store.quarantine(c, quarantined), None
                 )
-        except DatabaseLost:
-            if self.stopping:
-                return None, following[0] if following else InboxBatch()
-            raise
+        except _Stopped:
+            return None, following[0] if following else InboxBatch()
         for record in quarantined:
             log.warning(
                 "record topic %r partition %d offset %d quarantined (stored dead): %s",
@@ -245,29 +269,33 @@ class Consumer:
         meanwhile: Callable[[], None] | None,
     ) -> tuple[Connection, Counter[str]]:
         """Run one statement of the inbox store (autocommit: atomic on its own), retrying
-        through database outages; the rows it stored per topic. `meanwhile()` runs while the
-        database works on it. `_Refused` when PostgreSQL (or psycopg, binding the values)
-        refuses the data."""
-        retrying = retrying_database(lambda: self.stopping, "cannot store a batch in PostgreSQL")
-        for attempt in retrying:
-            with attempt:
+        what retrying can fix (decision 15) with backoff; the rows it stored per topic.
+        `meanwhile()` runs while the database works on it. `_Refused` when PostgreSQL (or
+        psycopg, binding the values) refuses the data; `_Stopped` when stopped while
+        retrying; anything else retrying cannot fix is raised."""
+        while True:
+            try:
                 if conn is None or conn.closed or conn.broken:
                     conn = self._connect()
-                try:
-                    # In a pipeline the statement is sent at once, and committed when the
-                    # pipeline ends, after `meanwhile`.
-                    with conn.pipeline():
-                        result = statement(conn)
-                        if meanwhile is not None:
-                            meanwhile()
-                    return conn, result()
-                except DatabaseLost:
-                    raise
-                except (psycopg.Error, UnicodeError) as exc:
-                    if conn.broken:
-                        raise
+                # In a pipeline the statement is sent at once, and committed when the pipeline
+                # ends, after `meanwhile`.
+                with conn.pipeline():
+                    result = statement(conn)
+                    if meanwhile is not None:
+                        meanwhile()
+                stored = result()
+            except Exception as exc:
+                if conn is not None and not conn.broken and _refused_for_data(exc):
                     raise _Refused(exc, conn) from exc
-        raise AssertionError("unreachable: retrying raises when it stops")  # pragma: no cover
+                delay = self._outage.failed(exc)  # raises what retrying cannot fix
+                if self.stopping:
+                    raise _Stopped from exc
+                self._outage.pause(delay, self._stop, self.heartbeat.beat)
+                if self.stopping:
+                    raise _Stopped from exc
+                continue
+            self._outage.recovered()
+            return conn, stored
 
     def _bisect(
         self,

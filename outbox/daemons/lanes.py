@@ -21,14 +21,13 @@ from typing import Generic, TypeVar
 from outbox.core.ids import process_id
 from outbox.core.lanes import LANES
 from outbox.core.naps import AWAKE_AFTER
+from outbox.daemons.outages import Outage
 from outbox.observability.health import Heartbeat
 from outbox.postgres.connection import (
     Connection,
-    DatabaseLost,
     check_database,
     connect,
     notified,
-    retrying_database,
 )
 from outbox.postgres.lanes import Lanes, lock_class
 
@@ -39,7 +38,6 @@ __all__ = [
     "connect",
     "lock_class",
     "new_relay_id",
-    "retrying_database",
 ]
 
 log = logging.getLogger("outbox.relay")
@@ -97,6 +95,8 @@ class LaneRelay(Generic[Row]):
         self._failures_seen = 0
         #: Beaten every turn of the loop and every connection attempt (for /livez).
         self.heartbeat = Heartbeat()
+        #: The main loop's run of failures that retrying can fix (for its logs and /readyz).
+        self.outage = Outage(f"{self.kind} lost the database connection", log)
 
     # -- for subclasses ------------------------------------------------------------------------
 
@@ -152,24 +152,18 @@ class LaneRelay(Generic[Row]):
         check_database(self.connect, self.schema, wait=wait, stopping=lambda: self.stopping)
 
     def serve_forever(self) -> None:
-        """Run until `stop()`; reconnect with backoff whenever the database connection drops."""
+        """Run until `stop()`. What retrying can fix (a lost connection, a server saying
+        "later") is retried with backoff on a new connection, logged at most every few
+        seconds; anything else is raised (decision 15)."""
         while not self.stopping:
             try:
-                conn = self._connect_retrying()
-            except DatabaseLost:
-                break  # raised only once stopping
-            try:
+                conn = self.connect()
                 with conn:
                     self._serve(conn)
-            except DatabaseLost as exc:
-                log.warning("%s lost the database connection (%s); reconnecting", self.kind, exc)
+            except Exception as exc:
                 self.lanes.clear()
-
-    def _connect_retrying(self) -> Connection:
-        for attempt in retrying_database(lambda: self.stopping, "cannot reach PostgreSQL"):
-            with attempt:
-                return self.connect()
-        raise AssertionError("unreachable")  # pragma: no cover
+                delay = self.outage.failed(exc)  # raises what retrying cannot fix
+                self.outage.pause(delay, self._stop, self.heartbeat.beat)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -195,6 +189,7 @@ class LaneRelay(Generic[Row]):
                 self.heartbeat.beat()
                 self._rebalance(conn)
                 rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
+                self.outage.recovered()
                 if rows:
                     if busy_since is None:
                         busy_since = time.monotonic()

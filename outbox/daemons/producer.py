@@ -162,6 +162,7 @@ class Producer(LaneRelay[OutgoingRecord]):
             transport=transport,
             lanes=lambda: len(self.lanes),
         )
+        self.observability.health.watch(self.outage.trouble)
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or transport or an old

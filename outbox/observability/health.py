@@ -1,12 +1,14 @@
 """Liveness and readiness over HTTP (`--health-port`), from the standard library's http.server.
 
 `/livez` answers 200 while the daemon's main loop made progress within the liveness timeout (it
-beats a `Heartbeat` every turn, every reconnect attempt, and while it waits for its workers), else
-503: the process is wedged and restarting it is the cure. `/readyz` answers 200 while the main
-loop runs and the last dependency checks (PostgreSQL; Kafka for the producer and consumer)
-succeeded and are recent, else 503 with the reason in the body: an outage or a startup, where a
-restart does not help. Both answer in microseconds from state kept by the probe thread, never by
-probing on the request.
+beats a `Heartbeat` every turn, every reconnect attempt, every backoff wait, and while it waits
+for its workers), else 503: the process is wedged and restarting it is the cure. `/readyz`
+answers 200 while the main loop runs, the last dependency checks (PostgreSQL; Kafka for the
+producer and consumer) succeeded and are recent, and none of the daemon's loops (the main loop,
+the Handler's workers, the Consumer's inserts) is failing again and again (`watch`), else 503
+with the reason in the body: an outage or a startup, where a restart does not help. (A failure
+that retrying cannot fix does not make a daemon unready: it stops the daemon, exit code 1.)
+Both answer in microseconds from state kept by the probe thread, never by probing on the request.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -55,6 +58,13 @@ class HealthState:
     #: name -> None when the dependency answered, else why not.
     failures: dict[str, str | None] = field(default_factory=dict)
     checked_at: float | None = None
+    #: Each says why a loop of the daemon keeps failing, or None (see `watch`).
+    troubles: list[Callable[[], str | None]] = field(default_factory=list)
+
+    def watch(self, trouble: Callable[[], str | None]) -> None:
+        """Make `/readyz` fail whenever `trouble()` gives a reason (a loop in a retry backoff
+        that keeps failing: `outbox.daemons.outages.Outage.trouble`)."""
+        self.troubles.append(trouble)
 
     def live(self) -> tuple[bool, str]:
         """(alive, reason): the main loop beat within the liveness timeout."""
@@ -67,7 +77,8 @@ class HealthState:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
-        """(ready, reason): running, alive, and every dependency answered recently."""
+        """(ready, reason): running, alive, no loop failing again and again, and every
+        dependency answered recently."""
         if self.stopping:
             return False, "stopping"
         if not self.running:
@@ -75,12 +86,15 @@ class HealthState:
         alive, reason = self.live()
         if not alive:
             return False, reason
+        problems = [reason for reason in (trouble() for trouble in self.troubles) if reason]
         if self.checked_at is None:
-            return False, "dependencies not checked yet"
-        age = time.monotonic() - self.checked_at
-        if age > self.check_expiry:
-            return False, f"dependency checks have not completed for {age:.0f}s"
-        problems = [reason for reason in self.failures.values() if reason]
+            problems.append("dependencies not checked yet")
+        else:
+            age = time.monotonic() - self.checked_at
+            if age > self.check_expiry:
+                problems.append(f"dependency checks have not completed for {age:.0f}s")
+            else:
+                problems.extend(reason for reason in self.failures.values() if reason)
         if problems:
             return False, "; ".join(problems)
         return True, "ok"

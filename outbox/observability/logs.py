@@ -12,6 +12,8 @@ import json
 import logging
 import re
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO
 
@@ -117,3 +119,62 @@ def topic_summary(counts: dict[str, int], limit: int = 8) -> str:
     if len(ranked) > limit:
         text += f", and {len(ranked) - limit} more topics"
     return text
+
+
+#: Seconds between two lines of one `LimitedLog`.
+LIMITED_INTERVAL = 5.0
+
+
+class LimitedLog:
+    """A recurring log line that cannot flood: at most one line per `interval` seconds.
+
+    The first call logs at once; calls within `interval` of the last line are counted, and the
+    next line that is let through says "(repeated N times in the last T s)". `flush()` logs
+    the count of calls not yet reported. Thread-safe: the threads of one loop may share one.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        level: int = logging.WARNING,
+        interval: float = LIMITED_INTERVAL,
+    ) -> None:
+        self.logger = logger
+        self.level = level
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._last: float | None = None
+        self._held = 0
+        self._held_message: tuple[str, tuple[Any, ...]] | None = None
+
+    def __call__(self, message: str, *args: Any, **kwargs: Any) -> bool:
+        """Log `message % args` now, unless a line went out less than `interval` ago (then
+        count it); True when logged."""
+        with self._lock:
+            now = time.monotonic()
+            if self._last is not None and now - self._last < self.interval:
+                self._held += 1
+                self._held_message = (message, args)
+                return False
+            held, since = self._held, self._last
+            self._last, self._held, self._held_message = now, 0, None
+        if held and since is not None:
+            message += " (repeated %d times in the last %.0fs)"
+            args = (*args, held, now - since)
+        self.logger.log(self.level, message, *args, **kwargs)
+        return True
+
+    def flush(self) -> None:
+        """Log the calls counted since the last line, if any, as one summary line."""
+        with self._lock:
+            held, held_message, since = self._held, self._held_message, self._last
+            self._held, self._held_message = 0, None
+        if held and held_message is not None and since is not None:
+            message, args = held_message
+            self.logger.log(
+                self.level,
+                message + " (repeated %d times in the last %.0fs)",
+                *args,
+                held,
+                time.monotonic() - since,
+            )

@@ -1,9 +1,10 @@
-"""Connections to PostgreSQL: connecting, the schema check, riding out outages.
+"""Connections to PostgreSQL: connecting, the schema check, waiting for the database at start.
 
-One way to connect (`connect`), for the daemons' loops, which retry on `DatabaseLost`; and one
-way to connect or fail with a clear error (`connect_or_raise`, `check_database`), for commands
-and start-up checks: `DatabaseUnavailable` with one line, every secret masked (psycopg's
-messages may quote the connection string).
+One way to connect (`connect`), for the daemons' loops, which retry what retrying can fix
+(`outbox.core.retriable`, `outbox.daemons.outages`); and one way to connect or fail with a
+clear error (`connect_or_raise`, `check_database`), for commands and start-up checks:
+`DatabaseUnavailable` with one line, every secret masked (psycopg's messages may quote the
+connection string).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from outbox.core.errors import DatabaseUnavailable
 from outbox.core.redact import redact_text
@@ -26,8 +26,6 @@ from outbox.postgres.migrate import check_schema
 log = logging.getLogger("outbox.relay")
 
 Connection = psycopg.Connection[tuple[Any, ...]]
-#: What a lost or refused connection raises (the daemons retry on it).
-DatabaseLost = psycopg.OperationalError
 
 
 def connect(
@@ -128,20 +126,3 @@ def check_database(
         )
         time.sleep(min(delay, left))
         delay = min(delay * 2, 5.0)
-
-
-def retrying_database(stopping: Callable[[], bool], what: str) -> Retrying:
-    """Retry on a lost or refused database connection, backing off up to 5 s, until it works
-    or `stopping()`; then the last error is raised."""
-    return Retrying(
-        retry=retry_if_exception_type(DatabaseLost),
-        wait=wait_exponential(multiplier=0.1, max=5),
-        stop=lambda _state: stopping(),
-        reraise=True,
-        before_sleep=lambda state: log.warning(
-            "%s (attempt %d): %s",
-            what,
-            state.attempt_number,
-            state.outcome.exception() if state.outcome else "",
-        ),
-    )

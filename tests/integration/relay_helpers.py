@@ -112,13 +112,16 @@ def relay_until_empty(url: str, bootstrap: str, timeout: float = 60, **options: 
 
 
 class Daemon:
-    """An `outbox` daemon running as a separate process; its output goes to a temporary file."""
+    """An `outbox` daemon running as a separate process; its output goes to a temporary file.
+    `command` runs instead of `python -m outbox.cli` (a script calling the CLI's main)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, command: list[str] | None = None
+    ) -> None:
         self.args = args
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "outbox.cli", *args],
+            [*(command or [sys.executable, "-m", "outbox.cli"]), *args],
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -23,10 +23,9 @@ import psycopg
 from outbox import tracing
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
-from outbox.core.text import first_line
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.handler.config import HandlerConfig
-from outbox.daemons.handler.failures import ConnectionLost, Failure, RollBack
+from outbox.daemons.handler.failures import ConnectionLost, Failure, RollBack, raise_lost
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.postgres.inbox_store import InboxStore
 from outbox.postgres.sessions import Session, disconnects, open_session
@@ -64,7 +63,7 @@ class Batches:
             try:
                 self._sync = open_session(self.handlers.transaction, url, APPLICATION)
             except Exception as exc:
-                raise ConnectionLost(str(exc)) from exc
+                raise_lost(exc)
         return self._sync
 
     def close_session(self, *, quietly: bool = False) -> None:
@@ -197,13 +196,11 @@ class Batches:
                 return self._lost_in_callback(failure)
             if pipelined and not tx.broken:
                 return self._try_batch(rows, pipelined=False)  # a statement failed, late
-            if isinstance(exc, psycopg.OperationalError):
-                raise ConnectionLost(str(exc)) from exc
-            raise
+            raise_lost(exc)
         except disconnects() as exc:
             if failure is not None:
                 return self._lost_in_callback(failure)
-            raise ConnectionLost(str(exc)) from exc
+            raise_lost(exc)
         self.outcomes.count_handled(handled)
         return None
 
@@ -249,7 +246,7 @@ class Batches:
         counted). A retired worker's loss is its lease's, counted by the dispatcher."""
         self._reset()
         if self.retired:
-            raise ConnectionLost(first_line(failure.error))
+            raise ConnectionLost(failure.error)
         self.session()  # raises ConnectionLost while the database is down
         return failure
 
@@ -261,5 +258,5 @@ class Batches:
         try:
             with tx.transaction() as (execute, _handle):
                 self.store.fail(execute, failed)
-        except disconnects() as lost:
-            raise ConnectionLost(str(lost)) from lost
+        except disconnects() as exc:
+            raise_lost(exc)

@@ -10,6 +10,7 @@ from pathlib import Path
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
 from outbox.core.numbers import check_fields
+from outbox.core.text import first_line
 from outbox.daemons.lanes import new_relay_id
 from outbox.observability.runtime import ObservabilityConfig
 from outbox.postgres.queries import validate_schema
@@ -73,6 +74,10 @@ def load_handlers(path: str) -> Handlers:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
+    except Exception as exc:  # the module itself fails: no retry can fix it either
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
     try:
         target = getattr(module, attribute)
     except AttributeError:
@@ -84,3 +89,25 @@ def load_handlers(path: str) -> Handlers:
     if not len(target):
         raise ConfigurationError(f"{path} has no handlers registered")
     return target
+
+
+def check_async_support(handlers: Handlers) -> None:
+    """ConfigurationError if the registry has async callbacks that receive a SQLAlchemy
+    `AsyncSession` and SQLAlchemy's asyncio support cannot be imported (greenlet is missing on
+    a plain install): every such message would fail the same way, which is the Handler's own
+    failure, not an attempt of the message's (decision 15)."""
+    if handlers.transaction != "sqlalchemy":
+        return
+    topics = [spec.topic for spec in handlers if spec.is_async]
+    if not topics:
+        return
+    try:
+        importlib.import_module("greenlet")
+        importlib.import_module("sqlalchemy.ext.asyncio")
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the async handlers of {', '.join(topics[:3])}"
+            f"{' and more' if len(topics) > 3 else ''} receive a SQLAlchemy AsyncSession, which "
+            f"needs SQLAlchemy's asyncio extra ({first_line(exc)}): "
+            "pip install 'pg-kafka-outbox[sqlalchemy]'"
+        ) from None

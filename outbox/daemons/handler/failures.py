@@ -6,18 +6,21 @@ be decoded (`Undecodable`) is dead at once; any other failure is retried with it
 backoff until `max_attempts`, then dead. A failure is any exception a callback raises
 (BaseException too: SystemExit, KeyboardInterrupt), a transaction it left unusable (`Misused`,
 found by the session's `check()`) or a connection lost while it ran, if the database answers
-a new connection at once (else an outage, `ConnectionLost`, nothing counted).
+a new connection at once (else an outage, `ConnectionLost`, nothing counted). A failure of the
+worker's own work that retrying cannot fix is no attempt either: it stops the daemon
+(`raise_lost`).
 """
 
 from __future__ import annotations
 
 import traceback
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from outbox.core.envelope import InboxMessage
 from outbox.core.handlers import HandlerSpec
 from outbox.core.headers import from_json
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.retriable import retriable
 from outbox.core.serializers import Serializer, decode_payload
 from outbox.core.text import first_line, storable
 from outbox.postgres.sessions import Misused
@@ -31,6 +34,7 @@ __all__ = [
     "decode",
     "error_text",
     "failed_attempt",
+    "raise_lost",
     "unregistered",
 ]
 
@@ -45,7 +49,22 @@ class RollBack(Exception):
 
 
 class ConnectionLost(Exception):
-    """The worker's database connection broke; the row stays for a later attempt."""
+    """The worker's database connection broke, or the server said "later" (`error`, what
+    retrying can fix: `outbox.core.retriable`); the row stays for a later attempt, after a
+    backoff."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {first_line(error)}")
+        self.error = error
+
+
+def raise_lost(exc: BaseException) -> NoReturn:
+    """Raise what a failure of the worker's own database work (not a callback's) becomes:
+    `ConnectionLost` if retrying can fix it, else `exc` itself, which stops the daemon (a
+    missing extra, a missing privilege: decision 15)."""
+    if retriable(exc):
+        raise ConnectionLost(exc) from exc
+    raise exc
 
 
 class Failure(NamedTuple):

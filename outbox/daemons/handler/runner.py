@@ -22,10 +22,12 @@ from collections.abc import Sequence
 
 from outbox.core.handlers import Handlers
 from outbox.core.inbox_rows import Pending
-from outbox.daemons.handler.config import HandlerConfig
+from outbox.daemons.handler.config import HandlerConfig, check_async_support
+from outbox.daemons.handler.failures import ConnectionLost
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.daemons.handler.worker import Worker
 from outbox.daemons.lanes import Connection, LaneRelay
+from outbox.daemons.outages import Outage
 from outbox.observability.runtime import Observability, observed
 from outbox.postgres.inbox_store import InboxStore
 
@@ -62,6 +64,8 @@ class HandlerRunner(LaneRelay[Pending]):
         self._short = False
         self._next_retention = 0.0
         self.outcomes = Outcomes(handlers)
+        #: The workers' run of failures that retrying can fix (their sessions' connections).
+        self.workers_outage = Outage("handler workers lost their database connections", log)
         self.observability = Observability(
             "handler",
             config,
@@ -69,6 +73,8 @@ class HandlerRunner(LaneRelay[Pending]):
             relay_id=config.relay_id,
             lanes=lambda: len(self.lanes),
         )
+        self.observability.health.watch(self.outage.trouble)
+        self.observability.health.watch(self.workers_outage.trouble)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -76,6 +82,7 @@ class HandlerRunner(LaneRelay[Pending]):
     def run(self) -> None:
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
         self.check_database(self.config.observability.wait_for_database)
+        check_async_support(self.handlers)
         self._workers = [self._worker(i) for i in range(self.config.concurrency)]
         try:
             self.serve_forever()
@@ -122,6 +129,7 @@ class HandlerRunner(LaneRelay[Pending]):
                 done = threading.Event()
                 worker.jobs.put((group, done))
                 waits.append((worker, done))
+        lost: ConnectionLost | None = None
         while waits:
             self.heartbeat.beat()
             worker, done = waits[0]
@@ -129,11 +137,20 @@ class HandlerRunner(LaneRelay[Pending]):
                 waits.pop(0)
                 if worker.error is not None:
                     error, worker.error = worker.error, None
-                    raise error
+                    raise error  # retrying cannot fix it: the daemon stops (decision 15)
+                if worker.lost is not None:
+                    lost, worker.lost = worker.lost, None
                 continue
             for other, _ in waits:
                 self._enforce_lease(conn, other)
         self.observability.handler_batch(len(rows), self.outcomes.take_tally())
+        if lost is None:
+            self.workers_outage.recovered()
+        else:
+            # Their rows stay for the next look, after a backoff (no busy loop, no log flood).
+            self.workers_outage.pause(
+                self.workers_outage.failed(lost.error), self._stop, self.heartbeat.beat
+            )
 
     def _enforce_lease(self, conn: Connection, worker: Worker) -> None:
         """Take a message back from a callback that overran its lease, and replace its worker."""

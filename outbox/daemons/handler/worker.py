@@ -10,7 +10,6 @@ and `backend_pid` to enforce the lease, and sets `retired` when it replaced this
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
 import time
@@ -22,12 +21,10 @@ from outbox.core.inbox_rows import Claimed, Pending
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.handler.batches import APPLICATION, Batches
 from outbox.daemons.handler.config import HandlerConfig
-from outbox.daemons.handler.failures import ConnectionLost
+from outbox.daemons.handler.failures import ConnectionLost, raise_lost
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.postgres.inbox_store import InboxStore
 from outbox.postgres.sessions import AsyncSession, disconnects, open_async_session
-
-log = logging.getLogger("outbox.handler")
 
 Job = tuple[list[Pending], threading.Event]
 
@@ -46,8 +43,11 @@ class Worker(Batches):
         super().__init__(config, handlers, store, outcomes)
         self.index = index
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        #: What stopped a group (not a callback's failure): the dispatcher re-raises it.
+        #: What stopped a group (not a callback's failure) that retrying cannot fix: the
+        #: dispatcher re-raises it, which stops the daemon.
         self.error: BaseException | None = None
+        #: What stopped a group that retrying can fix: the dispatcher backs off.
+        self.lost: ConnectionLost | None = None
         self._async: AsyncSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(
@@ -115,7 +115,7 @@ class Worker(Batches):
             self.handle_batches(chunk, failed_keys)
         except ConnectionLost as exc:
             if not self.retired:
-                log.warning("worker %d lost its database connection: %s", self.index, exc)
+                self.lost = exc  # the dispatcher logs it and backs off
             self._reset()
         finally:
             self.current = None
@@ -164,7 +164,7 @@ class Worker(Batches):
                 library = self.handlers.transaction
                 self._async = await open_async_session(library, url, APPLICATION)
             except Exception as exc:
-                raise ConnectionLost(str(exc)) from exc
+                raise_lost(exc)
         return self._async
 
     async def _handle_async(self, row: Pending, spec: HandlerSpec) -> bool:
@@ -190,7 +190,7 @@ class Worker(Batches):
             # Lost while the callback ran: its failure if the database answers (as in
             # Batches._lost_in_callback); lost anywhere else, or by a retired worker: an outage.
             if not calling or self.retired:
-                raise ConnectionLost(str(exc)) from exc
+                raise_lost(exc)
             error = exc
         except BaseException as exc:  # any callback error (see Batches._try_batch)
             error = exc
@@ -206,6 +206,6 @@ class Worker(Batches):
         try:
             async with tx.transaction() as (execute, _handle):
                 await self.store.fail_async(execute, failure)
-        except disconnects() as lost:
-            raise ConnectionLost(str(lost)) from lost
+        except disconnects() as exc:
+            raise_lost(exc)
         return False
