@@ -245,7 +245,9 @@ def error_summary(error: str | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """One dead row as `dead-letters list` shows it; `last_error` is the whole text."""
+    """One dead row as `dead-letters list` shows it; `last_error` is the whole text, or for
+    one longer than 8,192 characters its first 4,096 and its last lines (enough for
+    `error_summary`): `dead-letters show` reads the whole row."""
 
     id: int
     message_id: uuid.UUID

@@ -303,6 +303,38 @@ def test_list_shows_dead_rows_only_and_filters_by_topic(outbox_database_url: str
     assert empty.strip() == "consumer_queue: no dead rows of topic nothing.here"
 
 
+def _deep_traceback(depth: int) -> str:
+    """A traceback of `depth` frames, several MB for a large depth, ending with its exception."""
+    frames = "".join(
+        f'  File "/srv/app/handlers_{n}.py", line {n}, in handle_{n}\n    step_{n}(message)\n'
+        for n in range(depth)
+    )
+    return f"Traceback (most recent call last):\n{frames}KeyError: 'via'\n"
+
+
+@pytest.mark.parametrize("queue", ["consumer", "producer"])
+def test_list_reads_a_long_error_as_its_head_and_tail_only(
+    outbox_database_url: str, queue: ops.Queue
+) -> None:
+    url = outbox_database_url
+    error = _deep_traceback(60_000)  # about 5 MB
+    assert len(error) > 4_000_000
+    ids = [insert(url, queue, "dead", error=error)[0] for _ in range(3)]
+    with psycopg.connect(url) as conn:
+        page = ops.list_dead_letters(conn, "outbox", queue)
+    assert [r.id for r in page.rows] == ids
+    for row in page.rows:
+        assert row.last_error is not None
+        assert len(row.last_error) <= 8_192 + 1  # not the whole 5 MB
+        assert row.last_error.startswith("Traceback (most recent call last):")
+        assert row.error_summary == "KeyError: 'via'"
+    listed = _json("dead-letters", "list", "--database-url", url, "--queue", queue)
+    assert [r["error"] for r in listed["rows"]] == ["KeyError: 'via'"] * 3
+    # `show` still prints the whole error.
+    shown = _json("dead-letters", "show", "--database-url", url, "--queue", queue, str(ids[0]))
+    assert shown["last_error"] == error
+
+
 def test_show_prints_the_whole_traceback_and_the_payload(outbox_database_url: str) -> None:
     url = outbox_database_url
     error = _traceback()

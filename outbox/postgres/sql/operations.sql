@@ -70,8 +70,16 @@ SELECT now();
 
 -- name: ops_producer_dead_list
 -- Dead rows, oldest id first; `total` counts every match before the LIMIT. %(text)s, when not
--- NULL, keeps the rows whose id, message id, key or error contains it (case-insensitive).
-SELECT id, message_id, topic, key, attempts, dead_at, last_error, count(*) OVER () AS total
+-- NULL, keeps the rows whose id, message id, key or error contains it (case-insensitive). An
+-- error longer than 8,192 characters is read as its first 4,096 and its last whole lines up to
+-- 4,096 characters (a Python traceback ends with the line naming its exception, which the list
+-- shows), so that a page of 5 MB errors is not read whole.
+SELECT id, message_id, topic, key, attempts, dead_at,
+       CASE WHEN length(last_error) > 8192
+            THEN left(last_error, 4096) || E'\n' ||
+                 regexp_replace(right(last_error, 4096), '^[^\n]*\n', '')
+            ELSE last_error END,
+       count(*) OVER () AS total
 FROM {schema}.producer_dead
 WHERE (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s)
   AND (CAST(%(text)s AS text) IS NULL
@@ -81,9 +89,13 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: ops_consumer_dead_list
--- As ops_producer_dead_list, with `quarantined`: the record could not be stored as an ordinary
+-- As ops_producer_dead_list (a long error cut alike), with `quarantined`: the record could not be stored as an ordinary
 -- row (raw_headers holds its headers as received).
-SELECT id, message_id, topic, key, attempts, dead_at, last_error,
+SELECT id, message_id, topic, key, attempts, dead_at,
+       CASE WHEN length(last_error) > 8192
+            THEN left(last_error, 4096) || E'\n' ||
+                 regexp_replace(right(last_error, 4096), '^[^\n]*\n', '')
+            ELSE last_error END,
        raw_headers IS NOT NULL AS quarantined, count(*) OVER () AS total
 FROM {schema}.consumer_queue
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
