@@ -37,6 +37,8 @@ RETRIABLE_SQLSTATES = frozenset(
         "58030",  # io_error
         "25006",  # read_only_sql_transaction: a standby, until a failover promotes it
         "25P03",  # idle_in_transaction_session_timeout: the session is gone, a new one works
+        "25P04",  # transaction_timeout (PostgreSQL 17): the same, for a whole transaction
+        "55006",  # object_in_use: another session holds what the statement needs, for now
     }
 )
 

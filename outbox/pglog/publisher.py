@@ -21,6 +21,7 @@ from outbox.core.errors import (
 )
 from outbox.core.partitioning import partition_for
 from outbox.core.redact import redact_text
+from outbox.core.retriable import retriable
 from outbox.core.text import first_line, storable
 from outbox.core.topics import validate_topic
 from outbox.pglog.log import (
@@ -58,13 +59,6 @@ LOCK_TIMEOUT = 30.0
 #: found changed or a partition's counter was repaired.
 APPEND_ATTEMPTS = 3
 
-#: SQLSTATE classes a retry can fix: connection exception, transaction rollback (serialization
-#: failure, deadlock), insufficient resources (too many connections, disk full), operator
-#: intervention (query canceled, admin shutdown), system error.
-_RETRIABLE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
-#: And single SQLSTATEs: lock_not_available, object_in_use, read_only_sql_transaction (a
-#: standby, during a failover), the idle-in-transaction and transaction timeouts.
-_RETRIABLE_STATES = frozenset({"55P03", "55006", "25006", "25P03", "25P04"})
 #: SQLSTATEs of a log schema that is missing or changed: undefined table, column or function,
 #: invalid schema name.
 _SCHEMA_STATES = frozenset({"42P01", "42703", "42883", "3F000"})
@@ -268,14 +262,12 @@ class PgLogPublisher:
         return results
 
     def _retriable(self, exc: psycopg.Error) -> bool:
-        """Whether a retry can fix `exc`: a lost connection, or a passing condition."""
+        """Whether a retry can fix `exc`: a lost connection, or what `outbox.core.retriable`
+        calls passing."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return True  # lost, or never made: an outage
-        state = exc.sqlstate
-        if state is None:
-            return isinstance(exc, psycopg.OperationalError)
-        return state[:2] in _RETRIABLE_CLASSES or state in _RETRIABLE_STATES
+        return retriable(exc)
 
     def _refused(self, exc: psycopg.Error) -> OutboxError:
         """The error a non-retriable failure raises: SchemaNotMigrated when the log schema is

@@ -17,6 +17,7 @@ from outbox.core.errors import ConfigurationError, SchemaNotMigrated
 from outbox.core.ids import process_id
 from outbox.core.naps import AWAKE_AFTER
 from outbox.core.redact import redact_text
+from outbox.core.retriable import retriable
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.core.wire import RawHeaders, UnreadableHeaders
@@ -240,10 +241,9 @@ class PgLogSubscriber:
                 f"{first_line(exc)}: grant its role the privileges on log schema "
                 f"{self.schema!r} (read and write its tables)"
             ) from None
-        if isinstance(exc, psycopg.errors.ProgramLimitExceeded) or not isinstance(
-            exc, psycopg.OperationalError | psycopg.InterfaceError
-        ):
-            raise exc  # a refusal retrying cannot change (class 54 is an OperationalError)
+        lost = self._conn is not None and (self._conn.broken or self._conn.closed)
+        if not (lost or retriable(exc)):
+            raise exc  # a refusal retrying cannot change (outbox.core.retriable)
         self._failures += 1
         now = time.monotonic()
         if now >= self._next_warning:
