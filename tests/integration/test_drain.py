@@ -12,7 +12,7 @@ from outbox import Backoff, Broker, Handlers, InboxMessage
 from outbox.core.errors import ConfigurationError, SchemaNotMigrated
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.memory import InMemoryTransport
-from outbox.pglog import PgLogPublisher
+from outbox.pglog import PgLog, PgLogPublisher
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.testing import DeadLetter, DrainTimeout, PostgresLog, drain
 from outbox.testing.plugin import DatabaseFactory, Drain, TopicFactory
@@ -263,6 +263,36 @@ def test_drain_waits_for_log_records_it_did_not_relay(
     send(receiver, "t", {"n": 1})
     result = drain(recording_handlers("t"), receiver, PostgresLog(bare, "other_log"))
     assert result.handled == 1
+
+
+def test_drain_is_not_fooled_by_a_record_written_past_a_partitions_end(
+    outbox_database_factory: DatabaseFactory, outbox_log_url: str
+) -> None:
+    """A record written by hand far past a partition's counter is never read (the readers stop
+    at the counter); counted as where the group starts, it made the lag negative, and drain
+    returned before the group had stored the records really there."""
+    other, receiver = outbox_database_factory(), outbox_database_factory()
+    prepare(receiver)
+    send(other, "orders.created", *({"n": n} for n in range(50)))
+    producer = Producer(
+        ProducerConfig(database_url=other),
+        publisher_factory=lambda: PgLogPublisher(outbox_log_url),
+    )
+    with running(producer):
+        wait_for(lambda: count(other) == 0, 30, "the other service's relay")
+    # A partition with no record yet (added by an operator), and junk written far past its end.
+    log = PgLog(outbox_log_url)
+    log.grow_topic("orders.created", log.partitions("orders.created") + 1)
+    with psycopg.connect(outbox_log_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox_log.log_records (partition_id, log_offset, value) "
+            "SELECT p.id, 1000000, 'junk' FROM outbox_log.log_partitions p "
+            "JOIN outbox_log.log_topics t ON t.id = p.topic_id "
+            "WHERE t.name = 'orders.created' ORDER BY p.partition DESC LIMIT 1"
+        )
+    result = drain(recording_handlers("orders.created"), receiver, outbox_log_url)
+    assert (result.relayed, result.stored, result.handled) == (0, 50, 50)
+    assert len(effects(receiver)) == 50
 
 
 def test_bad_arguments_are_refused(outbox_database_url: str) -> None:
