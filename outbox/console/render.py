@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from outbox import operations as ops
 from outbox.console.reads import DeadPage, RowView, preview
 from outbox.console.throughput import Rate
-from outbox.core.lag import GroupLag
+from outbox.core.lag import GroupLag, PartitionLag
 from outbox.formatting import age, cut, key_cell, key_text, raw_header_json, when
 
 #: Rows of a table of the page at most (topics of a queue, processes, claims, partitions of
@@ -171,15 +171,10 @@ def lag(groups: Sequence[GroupLag] | None, note: str | None = None) -> str:
     return "".join(parts)
 
 
-def _past_end(p: object) -> str:
+def _past_end(p: PartitionLag) -> str:
     """A mark for a partition whose committed offset is past its end (records published there
-    are not delivered until the end passes it): read from the dataclass without relying on a
-    field the transport may not set."""
-    committed, end = getattr(p, "committed", None), getattr(p, "end", None)
-    past = getattr(p, "committed_past_end", None)
-    if past is None and isinstance(committed, int) and isinstance(end, int):
-        past = committed > end
-    return ' <span class="bad">committed past the end</span>' if past else ""
+    are not delivered until the end passes it; `PartitionLag.past_end`)."""
+    return ' <span class="bad">committed past the end</span>' if p.past_end else ""
 
 
 #: Series of the throughput chart: (attribute of Rate, label, colour).

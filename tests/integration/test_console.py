@@ -655,6 +655,21 @@ def test_the_console_shows_the_lag_of_the_log_transport(
         assert shipping["group"] == "shipping" and shipping["total"] == 3, shipping
         _, view = client.get_json("/api/view?db=orders")
         assert "group shipping" in view["lag"] and ">3</span>" in view["lag"]
+        assert "committed past the end" not in view["lag"]
+        # An offset written by hand past a partition's end is shown as such, not as lag 0.
+        with psycopg.connect(outbox_log_url) as conn:
+            conn.execute(
+                "UPDATE outbox_log.log_group_offsets o SET next_offset = p.next_offset + 100 "
+                "FROM outbox_log.log_partitions p WHERE p.id = o.partition_id AND p.partition = 0"
+            )
+        wait_for(
+            lambda: "committed past the end" in client.get_json("/api/view?db=orders")[1]["lag"],
+            30,
+            "the offset past the end shown",
+        )
+        _, doc = client.get_json("/api/status?db=orders")
+        [shipping] = doc["lag"]
+        assert [p["past_end"] for p in shipping["partitions"]] == [True, False], shipping
 
     with console(outbox_database_url, transport="postgres") as app:
         _, view = Client(app).get_json("/api/view?db=orders")
