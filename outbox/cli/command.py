@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --transport postgres: seconds this consumer's heartbeat may age before the "
         "other members of its group evict it and take its partitions (a frozen process); "
         "use one value for a group. Kafka's is session.timeout.ms (--kafka-config) "
-        f"(env {settings.LOG_SESSION_TIMEOUT}; default 10)",
+        f"(env {settings.LOG_SESSION_TIMEOUT}; default 10, at least 1)",
     )
     consumer.add_argument(
         "--batch-size",
@@ -340,6 +340,10 @@ def _consumer(args: argparse.Namespace) -> int:
     database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
     if args.transport == "postgres" and args.start not in (None, "earliest"):
         raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
+    if args.transport == "postgres":
+        from outbox.pglog.subscriber import check_session_timeout
+
+        check_session_timeout(args.log_session_timeout)
     log_url = _log_url(args)
     factory = None
     if log_url is not None:

@@ -43,6 +43,9 @@ MAX_RECONNECT_DELAY = 5.0
 #: Seconds a member's heartbeat may age before the other members of its group evict it
 #: (`--log-session-timeout`; Kafka's `session.timeout.ms`).
 SESSION_TIMEOUT = 10.0
+#: The shortest session timeout: below it a member would beat and evict its group's members
+#: in a busy loop (Kafka's broker refuses one below group.min.session.timeout.ms, 6 s).
+MIN_SESSION_TIMEOUT = 1.0
 #: Seconds a member keeps heartbeating while its owner calls neither `poll` nor `commit`
 #: (Kafka's `max.poll.interval.ms`): a loop stuck longer loses its partitions.
 MAX_POLL_INTERVAL = 300.0
@@ -58,6 +61,15 @@ _NOT_MIGRATED = (
     psycopg.errors.UndefinedFunction,
     psycopg.errors.InvalidSchemaName,
 )
+
+
+def check_session_timeout(seconds: float) -> None:
+    """Raise ConfigurationError unless `seconds` is a session timeout a group can keep."""
+    if not seconds >= MIN_SESSION_TIMEOUT:  # NaN too
+        raise ConfigurationError(
+            f"log session timeout must be at least {MIN_SESSION_TIMEOUT:g} s, got "
+            f"{seconds:g} (--log-session-timeout)"
+        )
 
 
 class PgLogSubscriber:
@@ -118,6 +130,7 @@ class PgLogSubscriber:
         ):
             if not (math.isfinite(value) and value > 0):
                 raise ConfigurationError(f"{name} must be > 0 seconds (a finite number)")
+        check_session_timeout(session_timeout)
         self.url = url
         self.topics = tuple(dict.fromkeys(topics))
         self.group = group
@@ -288,7 +301,7 @@ class PgLogSubscriber:
         """The heartbeat thread: beats while the owner polls or commits, so that a member busy
         storing a batch is not evicted, and a frozen one is."""
         stalled = False
-        while not self._stop.wait(self._beat_interval / 2):
+        while not self._stop.wait(max(0.01, self._beat_interval / 2)):
             now = time.monotonic()
             if now - self._active_at > self.max_poll_interval:
                 if not stalled:

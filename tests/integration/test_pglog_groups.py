@@ -491,3 +491,12 @@ def test_long_group_names_work_up_to_the_limit_and_are_refused_past_it(log_url: 
     assert PgLog(log_url).committed(group, TOPIC) == _ends(log_url)
     with pytest.raises(ConfigurationError, match="at most 2000 bytes"):
         PgLogSubscriber(log_url, [TOPIC], group + "x")
+
+
+@pytest.mark.parametrize("timeout", [0.001, 0.5, 0.999])
+def test_a_session_timeout_too_short_to_keep_is_refused(log_url: str, timeout: float) -> None:
+    """A timeout of a millisecond made the heartbeat thread beat and look in a busy loop, and
+    the members evict each other at every look."""
+    with pytest.raises(ConfigurationError, match="at least 1 s"):
+        PgLogSubscriber(log_url, [TOPIC], "g", session_timeout=timeout)
+    PgLogSubscriber(log_url, [TOPIC], "g", session_timeout=1).close()
