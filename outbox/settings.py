@@ -24,6 +24,8 @@ DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
 CONSUMER_START = "OUTBOX_CONSUMER_START"
+TOPICS = "OUTBOX_TOPICS"
+GROUP = "OUTBOX_GROUP"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
@@ -90,6 +92,17 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "where a consumer group starts in a partition it never committed an offset for: "
         "`earliest`, `latest` or an ISO 8601 time with its offset; the default of `--start` "
         "(else `earliest`)",
+        "`outbox consumer`",
+    ),
+    EnvironmentVariable(
+        TOPICS,
+        "topics to consume, comma-separated; the default of `--topic` (else the registered "
+        "topics of the `MODULE:ATTRIBUTE` argument)",
+        "`outbox consumer`",
+    ),
+    EnvironmentVariable(
+        GROUP,
+        "consumer group id; the default of `--group` (one of them is required)",
         "`outbox consumer`",
     ),
     EnvironmentVariable(

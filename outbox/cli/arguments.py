@@ -207,6 +207,66 @@ def start_settings(args: argparse.Namespace) -> dict[str, str]:
     return {} if start is None else {START_KEY: start}
 
 
+def topic_list_type(env: str) -> Callable[[str], list[str]]:
+    """The argparse `type=` of a comma-separated list of topic names (`--topic a,b`, or the
+    variable `env`): each name checked as Kafka would, an empty item refused, duplicates
+    collapsed in their first order. A bad list is a usage error naming the flag and `env`."""
+    from outbox.core.errors import InvalidTopic
+    from outbox.core.topics import validate_topic
+
+    source = f" (from the flag, or from {env} when the flag is not given)"
+
+    def topic_list(text: str) -> list[str]:
+        names: list[str] = []
+        for item in text.split(","):
+            name = item.strip()
+            if not name:
+                raise argparse.ArgumentTypeError(
+                    f"empty topic name in {text!r}: give names separated by single commas{source}"
+                )
+            try:
+                validate_topic(name)
+            except InvalidTopic as exc:
+                raise argparse.ArgumentTypeError(f"{exc}{source}") from None
+            names.append(name)
+        return list(dict.fromkeys(names))
+
+    topic_list.__name__ = "topic list"
+    return topic_list
+
+
+class TopicsAction(argparse.Action):
+    """A repeatable flag of comma-separated topic lists: the lists given on the command line
+    are joined, duplicates collapsed; a default from the environment is replaced, not joined."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        # Not a list yet: the default (the variable's text, or None), which the flag overrides.
+        joined = list(current) if isinstance(current, list) else []
+        joined.extend(values if isinstance(values, list) else [values])
+        setattr(namespace, self.dest, list(dict.fromkeys(joined)))
+
+
+def add_topics(parser: argparse.ArgumentParser, help: str) -> None:
+    """--topic: a comma-separated list of topics, repeatable, defaulting to OUTBOX_TOPICS."""
+    parser.add_argument(
+        "--topic",
+        dest="topics",
+        action=TopicsAction,
+        type=topic_list_type(settings.TOPICS),
+        # An empty variable counts as unset. argparse converts a string default with `type`.
+        default=os.environ.get(settings.TOPICS) or None,
+        metavar="TOPIC[,TOPIC...]",
+        help=f"{help} (env {settings.TOPICS})",
+    )
+
+
 def env_groups() -> list[str]:
     """The consumer groups of OUTBOX_LAG_GROUPS (comma-separated)."""
     return [g.strip() for g in os.environ.get(settings.LAG_GROUPS, "").split(",") if g.strip()]

@@ -28,6 +28,7 @@ from outbox.cli.arguments import (
     add_logging,
     add_runtime,
     add_start,
+    add_topics,
     add_transport,
     require,
     runtime_config,
@@ -42,6 +43,11 @@ DEMO_ELSEWHERE = (
     "the demo runs the example services of the source repository, not part of the installed "
     "package: in a checkout of pg-kafka-outbox, run `./run demo` (or `python -m examples.demo`)"
 )
+
+
+class UsageError(Exception):
+    """A command given settings that cannot go together, or without one it needs, that the
+    parser cannot see alone: one line, exit 2 (as argparse's usage errors)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,16 +111,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     consumer = commands.add_parser(
-        "consumer", help="store Kafka (or PostgreSQL log) records in consumer_queue"
+        "consumer",
+        help="store Kafka (or PostgreSQL log) records in consumer_queue",
+        description="Stores the records of its topics in consumer_queue, for `outbox handler`. "
+        "The topics: those registered in the Handlers registry MODULE:ATTRIBUTE (the one "
+        "`outbox handler` runs), or those of --topic for a consumer without handlers. Given "
+        "both, it consumes exactly the --topic list (to split a registry's topics over "
+        "several consumers) and warns at start, one line each, about a listed topic no "
+        "handler reads (its messages go dead at once) and a registered topic not listed (its "
+        "handler waits for messages this consumer does not store).",
+    )
+    consumer.add_argument(
+        "handlers",
+        nargs="?",
+        metavar="MODULE:ATTRIBUTE",
+        help="the Handlers registry whose topics are consumed, e.g. svc.handlers:h (imported "
+        "as `outbox handler` does); optional with --topic",
     )
     add_database(consumer)
     add_kafka(consumer)
     add_transport(consumer)
     add_runtime(consumer)
+    add_topics(consumer, "topics to consume, comma-separated; repeatable")
     consumer.add_argument(
-        "--topic", action="append", default=[], required=True, help="topic to consume; repeatable"
+        "--group",
+        default=os.environ.get(settings.GROUP),
+        help=f"consumer group id (env {settings.GROUP}; required)",
     )
-    consumer.add_argument("--group", required=True, help="consumer group id")
     add_start(consumer)
     consumer.add_argument(
         "--log-session-timeout",
@@ -333,10 +356,31 @@ def _producer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consumed(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
+    """The topics the consumer reads and, given a registry, the topics its handlers read.
+
+    The registry is imported as `outbox handler` imports it (a failure is one line, exit 1);
+    without it and without --topic (or OUTBOX_TOPICS), a usage error."""
+    topics: list[str] = list(args.topics or [])
+    if args.handlers is None:
+        if not topics:
+            raise UsageError(
+                f"give the Handlers registry MODULE:ATTRIBUTE whose topics to consume, or "
+                f"--topic (or set {settings.TOPICS}) for a consumer without handlers"
+            )
+        return topics, None
+    from outbox.daemons.handler import load_handlers
+
+    handled = list(load_handlers(args.handlers).topics)
+    return (topics or handled), handled
+
+
 def _consumer(args: argparse.Namespace) -> int:
     from outbox import transports
     from outbox.daemons.consumer import Consumer, ConsumerConfig
 
+    topics, handled = _consumed(args)
+    group = require(args.group, "--group", settings.GROUP)
     database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
     if args.transport == "postgres" and args.start not in (None, "earliest"):
         raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
@@ -350,8 +394,8 @@ def _consumer(args: argparse.Namespace) -> int:
         factory = transports.log_subscribers(
             log_url,
             args.log_schema,
-            args.topic,
-            args.group,
+            topics,
+            group,
             session_timeout=args.log_session_timeout,
         )
         bootstrap = ""
@@ -360,12 +404,13 @@ def _consumer(args: argparse.Namespace) -> int:
     config = ConsumerConfig(
         database_url=database_url,
         kafka_bootstrap=bootstrap,
-        topics=args.topic,
-        group=args.group,
+        topics=topics,
+        group=group,
         schema=args.schema,
         kafka_config={**dict(args.kafka_config), **start_settings(args)},
         batch_size=args.batch_size,
         observability=runtime_config(args),
+        handled_topics=handled,
     )
     relay = (
         Consumer(config, subscriber_factory=factory)
@@ -437,6 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if code is not None:
                 return code
         return handlers[args.command](args)
+    except UsageError as exc:
+        _fatal(args, str(exc))
+        return 2
     except OutboxError as exc:
         _fatal(args, str(exc))
         return 1

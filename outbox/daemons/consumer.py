@@ -56,6 +56,10 @@ class ConsumerConfig:
     poll_timeout: float = 0.2
     connect_timeout: float = 10.0
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    #: The topics of the Handlers registry this consumer feeds (`outbox consumer MODULE:ATTR`),
+    #: or None: given, the consumer warns at start about a consumed topic no handler reads and
+    #: a registered topic it does not consume.
+    handled_topics: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -63,12 +67,29 @@ class ConsumerConfig:
         validate_schema(self.schema)
         if not self.topics:
             raise ConfigurationError("at least one --topic is required")
-        for topic in self.topics:
+        for topic in (*self.topics, *(self.handled_topics or ())):
             validate_topic(topic)
         check_fields(
             self,
             {"batch_size": "poll_records", "poll_timeout": "seconds", "connect_timeout": "seconds"},
         )
+
+    def topic_warnings(self) -> list[str]:
+        """What is wrong between the consumed topics and the registry's, one line each."""
+        if self.handled_topics is None:
+            return []
+        handled = set(self.handled_topics)
+        consumed = set(self.topics)
+        return [
+            f"topic {topic!r} is consumed but no handler of the registry reads it: its "
+            "messages go dead at once"
+            for topic in self.topics
+            if topic not in handled
+        ] + [
+            f"topic {topic!r} has a handler but this consumer does not consume it: unless "
+            "another consumer stores its messages, its handler waits forever"
+            for topic in sorted(handled - consumed)
+        ]
 
 
 class _Refused(Exception):
@@ -171,6 +192,7 @@ class Consumer:
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
         self.check()
+        self._announce()
         subscriber = self._subscriber_factory()
         conn: Connection | None = None
         batch = InboxBatch()
@@ -216,6 +238,22 @@ class Consumer:
                 self.stored,
                 self.quarantined,
             )
+
+    def _announce(self) -> None:
+        """Say at start what is consumed, and what does not match the registry's topics."""
+        config = self.config
+        source = "" if config.handled_topics is None else " (checked against the registry)"
+        if config.handled_topics is not None and set(config.topics) == set(config.handled_topics):
+            source = " (the registered topics of the handlers)"
+        log.info(
+            "consumer group %s consumes %s%s",
+            config.group,
+            ", ".join(config.topics),
+            source,
+            extra={"event": "consumer.topics"},
+        )
+        for warning in config.topic_warnings():
+            log.warning(warning, extra={"event": "consumer.topic_mismatch"})
 
     def _store(
         self,

@@ -102,6 +102,11 @@ class InboxStore:
         params = {"window": window, "limit": limit}
         return conn.execute(self.sql["handler_retention"], params).rowcount
 
+    def recent_topics(self, conn: Connection, limit: int) -> dict[str, int]:
+        """The topics of the last `limit` rows stored, whatever their state: rows per topic."""
+        rows = conn.execute(self.sql["handler_recent_topics"], {"limit": limit}).fetchall()
+        return {str(topic): int(count) for topic, count in rows}
+
     def attempts(self, conn: Connection, row_id: int) -> int:
         """The attempts a row has had (0 if it is gone)."""
         row = conn.execute(self.sql["handler_attempts"], {"id": row_id}).fetchone()

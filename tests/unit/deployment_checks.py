@@ -21,7 +21,7 @@ DAEMONS = frozenset({"producer", "consumer", "handler"})
 REQUIRED = {
     "migrate": ("database_url",),
     "producer": ("database_url", "kafka_bootstrap"),
-    "consumer": ("database_url", "kafka_bootstrap"),
+    "consumer": ("database_url", "kafka_bootstrap", "group"),
     "handler": ("database_url",),
 }
 

@@ -159,7 +159,8 @@ def test_the_consumed_topics_are_created_and_handled(
     for name, argv in _outbox_services(services).items():
         args = parse_outbox(argv, _env(services[name]), name)
         if args.command == "consumer":
-            consumed.update(args.topic)
+            # --topic (or OUTBOX_TOPICS) when given, else the registered topics of MODULE:ATTR.
+            consumed.update(args.topics or check_handlers(args.handlers, name))
         if args.command == "handler":
             handled.update(check_handlers(args.handlers, name))
     assert consumed and consumed <= created

@@ -97,7 +97,7 @@ def test_command_parses_with_the_settings_it_needs(
     args = parse_outbox(container.argv[1:], container.env, container.where)
     check_required(args, container.where)
     check_variables(container.env, container.where)
-    if args.command == "handler":
+    if args.command in ("handler", "consumer") and args.handlers is not None:
         monkeypatch.chdir(ROOT)  # the example image's working directory holds examples/
         check_handlers(args.handlers, container.where)
 

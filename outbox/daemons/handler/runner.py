@@ -38,6 +38,9 @@ log = logging.getLogger("outbox.handler")
 #: message. A fetch that comes back short (the backlog is drained) goes back to `batch_size`.
 BUSY_BATCH_FACTOR = 8
 
+#: The last rows of consumer_queue whose topics the Handler compares with its registry at start.
+RECENT_ROWS = 1000
+
 
 class HandlerRunner(LaneRelay[Pending]):
     """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop."""
@@ -83,6 +86,7 @@ class HandlerRunner(LaneRelay[Pending]):
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
         self.check_database(self.config.observability.wait_for_database)
         check_async_support(self.handlers)
+        self._warn_unhandled_topics()
         self._workers = [self._worker(i) for i in range(self.config.concurrency)]
         try:
             self.serve_forever()
@@ -97,6 +101,30 @@ class HandlerRunner(LaneRelay[Pending]):
                 self.outcomes.failed,
                 self.outcomes.dead,
             )
+
+    def _warn_unhandled_topics(self) -> None:
+        """A WARNING per topic among the last rows stored that no handler of the registry
+        reads: a consumer stores a topic this service does not handle, and those rows go dead.
+        (A registered topic nobody consumes cannot be told from a quiet one here: the consumer
+        warns about that, given the registry.) A look that fails is only logged: the loop
+        meets the same database at once and handles its failures."""
+        try:
+            with self.connect() as conn:
+                recent = self.store.recent_topics(conn, RECENT_ROWS)
+        except Exception as exc:
+            log.debug("could not look at the topics stored in consumer_queue: %s", exc)
+            return
+        for topic, rows in recent.items():
+            if self.handlers.get(topic) is None:
+                log.warning(
+                    "consumer_queue holds rows of topic %r (%d of the last %d stored), which no "
+                    "handler of this registry reads: they go dead; a consumer reads a topic this "
+                    "service does not handle",
+                    topic,
+                    rows,
+                    RECENT_ROWS,
+                    extra={"topic": topic, "event": "handler.unhandled_topic"},
+                )
 
     # -- the relay hooks -----------------------------------------------------------------------
 

@@ -384,6 +384,15 @@ WHERE id IN (
     LIMIT %(limit)s
 );
 
+-- name: handler_recent_topics
+-- The topics of the last %(limit)s rows stored in consumer_queue, whatever their state, and
+-- how many rows each: what the consumers have been storing. The primary key read backwards
+-- and a bound: cheap at any table size (the Handler asks once, at start).
+SELECT topic, count(*)
+FROM (SELECT topic FROM {schema}.consumer_queue ORDER BY id DESC LIMIT %(limit)s) AS recent
+GROUP BY topic
+ORDER BY topic;
+
 -- name: handler_attempts
 SELECT attempts FROM {schema}.consumer_queue WHERE id = %(id)s;
 
