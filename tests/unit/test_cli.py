@@ -116,6 +116,155 @@ def test_unknown_commands_and_missing_arguments_exit_2() -> None:
     assert _exit_code(["dead-letters"]) == 2
 
 
+# -- outbox consumer: its topics, from a registry or --topic -----------------------------------
+
+REGISTRY = """
+from outbox import Handlers
+
+handlers = Handlers()
+
+
+@handlers.handler("orders.created")
+def created(message, conn):
+    pass
+
+
+@handlers.handler("orders.cancelled")
+def cancelled(message, conn):
+    pass
+"""
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """MODULE:ATTRIBUTE of a Handlers registry of orders.created and orders.cancelled."""
+    (tmp_path / "cli_registry_module.py").write_text(REGISTRY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "cli_registry_module:handlers"
+
+
+def test_topic_takes_comma_lists_repeated_and_collapses_duplicates() -> None:
+    args = build_parser().parse_args(
+        ["consumer", "--topic", "a, b", "--topic", "b,c", "--topic=a", "--group", "g"]
+    )
+    assert args.topics == ["a", "b", "c"]
+    assert build_parser().parse_args(["consumer", "--topic", "x.y", "--group", "g"]).topics == [
+        "x.y"
+    ]
+
+
+def test_topics_and_group_come_from_the_environment_and_the_flags_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(settings.TOPICS, "x, y,x")
+    monkeypatch.setenv(settings.GROUP, "from-env")
+    args = build_parser().parse_args(["consumer"])
+    assert (args.topics, args.group) == (["x", "y"], "from-env")
+    args = build_parser().parse_args(["consumer", "--topic", "z,w", "--group", "g"])
+    assert (args.topics, args.group) == (["z", "w"], "g")
+    monkeypatch.setenv(settings.TOPICS, "")  # empty: as unset
+    assert build_parser().parse_args(["consumer"]).topics is None
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a,,b", "empty topic name"),
+        ("a,", "empty topic name"),
+        ("", "empty topic name"),
+        ("orders/created", "contains '/'"),
+        ("..", "reserved"),
+        ("a" * 250, "at most 249"),
+    ],
+)
+def test_a_bad_topic_list_is_a_usage_error_from_the_flag_or_the_variable(
+    text: str,
+    reason: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _exit_code(["consumer", "--topic", text, "--group", "g"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("outbox consumer: error: argument --topic: ") and reason in last
+    assert f"from {settings.TOPICS} when the flag is not given" in last
+    if text:
+        monkeypatch.setenv(settings.TOPICS, text)
+        assert _exit_code(["consumer", "--group", "g"]) == 2
+        assert reason in capsys.readouterr().err
+
+
+def test_a_consumer_without_registry_and_topics_is_a_one_line_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _exit_code(["consumer", "--group", "g"]) == 2
+    assert capsys.readouterr().err == (
+        "outbox: error: give the Handlers registry MODULE:ATTRIBUTE whose topics to consume, "
+        f"or --topic (or set {settings.TOPICS}) for a consumer without handlers\n"
+    )
+
+
+def test_a_consumer_without_group_is_one_line_and_exit_1(
+    registry: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["consumer", "--topic", "t"], ["consumer", registry]):
+        assert main(argv) == 1
+        assert capsys.readouterr().err == (
+            f"outbox: error: --group is required (or set {settings.GROUP})\n"
+        )
+
+
+def test_a_registry_that_does_not_import_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv, said in [
+        (["consumer", "no_such_module_here:handlers"], "cannot import 'no_such_module_here'"),
+        (["consumer", "outbox:Broker"], "not an outbox.Handlers registry"),
+        (["consumer", "no-colon"], "must be given as module:attribute"),
+    ]:
+        assert main([*argv, "--group", "g"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("outbox: error: ") and said in err, err
+
+
+def test_the_consumer_reads_the_registered_topics_or_exactly_the_listed_ones(
+    registry: str,
+) -> None:
+    from outbox.cli.command import _consumed
+
+    args = build_parser().parse_args(["consumer", registry, "--group", "g"])
+    assert _consumed(args) == (
+        ["orders.cancelled", "orders.created"],
+        ["orders.cancelled", "orders.created"],
+    )
+    args = build_parser().parse_args(["consumer", registry, "--topic", "orders.created,other"])
+    assert _consumed(args) == (
+        ["orders.created", "other"],
+        ["orders.cancelled", "orders.created"],
+    )
+    args = build_parser().parse_args(["consumer", "--topic", "t"])
+    assert _consumed(args) == (["t"], None)
+
+
+def test_the_consumer_config_says_what_does_not_match_the_registry() -> None:
+    from outbox.daemons.consumer import ConsumerConfig
+
+    def config(topics: list[str], handled: list[str] | None) -> ConsumerConfig:
+        return ConsumerConfig(
+            database_url="postgresql://h/d",
+            kafka_bootstrap="k:9092",
+            topics=topics,
+            group="g",
+            handled_topics=handled,
+        )
+
+    assert config(["a", "b"], None).topic_warnings() == []
+    assert config(["a", "b"], ["b", "a"]).topic_warnings() == []
+    warnings = config(["a", "b"], ["b", "c"]).topic_warnings()
+    assert len(warnings) == 2
+    assert warnings[0].startswith("topic 'a' is consumed but no handler") and "dead" in warnings[0]
+    assert warnings[1].startswith("topic 'c' has a handler but this consumer does not consume")
+
+
 # -- help shows the defaults ----------------------------------------------------------------
 
 
