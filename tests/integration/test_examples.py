@@ -76,9 +76,8 @@ def _relays(
     env = {"OUTBOX_TRANSPORT": "postgres", "OUTBOX_LOG_URL": relay_transport.endpoint}
     return (
         Daemon("producer", "--database-url", orders_url, env=env),
-        Daemon(
-            "consumer", "--database-url", shipping_url, "--topic", topic, "--group", group, env=env
-        ),
+        # The registry's topics: this test's, through ORDERS_TOPIC (set by the caller).
+        Daemon("consumer", HANDLERS, "--database-url", shipping_url, "--group", group, env=env),
     )
 
 
