@@ -322,3 +322,16 @@ def test_a_whole_document_reads_back_from_yaml() -> None:
 def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="json or yaml"):
         dumps({}, "toml")
+
+
+def test_the_how_to_commands_parse() -> None:
+    from pathlib import Path
+
+    from outbox.cli import build_parser
+    from tests.unit.test_docs_commands import outbox_commands
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "asyncapi.md"
+    commands = outbox_commands(page.read_text())
+    assert len(commands) == 4
+    for args in commands:
+        assert build_parser().parse_args(args).command == "asyncapi"
