@@ -275,7 +275,12 @@ def _fallback_schemas(
     for topic, tp in payload_types.items():
         try:
             schemas[topic] = _schema_of(tp, defs, names)
-        except (TypeError, NameError) as exc:
+        except NameError as exc:
+            raise ConfigurationError(
+                f"topic {topic!r}: cannot resolve the annotations of its payload type "
+                f"{_type_name(tp)}: {exc}"
+            ) from None
+        except TypeError as exc:
             raise ConfigurationError(
                 f"topic {topic!r}: cannot describe its payload type {_type_name(tp)} in JSON "
                 f"Schema without pydantic ({exc}); install pydantic to describe any type"

@@ -59,6 +59,15 @@ class Order:
     note: str | None = None
 
 
+class Opaque:
+    """A class neither pydantic nor the fallback can describe."""
+
+
+@dataclasses.dataclass
+class Holder:
+    thing: Opaque
+
+
 def _refs(value: Any) -> list[str]:
     if isinstance(value, dict):
         found = [value["$ref"]] if isinstance(value.get("$ref"), str) else []
@@ -127,6 +136,8 @@ def test_typed_payloads_put_their_schemas_in_components_and_refs_resolve() -> No
     assert messages["orders"]["payload"] == {"$ref": "#/components/schemas/Order"}
     assert messages["orders"]["name"] == "Order"
     assert messages["customers"]["payload"] == {"$ref": "#/components/schemas/Customer"}
+    by_pydantic = Customer.model_json_schema(ref_template="#/components/schemas/{model}")
+    assert schemas["Customer"] == {k: v for k, v in by_pydantic.items() if k != "$defs"}
     assert schemas["Order"]["properties"]["id"]["format"] == "uuid"
     assert "'id'" in messages["orders"]["bindings"]["kafka"]["key"]["description"]
     assert document["channels"]["orders"]["description"] == "Orders placed."
@@ -179,24 +190,12 @@ def test_the_fallback_refuses_a_type_it_cannot_describe_naming_the_topic(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "pydantic", None)
-
-    class Opaque:
-        pass
-
-    @dataclasses.dataclass
-    class Holder:
-        thing: Opaque
-
-    with pytest.raises(ConfigurationError, match=r"topic 'odd'.*install pydantic"):
+    with pytest.raises(ConfigurationError, match=r"topic 'odd'.*Opaque.*install pydantic"):
         payload_schemas({"odd": Holder})
 
 
 def test_pydantic_refusing_a_type_is_a_configuration_error_naming_the_topic() -> None:
     pytest.importorskip("pydantic")
-
-    class Opaque:
-        pass
-
     with pytest.raises(ConfigurationError, match=r"topic 'odd'.*Opaque"):
         payload_schemas({"odd": Opaque})
 
