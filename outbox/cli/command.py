@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_spark_commands(commands)
 
+    from outbox.cli.asyncapi import add_asyncapi_command
+
+    add_asyncapi_command(commands)
+
     demo = commands.add_parser(
         "demo",
         help="say where the two-service demo runs: a source checkout (./run demo)",
@@ -471,6 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.cli.console import run_console
 
             return run_console(args)
+        if args.command == "asyncapi":
+            from outbox.cli.asyncapi import run_asyncapi
+
+            return run_asyncapi(args)
         if args.command == "spark":
             from outbox.cli.spark import run_spark_command
 

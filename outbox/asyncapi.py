@@ -1,0 +1,629 @@
+"""The AsyncAPI 3.0 document of a service: what it receives (its handlers) and what it sends
+(the topics its registry declares with `handlers.sends`), over Kafka or the PostgreSQL log.
+
+Each topic is a channel with one message: its payload's JSON Schema (from the payload type,
+by pydantic when installed, else by a fallback for dataclasses of basic types; any JSON when
+the topic declares no type), its key, and the headers outbox puts on every record. Named
+schemas live in `components/schemas` and every `$ref` points there. Secrets never reach the
+document: a log URL gives only its host, port and database.
+
+Pure code: building the document imports the service's registry and nothing connects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import importlib
+import json
+import re
+import sys
+import types
+import typing
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from outbox._version import version as outbox_version
+from outbox.core.errors import ConfigurationError
+from outbox.core.handlers import Handlers, HandlerSpec
+from outbox.core.headers import (
+    CAUSATION_ID,
+    CONTENT_TYPE,
+    CORRELATION_ID,
+    CREATED_AT,
+    MESSAGE_ID,
+    TRACEPARENT,
+    TRACESTATE,
+)
+from outbox.core.serializers import BYTES, JSON
+from outbox.core.text import first_line
+
+ASYNCAPI_VERSION = "3.0.0"
+#: Where named schemas live and how a `$ref` names one.
+SCHEMAS = "#/components/schemas/"
+#: The Kafka bindings' version the message and operation bindings follow.
+KAFKA_BINDING_VERSION = "0.5.0"
+FORMATS = ("json", "yaml")
+
+
+@dataclasses.dataclass
+class _Channel:
+    """What the document says about one topic, gathered from handlers and sent topics."""
+
+    name: str
+    payload: Any = None
+    content_type: str | None = None
+    description: str = ""
+    key: Any = None
+    receivers: list[HandlerSpec] = dataclasses.field(default_factory=list)
+    sent: bool = False
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def load_registry(path: str) -> Handlers:
+    """Import `package.module:attribute` and check that it names a `Handlers` registry (which
+    may have no handlers: a service that only sends)."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(
+            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
+            f"got {path!r}"
+        )
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or the module itself fails
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
+    if not isinstance(target, Handlers):
+        raise ConfigurationError(
+            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
+        )
+    return target
+
+
+# -- servers -----------------------------------------------------------------------------------
+
+_SASL_SCHEMES = {
+    "PLAIN": "plain",
+    "SCRAM-SHA-256": "scramSha256",
+    "SCRAM-SHA-512": "scramSha512",
+    "GSSAPI": "gssapi",
+}
+
+
+def kafka_servers(
+    bootstrap: str | None, kafka_config: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The `servers` of a service on Kafka, and the security schemes they use.
+
+    The bootstrap list is the server's host; without one, a placeholder whose host is a
+    variable. Only non-secret settings are read from `kafka_config` (security.protocol,
+    sasl.mechanism): SSL makes the protocol kafka-secure, a SASL mechanism a security scheme.
+    """
+    from outbox.core.redact import redact_text
+
+    config = {key.strip().lower(): str(value) for key, value in (kafka_config or {}).items()}
+    security = config.get("security.protocol", "").strip().upper()
+    server: dict[str, Any] = {"protocol": "kafka-secure" if "SSL" in security else "kafka"}
+    if bootstrap and bootstrap.strip():
+        hosts = [re.sub(r"^[A-Za-z_]+://", "", h.strip()) for h in bootstrap.split(",")]
+        server["host"] = redact_text(",".join(h for h in hosts if h))
+        server["description"] = "The Kafka cluster, by its bootstrap servers."
+    else:
+        server["host"] = "{bootstrap}"
+        server["description"] = (
+            "A placeholder: no Kafka bootstrap servers were given (--kafka-bootstrap)."
+        )
+        server["variables"] = {
+            "bootstrap": {
+                "description": "Kafka bootstrap servers, host:port[,...]",
+                "default": "localhost:9092",
+            }
+        }
+    schemes: dict[str, Any] = {}
+    mechanism = config.get("sasl.mechanism", config.get("sasl.mechanisms", "")).strip().upper()
+    if security.startswith("SASL") and mechanism in _SASL_SCHEMES:
+        schemes["kafka-sasl"] = {
+            "type": _SASL_SCHEMES[mechanism],
+            "description": f"SASL {mechanism} (security.protocol {security})",
+        }
+        server["security"] = [{"$ref": "#/components/securitySchemes/kafka-sasl"}]
+    return {"kafka": server}, schemes
+
+
+def log_servers(url: str | None, schema: str) -> dict[str, Any]:
+    """The `servers` of a service on the PostgreSQL log: host, port and database of `url`
+    (never its user, password or other parameters); a placeholder without one."""
+    description = (
+        f"The outbox log in PostgreSQL (schema {schema!r}): Kafka-like topics, partitions and "
+        "consumer groups kept in tables, read and written by outbox's daemons "
+        "(--transport postgres)."
+    )
+    if not url:
+        return {
+            "log": {
+                "host": "{host}",
+                "pathname": "/{database}",
+                "protocol": "postgresql",
+                "description": f"{description} A placeholder: no --log-url was given.",
+                "variables": {
+                    "host": {"description": "host[:port] of the log database"},
+                    "database": {"description": "the log database"},
+                },
+            }
+        }
+    from outbox.core.redact import parse_conninfo
+
+    params = parse_conninfo(url)
+    if params is None:
+        raise ConfigurationError("--log-url is not a PostgreSQL URL libpq can parse")
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    ports = params.get("port")
+    if ports:
+        host = ",".join(
+            f"{h}:{p}"
+            for h, p in zip(host.split(","), _repeat(ports.split(","), host), strict=True)
+        )
+    server: dict[str, Any] = {"host": host, "protocol": "postgresql", "description": description}
+    if params.get("dbname"):
+        server["pathname"] = "/" + params["dbname"]
+    return {"log": server}
+
+
+def _repeat(ports: list[str], hosts: str) -> list[str]:
+    """libpq's rule: one port for every host, or one port for them all."""
+    count = len(hosts.split(","))
+    return ports if len(ports) == count else [ports[0]] * count
+
+
+# -- payload schemas ---------------------------------------------------------------------------
+
+
+def is_json(content_type: str) -> bool:
+    """True for application/json and the +json types (application/cloudevents+json, ...)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+def payload_schemas(
+    payload_types: Mapping[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """JSON Schemas of payload types, by topic, and the named schemas they refer to.
+
+    With pydantic installed, any type pydantic can validate (a BaseModel, a dataclass, a
+    TypedDict, `list[Model]`, ...); without it, dataclasses of basic types. Every `$ref` points
+    into `components/schemas`. An undescribable type is a `ConfigurationError` naming its topic.
+    """
+    try:
+        import pydantic  # noqa: F401
+    except ImportError:
+        return _fallback_schemas(payload_types)
+    return _pydantic_schemas(payload_types)
+
+
+def _pydantic_schemas(
+    payload_types: Mapping[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    from pydantic import PydanticUserError, TypeAdapter
+
+    adapters: list[tuple[str, Any, TypeAdapter[Any]]] = []
+    for topic, tp in payload_types.items():
+        try:
+            adapters.append((topic, "validation", TypeAdapter(tp)))
+        except PydanticUserError as exc:
+            raise _undescribable(topic, tp, exc) from None
+    try:
+        by_key, top = TypeAdapter.json_schemas(adapters, ref_template=SCHEMAS + "{model}")
+    except PydanticUserError as exc:
+        # json_schemas does not say which type failed: find it, one at a time.
+        for topic, _mode, adapter in adapters:
+            try:
+                adapter.json_schema(ref_template=SCHEMAS + "{model}")
+            except PydanticUserError as one:
+                raise _undescribable(topic, payload_types[topic], one) from None
+        raise ConfigurationError(f"cannot describe the payload types: {first_line(exc)}") from None
+    schemas = {topic: schema for (topic, _mode), schema in by_key.items()}
+    return schemas, dict(top.get("$defs", {}))
+
+
+def _undescribable(topic: str, tp: Any, exc: BaseException) -> ConfigurationError:
+    return ConfigurationError(
+        f"topic {topic!r}: cannot describe its payload type {_type_name(tp)} in JSON Schema: "
+        f"{first_line(exc)}"
+    )
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__qualname__", None) or repr(tp)
+
+
+_FORMATS: dict[Any, dict[str, Any]] = {
+    uuid.UUID: {"type": "string", "format": "uuid"},
+    datetime.datetime: {"type": "string", "format": "date-time"},
+    datetime.date: {"type": "string", "format": "date"},
+    datetime.time: {"type": "string", "format": "time"},
+    datetime.timedelta: {"type": "string", "format": "duration"},
+    decimal.Decimal: {"type": "string", "description": "a decimal number, as a string"},
+    bytes: {"type": "string", "format": "binary"},
+    str: {"type": "string"},
+    bool: {"type": "boolean"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    type(None): {"type": "null"},
+}
+
+
+def _fallback_schemas(
+    payload_types: Mapping[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Schemas without pydantic: dataclasses of basic types, enums, lists, dicts, unions."""
+    defs: dict[str, Any] = {}
+    names: dict[Any, str] = {}
+    schemas = {}
+    for topic, tp in payload_types.items():
+        try:
+            schemas[topic] = _schema_of(tp, defs, names)
+        except NameError as exc:
+            raise ConfigurationError(
+                f"topic {topic!r}: cannot resolve the annotations of its payload type "
+                f"{_type_name(tp)}: {exc}"
+            ) from None
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"topic {topic!r}: cannot describe its payload type {_type_name(tp)} in JSON "
+                f"Schema without pydantic ({exc}); install pydantic to describe any type"
+            ) from None
+    return schemas, defs
+
+
+def _schema_of(tp: Any, defs: dict[str, Any], names: dict[Any, str]) -> dict[str, Any]:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _schema_of(args[0], defs, names)
+    if tp is Any or tp is object:
+        return {}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [member.value for member in tp]
+        schema: dict[str, Any] = {"title": tp.__name__, "enum": values}
+        if all(isinstance(v, str) for v in values):
+            schema["type"] = "string"
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            schema["type"] = "integer"
+        return schema
+    if tp in _FORMATS:
+        return dict(_FORMATS[tp])
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin is typing.Union or origin is types.UnionType:
+        return {"anyOf": [_schema_of(arg, defs, names) for arg in args]}
+    if origin in (list, set, frozenset, Sequence, Iterable) or (
+        origin is tuple and len(args) == 2 and args[1] is Ellipsis
+    ):
+        schema = {"type": "array"}
+        if args:
+            schema["items"] = _schema_of(args[0], defs, names)
+        if origin in (set, frozenset):
+            schema["uniqueItems"] = True
+        return schema
+    if tp in (list, set, frozenset, tuple):
+        return {"type": "array"}
+    if origin in (dict, Mapping):
+        schema = {"type": "object"}
+        if args:
+            if args[0] is not str:
+                raise TypeError(f"a dict's keys must be str in JSON, got {_type_name(args[0])}")
+            schema["additionalProperties"] = _schema_of(args[1], defs, names)
+        return schema
+    if tp is dict:
+        return {"type": "object"}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return {"$ref": SCHEMAS + _dataclass_def(tp, defs, names)}
+    raise TypeError(f"{_type_name(tp)} is not a type the fallback knows")
+
+
+def _dataclass_def(cls: type, defs: dict[str, Any], names: dict[Any, str]) -> str:
+    """Put the schema of a dataclass in `defs` (once, under a name no other class has)."""
+    if cls in names:
+        return names[cls]
+    name = cls.__name__
+    n = 1
+    while name in defs:
+        n += 1
+        name = f"{cls.__name__}_{n}"
+    names[cls] = name
+    defs[name] = {}  # reserved now: a dataclass may refer to itself
+    hints = typing.get_type_hints(cls, include_extras=True)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in dataclasses.fields(cls):
+        properties[field.name] = _schema_of(hints[field.name], defs, names)
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            required.append(field.name)
+    schema: dict[str, Any] = {"title": cls.__name__, "type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    defs[name] = schema
+    return name
+
+
+def _described_payload(content_type: str, schema: dict[str, Any] | None) -> dict[str, Any]:
+    """The payload schema of a message: the type's when JSON and typed; else by content type."""
+    if not is_json(content_type):
+        if content_type == BYTES:
+            return {"type": "string", "format": "binary", "description": "raw bytes"}
+        if content_type.lower().startswith("text/"):
+            return {"type": "string", "description": f"text ({content_type})"}
+        return {"description": f"bytes of content type {content_type}, not described here"}
+    if schema is None:
+        return {"description": "any JSON value: the topic declares no payload type"}
+    return schema
+
+
+# -- the document ------------------------------------------------------------------------------
+
+
+def _gather(handlers: Handlers) -> dict[str, _Channel]:
+    """The channels of a registry: one per topic handled or declared sent, in that order."""
+    channels: dict[str, _Channel] = {}
+    default_type = handlers.serializer.content_type
+
+    def merge(name: str, declared: Any, payload: Any, origin: str) -> _Channel:
+        channel = channels.setdefault(name, _Channel(name))
+        if payload is not None:
+            if channel.payload is not None and channel.payload != payload:
+                raise ConfigurationError(
+                    f"topic {name!r} has two payload types: {_type_name(channel.payload)} and "
+                    f"{_type_name(payload)} ({origin}); one topic carries one type"
+                )
+            channel.payload = payload
+        if declared is not None:
+            content_type = getattr(declared, "content_type", None)
+            if content_type:
+                if channel.content_type not in (None, content_type):
+                    raise ConfigurationError(
+                        f"topic {name!r} has two content types: {channel.content_type!r} and "
+                        f"{content_type!r} ({origin})"
+                    )
+                channel.content_type = content_type
+            channel.description = channel.description or getattr(declared, "description", "")
+            if channel.key is None:
+                channel.key = getattr(declared, "key", None)
+        return channel
+
+    for spec in handlers:
+        declared = getattr(spec, "declared", None)
+        payload = getattr(declared, "payload", None) or getattr(spec, "payload_type", None)
+        merge(spec.topic, declared, payload, f"the handler {spec.name}").receivers.append(spec)
+    for topic in getattr(handlers, "sent_topics", ()):
+        merge(topic.name, topic, getattr(topic, "payload", None), "a sent topic").sent = True
+    for channel in channels.values():
+        channel.content_type = channel.content_type or default_type
+    return channels
+
+
+def _key_schema(key: Any) -> dict[str, Any]:
+    if key is None:
+        text = "the key the sender gives (key=), or none"
+    elif isinstance(key, str):
+        text = f"the payload's {key!r}, as text"
+    else:
+        text = f"derived from the payload by {getattr(key, '__qualname__', repr(key))}"
+    return {
+        "type": "string",
+        "description": f"The record key: {text}. Messages of one key keep their order.",
+    }
+
+
+def _headers_schema(content_type: str) -> dict[str, Any]:
+    """The headers every record carries: outbox's own, then the sender's (strings, or bytes)."""
+    uuid_text = {"type": "string", "format": "uuid"}
+    return {
+        "type": "object",
+        "properties": {
+            MESSAGE_ID: {**uuid_text, "description": "The message's id, unique per message."},
+            CREATED_AT: {
+                "type": "string",
+                "format": "date-time",
+                "description": "When the message was written to the outbox (ISO 8601).",
+            },
+            CONTENT_TYPE: {
+                "type": "string",
+                "const": content_type,
+                "description": "The payload's content type.",
+            },
+            CORRELATION_ID: {
+                **uuid_text,
+                "description": "The conversation's id; absent: the message's own id.",
+            },
+            CAUSATION_ID: {
+                **uuid_text,
+                "description": "The id of the message whose handler sent this one, if any.",
+            },
+            TRACEPARENT: {"type": "string", "description": "W3C trace context, if any."},
+            TRACESTATE: {"type": "string", "description": "W3C trace state, if any."},
+        },
+        "required": [MESSAGE_ID, CREATED_AT, CONTENT_TYPE],
+        "additionalProperties": {
+            "type": "string",
+            "description": "The sender's headers (names not starting with outbox-); a bytes "
+            "value is carried as it is.",
+        },
+    }
+
+
+def build_document(
+    handlers: Handlers,
+    *,
+    title: str,
+    version: str = "1.0.0",
+    servers: Mapping[str, Any] | None = None,
+    security_schemes: Mapping[str, Any] | None = None,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of `handlers`: a channel and a message per topic, a receive
+    operation per handler, a send operation per topic declared sent."""
+    channels = _gather(handlers)
+    typed = {
+        name: channel.payload
+        for name, channel in channels.items()
+        if channel.payload is not None and is_json(channel.content_type or JSON)
+    }
+    schemas, defs = payload_schemas(typed)
+    description = f"Generated by outbox {outbox_version()}"
+    description += f" from {source}." if source else "."
+    document: dict[str, Any] = {
+        "asyncapi": ASYNCAPI_VERSION,
+        "info": {"title": title, "version": version, "description": description},
+        "defaultContentType": JSON,
+        "servers": dict(servers or kafka_servers(None)[0]),
+        "channels": {},
+        "operations": {},
+        "components": {"messages": {}},
+    }
+    for name, channel in channels.items():
+        content_type = channel.content_type or JSON
+        message: dict[str, Any] = {
+            "name": getattr(channel.payload, "__name__", None) or name,
+            "title": f"A message on {name}",
+            "contentType": content_type,
+            "headers": _headers_schema(content_type),
+            "payload": _described_payload(content_type, schemas.get(name)),
+            "correlationId": {
+                "description": "The conversation a message belongs to.",
+                "location": f"$message.header#/{CORRELATION_ID}",
+            },
+            "bindings": {
+                "kafka": {"key": _key_schema(channel.key), "bindingVersion": KAFKA_BINDING_VERSION}
+            },
+        }
+        document["components"]["messages"][name] = message
+        entry: dict[str, Any] = {
+            "address": name,
+            "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+        }
+        if channel.description:
+            entry["description"] = channel.description
+        document["channels"][name] = entry
+        reference = {"$ref": f"#/channels/{name}"}
+        messages = [{"$ref": f"#/channels/{name}/messages/{name}"}]
+        for spec in channel.receivers:
+            operation: dict[str, Any] = {
+                "action": "receive",
+                "channel": reference,
+                "messages": messages,
+                "summary": f"{'Batch handler' if spec.batch else 'Handler'} {spec.name}",
+            }
+            doc = (spec.func.__doc__ or "").strip()
+            if doc:
+                operation["description"] = doc.splitlines()[0]
+            document["operations"][f"receive-{name}"] = operation
+        if channel.sent:
+            document["operations"][f"send-{name}"] = {
+                "action": "send",
+                "channel": reference,
+                "messages": messages,
+                "summary": f"Sent to {name} through the outbox",
+            }
+    if defs:
+        document["components"]["schemas"] = defs
+    if security_schemes:
+        document["components"]["securitySchemes"] = dict(security_schemes)
+    return document
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def dumps(document: Mapping[str, Any], format: str = "json") -> str:
+    """The document as JSON (indented) or YAML (block style, every string quoted), ending in a
+    newline. The YAML is written here, not by PyYAML: it needs no extra and reads back as the
+    JSON does in any YAML 1.1 or 1.2 parser."""
+    if format == "json":
+        return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    if format == "yaml":
+        lines: list[str] = []
+        _yaml(document, 0, lines)
+        return "\n".join(lines) + "\n"
+    raise ConfigurationError(f"--format must be json or yaml, got {format!r}")
+
+
+# Characters a YAML stream must not hold raw (outside the printable set), or that a reader
+# may take for a line break; escaped in double quotes.
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]")
+_PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$.\-]*")
+# Plain words YAML 1.1 reads as booleans or null.
+_YAML_WORDS = frozenset(["y", "n", "yes", "no", "on", "off", "true", "false", "null"])
+
+
+def _yaml_str(text: str) -> str:
+    quoted = json.dumps(text, ensure_ascii=False)
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
+
+
+def _yaml_key(key: str) -> str:
+    if _PLAIN_KEY.fullmatch(key) and key.lower() not in _YAML_WORDS:
+        return key
+    return _yaml_str(key)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return _yaml_str(value)
+    if isinstance(value, float):
+        text = json.dumps(value)
+        # YAML 1.1 reads 1e+300 as a string: a float needs a dot before its exponent.
+        return text if "." in text or "e" not in text else text.replace("e", ".0e", 1)
+    if value is None or isinstance(value, bool | int):
+        return json.dumps(value)  # null, true, false, integers: the same in YAML
+    if isinstance(value, Mapping) and not value:
+        return "{}"
+    if isinstance(value, list | tuple) and not value:
+        return "[]"
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _yaml(value: Any, indent: int, lines: list[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, Mapping) and value:
+        for key, item in value.items():
+            if isinstance(item, Mapping | list | tuple) and item:
+                lines.append(f"{pad}{_yaml_key(str(key))}:")
+                _yaml(item, indent + 2, lines)
+            else:
+                lines.append(f"{pad}{_yaml_key(str(key))}: {_yaml_scalar(item)}")
+    elif isinstance(value, list | tuple) and value:
+        for item in value:
+            if isinstance(item, Mapping | list | tuple) and item:
+                nested: list[str] = []
+                _yaml(item, indent + 2, nested)
+                lines.append(f"{pad}- {nested[0].lstrip()}")
+                lines.extend(nested[1:])
+            else:
+                lines.append(f"{pad}- {_yaml_scalar(item)}")
+    else:
+        lines.append(pad + _yaml_scalar(value))
+
+
+__all__ = [
+    "ASYNCAPI_VERSION",
+    "FORMATS",
+    "build_document",
+    "dumps",
+    "kafka_servers",
+    "load_registry",
+    "log_servers",
+    "payload_schemas",
+]

@@ -1,0 +1,77 @@
+"""The `outbox asyncapi` command: the AsyncAPI 3.0 document of a service's handlers."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from outbox.cli.arguments import add_kafka, add_transport
+from outbox.core.errors import ConfigurationError
+
+
+def add_asyncapi_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `outbox asyncapi` to the `outbox` command's subparsers."""
+    asyncapi = commands.add_parser(
+        "asyncapi",
+        help="write the AsyncAPI 3.0 document of a service's handlers and sent topics",
+        description="Writes the AsyncAPI 3.0 document of a Handlers registry: a channel per "
+        "topic it handles or declares sent (handlers.sends), each message's JSON Schema, key "
+        "and headers, and the server: Kafka (--kafka-bootstrap) or, with --transport "
+        "postgres, the log at --log-url (host, port and database only). Nothing connects. "
+        "See docs/how-to/asyncapi.md.",
+    )
+    asyncapi.add_argument(
+        "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
+    )
+    asyncapi.add_argument(
+        "--format",
+        choices=("json", "yaml"),
+        default=None,
+        help="json or yaml (default: yaml when --output ends in .yaml or .yml, else json)",
+    )
+    asyncapi.add_argument(
+        "--output", metavar="FILE", default=None, help="write the document to FILE, not stdout"
+    )
+    asyncapi.add_argument(
+        "--title", default=None, help="the document's title (default: the MODULE:ATTRIBUTE)"
+    )
+    asyncapi.add_argument(
+        "--api-version", default="1.0.0", help="the document's info.version (default 1.0.0)"
+    )
+    add_kafka(asyncapi)
+    add_transport(asyncapi)
+
+
+def run_asyncapi(args: argparse.Namespace) -> int:
+    """Write the document; a registry that cannot be described is one line and exit 1."""
+    from outbox.asyncapi import build_document, dumps, kafka_servers, load_registry, log_servers
+
+    handlers = load_registry(args.handlers)
+    schemes: dict[str, object] = {}
+    if args.transport == "postgres":
+        servers = log_servers(args.log_url, args.log_schema)
+    else:
+        servers, schemes = kafka_servers(args.kafka_bootstrap, dict(args.kafka_config))
+    document = build_document(
+        handlers,
+        title=args.title or args.handlers,
+        version=args.api_version,
+        servers=servers,
+        security_schemes=schemes,
+        source=args.handlers,
+    )
+    format = args.format
+    if format is None:
+        suffix = os.path.splitext(args.output or "")[1].lower()
+        format = "yaml" if suffix in (".yaml", ".yml") else "json"
+    text = dumps(document, format)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    return 0
