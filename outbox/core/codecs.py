@@ -445,18 +445,16 @@ def _dataclass_converter(tp: type[Any]) -> Convert:
             converters = resolve()  # on first use: a field may name a class defined later
         if not isinstance(data, dict):
             raise _fail(path, f"an object for {name}", data)
-        missing = [f for f in required if f not in data]
-        if missing:
-            raise PayloadInvalid(
-                f"{path}: {name} field {', '.join(repr(m) for m in missing)} is missing"
-                if len(missing) == 1
-                else f"{path}: {name} fields {', '.join(repr(m) for m in missing)} are missing"
-            )
-        values = {
-            key: convert(data[key], f"{path}.{key}")
-            for key, convert in converters.items()
-            if key in data
-        }
+        problems = [f"{path}.{f}: {name} field is missing" for f in required if f not in data]
+        values = {}
+        for key, convert in converters.items():
+            if key in data:
+                try:
+                    values[key] = convert(data[key], f"{path}.{key}")
+                except PayloadInvalid as exc:
+                    problems.append(str(exc))
+        if problems:
+            raise PayloadInvalid("; ".join(problems))
         try:
             return tp(**values)
         except (TypeError, ValueError) as exc:  # a __post_init__ that refuses
