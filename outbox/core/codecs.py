@@ -172,7 +172,13 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
         return f"{path}: {type(exc).__name__}: {exc}"
     if converted is value:
         return None
-    return _find(converted, path, seen)
+    if id(value) in seen:
+        return f"{path}: circular reference"
+    seen.add(id(value))
+    try:
+        return _find(converted, path, seen)
+    finally:
+        seen.discard(id(value))
 
 
 # -- decoding --------------------------------------------------------------------------------
