@@ -365,3 +365,29 @@ def test_a_timezone_of_utc_survives_too(outbox_database_url: str, outbox_drain: 
     send(outbox_database_url, placed, order)
     outbox_drain(typed_handlers(received))
     assert received.payloads == [order]
+
+
+def test_an_invalid_payload_in_a_batch_is_dead_alone(
+    outbox_database_url: str, outbox_drain: Drain
+) -> None:
+    received = Received()
+    handlers = Handlers()
+
+    @handlers.batch_handler(Topic("points", Line), max_attempts=5)
+    def on_batch(messages: list[InboxMessage[Line]], conn: Any) -> None:
+        for message in messages:
+            received.add(message)
+
+    good = [Line("a", Decimal("1")), Line("b", Decimal("2"))]
+    with psycopg.connect(outbox_database_url) as conn, conn.transaction():
+        broker.send(conn, "points", good[0], key="k")
+        broker.send(conn, "points", {"sku": "bad", "price": [1]}, key="k2")
+        broker.send(conn, "points", good[1], key="k")
+    result = outbox_drain(handlers, wait_for_retries=True)
+    assert sorted(received.payloads, key=lambda line: line.sku) == good
+    assert len(result.dead) == 1
+    dead = [row for row in consumer_rows(outbox_database_url) if row[2]]
+    assert [
+        (attempts, "payload.price: expected a Decimal as a string, got list [1]" in (error or ""))
+        for _, attempts, _, error in dead
+    ] == [(1, True)]
