@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 from outbox import tracing
@@ -15,6 +15,8 @@ from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.core.topics import Topic
 from outbox.postgres.queries import validate_schema
 from outbox.postgres.writer import Writer
+
+P = TypeVar("P")
 
 #: The old name of `DEFAULT_MAX_MESSAGE_BYTES` (the limit now bounds the whole Kafka record).
 DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
@@ -137,6 +139,32 @@ class Broker:
             raise OutboxError("send_many was given the same message_id twice")
         return result
 
+    @overload
+    def send(
+        self,
+        tx: object,
+        topic: Topic[P],
+        payload: P,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
+    @overload
+    def send(
+        self,
+        tx: object,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
     def send(
         self,
         tx: object,
@@ -173,6 +201,32 @@ class Broker:
         batch = self._compose_many(messages)
         self._writer.write(tx, batch)
         return [m.message_id for m in batch]
+
+    @overload
+    async def send_async(
+        self,
+        tx: object,
+        topic: Topic[P],
+        payload: P,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
+    @overload
+    async def send_async(
+        self,
+        tx: object,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
 
     async def send_async(
         self,

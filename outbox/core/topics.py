@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 from uuid import UUID
 
 from outbox.core.codecs import check_payload_type, type_name
@@ -51,6 +51,28 @@ class Topic(Generic[P]):
     """
 
     __slots__ = ("content_type", "description", "key", "name", "payload")
+
+    @overload
+    def __init__(
+        self: Topic[Any],
+        name: str,
+        payload: None = None,
+        *,
+        key: str | Callable[[Any], str | bytes | None] | None = None,
+        content_type: str = "application/json",
+        description: str = "",
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        name: str,
+        payload: type[P],
+        *,
+        key: str | Callable[[P], str | bytes | None] | None = None,
+        content_type: str = "application/json",
+        description: str = "",
+    ) -> None: ...
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ import pydantic
 import pytest
 
 from outbox import (
+    Broker,
     ConfigurationError,
     Handlers,
     InboxMessage,
@@ -401,3 +402,24 @@ def test_a_utc_datetime_keeps_its_instant() -> None:
         at: datetime
 
     assert decoder(When)(encode(When(now))).at == now
+
+
+def test_a_broker_checks_a_topics_payload_before_it_touches_the_transaction() -> None:
+    """`tx` is not even a connection: the refusals come first."""
+
+    class Msgpack:
+        content_type = "application/msgpack"
+
+        def dumps(self, payload: Any) -> bytes:
+            return b""
+
+        def loads(self, data: bytes) -> Any:
+            return None
+
+    points = Topic("points", Point)
+    with pytest.raises(SerializationError, match="carries Point; got a dict"):
+        Broker().send(object(), points, {"x": 1})  # type: ignore[call-overload]
+    with pytest.raises(ConfigurationError, match="declared 'application/json', but this Broker"):
+        Broker(serializer=Msgpack()).send(object(), points, Point(1))
+    with pytest.raises(InvalidKey, match="key derived from the payload is a float"):
+        Broker().send(object(), Topic("points", Point, key="y"), Point(1))
