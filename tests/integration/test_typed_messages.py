@@ -391,3 +391,23 @@ def test_an_invalid_payload_in_a_batch_is_dead_alone(
         (attempts, "payload.price: expected a Decimal as a string, got list [1]" in (error or ""))
         for _, attempts, _, error in dead
     ] == [(1, True)]
+
+
+async def test_send_async_and_async_handlers_are_typed_too(
+    outbox_database_url: str, outbox_drain: Drain
+) -> None:
+    received = Received()
+    handlers = Handlers()
+
+    @handlers.handler(placed)
+    async def on_placed(message: InboxMessage[OrderPlaced], conn: Any) -> None:
+        received.add(message)
+
+    orders = [an_order(n) for n in range(2)]
+    async with await psycopg.AsyncConnection.connect(outbox_database_url) as conn:
+        async with conn.transaction():
+            await broker.send_async(conn, placed, orders[0])
+            await broker.send_many_async(conn, [Message(placed, orders[1])])
+    result = outbox_drain(handlers)
+    assert result.dead == ()
+    assert sorted(received.payloads, key=lambda o: o.lines[1].quantity) == orders
