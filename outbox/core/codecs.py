@@ -27,7 +27,7 @@ import sys
 import types
 import typing
 from collections import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -187,17 +187,28 @@ Decode = Callable[[Any], Any]
 _decoders: dict[Any, Decode] = {}
 
 
-def decoder(payload_type: type[Any]) -> Decode:
-    """The function that turns a decoded JSON value into `payload_type` (cached per type);
-    it raises `PayloadInvalid` with a message naming the field."""
+def decoder(payload_type: type[Any], localns: Mapping[str, Any] | None = None) -> Decode:
+    """The function that turns a decoded JSON value into `payload_type` (built once per type,
+    then cached); it raises `PayloadInvalid` with a message naming the field. Building it
+    resolves a dataclass's annotations, nested ones too (`localns`: names a class defined in a
+    function may need), and raises `ConfigurationError` naming the class if one cannot be."""
     found = _decoders.get(payload_type)
     if found is None:
-        found = _build(payload_type)
+        found = _build(payload_type, localns)
         _decoders[payload_type] = found
     return found
 
 
-def _build(payload_type: type[Any]) -> Decode:
+@dataclasses.dataclass
+class _Context:
+    """What building one decoder shares: where names resolve, and the dataclasses being built
+    (a dataclass that contains itself refers to its own converter, late)."""
+
+    localns: Mapping[str, Any] | None
+    building: dict[type[Any], Convert | None] = dataclasses.field(default_factory=dict)
+
+
+def _build(payload_type: type[Any], localns: Mapping[str, Any] | None) -> Decode:
     if is_model(payload_type):
         validate = payload_type.model_validate
         name = type_name(payload_type)
@@ -209,7 +220,7 @@ def _build(payload_type: type[Any]) -> Decode:
                 raise PayloadInvalid(f"payload is not a valid {name}: {exc}") from exc
 
         return from_model
-    convert = _converter(payload_type)
+    convert = _converter(payload_type, _Context(localns))
 
     def from_value(data: Any) -> Any:
         return convert(data, "payload")
@@ -240,18 +251,18 @@ def _fail(path: str, expected: str, data: Any) -> PayloadInvalid:
     return PayloadInvalid(f"{path}: expected {expected}, got {type(data).__name__} {shown}")
 
 
-def _converter(tp: Any) -> Convert:
+def _converter(tp: Any, ctx: _Context) -> Convert:
     """A converter for one annotation; unknown annotations pass the value through unchanged."""
     if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
         return lambda data, path: data
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Annotated:
-        return _converter(args[0])
+        return _converter(args[0], ctx)
     if origin is typing.Union or origin is types.UnionType:
         options = [a for a in args if a is not type(None)]
         optional = len(options) < len(args)
-        inner = [_converter(a) for a in options]
+        inner = [_converter(a, ctx) for a in options]
         names = " | ".join(type_name(a) for a in args)
 
         def union(data: Any, path: str) -> Any:
@@ -278,7 +289,7 @@ def _converter(tp: Any) -> Convert:
         return literal
     if origin in _SEQUENCES:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            items = [_converter(a) for a in args]
+            items = [_converter(a, ctx) for a in args]
 
             def fixed(data: Any, path: str) -> Any:
                 if not isinstance(data, list) or len(data) != len(items):
@@ -288,7 +299,7 @@ def _converter(tp: Any) -> Convert:
                 )
 
             return fixed
-        item = _converter(args[0]) if args else _converter(Any)
+        item = _converter(args[0], ctx) if args else _converter(Any, ctx)
         build: Callable[[list[Any]], Any] = (
             tuple
             if origin is tuple
@@ -306,8 +317,8 @@ def _converter(tp: Any) -> Convert:
 
         return sequence
     if origin in _MAPPINGS:
-        key = _converter(args[0]) if args else _converter(Any)
-        value = _converter(args[1]) if len(args) > 1 else _converter(Any)
+        key = _converter(args[0], ctx) if args else _converter(Any, ctx)
+        value = _converter(args[1], ctx) if len(args) > 1 else _converter(Any, ctx)
 
         def mapping(data: Any, path: str) -> Any:
             if not isinstance(data, dict):
@@ -316,11 +327,11 @@ def _converter(tp: Any) -> Convert:
 
         return mapping
     if origin is not None:
-        return _converter(origin)
+        return _converter(origin, ctx)
     if not isinstance(tp, type):
         return lambda data, path: data
     if dataclasses.is_dataclass(tp):
-        return _dataclass_converter(tp)
+        return _dataclass_converter(tp, ctx)
     if is_model(tp):
         validate: Callable[[Any], Any] = getattr(tp, "model_validate")  # noqa: B009 - Any
 
@@ -426,29 +437,27 @@ def _parsed(tp: type[Any], base: type[Any], parse: Callable[[str], Any]) -> Conv
     return parsed
 
 
-def _dataclass_converter(tp: type[Any]) -> Convert:
+def _dataclass_converter(tp: type[Any], ctx: _Context) -> Convert:
     """Fields by name; unknown keys ignored; missing fields take their defaults or fail."""
+    if tp in ctx.building:  # a field refers back to a dataclass being built: look it up late
+        return lambda data, path: _built(ctx, tp)(data, path)
+    ctx.building[tp] = None
     name = type_name(tp)
-    converters: dict[str, Convert] | None = None
     required: list[str] = []
     fields = [f for f in dataclasses.fields(tp) if f.init]
     for f in fields:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(f.name)
-
-    def resolve() -> dict[str, Convert]:
-        try:
-            hints = typing.get_type_hints(tp)
-        except Exception as exc:
-            raise PayloadInvalid(
-                f"cannot resolve the annotations of {name} ({type(exc).__name__}: {exc})"
-            ) from exc
-        return {f.name: _converter(hints.get(f.name, Any)) for f in fields}
+    try:
+        hints = typing.get_type_hints(tp, localns=dict(ctx.localns or {}))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot resolve the annotations of {tp.__module__}.{tp.__qualname__} "
+            f"({type(exc).__name__}: {exc}): outbox converts a payload by its fields' types"
+        ) from exc
+    converters = {f.name: _converter(hints.get(f.name, Any), ctx) for f in fields}
 
     def build(data: Any, path: str) -> Any:
-        nonlocal converters
-        if converters is None:
-            converters = resolve()  # on first use: a field may name a class defined later
         if not isinstance(data, dict):
             raise _fail(path, f"an object for {name}", data)
         problems = [f"{path}.{f}: {name} field is missing" for f in required if f not in data]
@@ -466,4 +475,12 @@ def _dataclass_converter(tp: type[Any]) -> Convert:
         except (TypeError, ValueError) as exc:  # a __post_init__ that refuses
             raise PayloadInvalid(f"{path}: {name}({exc})") from exc
 
+    ctx.building[tp] = build
     return build
+
+
+def _built(ctx: _Context, tp: type[Any]) -> Convert:
+    convert = ctx.building[tp]
+    if convert is None:  # cannot happen: decoding starts once the outer converter is built
+        raise RuntimeError(f"the converter of {type_name(tp)} is not built yet")
+    return convert

@@ -8,13 +8,14 @@ each consumer its own inbox schema). Registries from several modules merge with 
 from __future__ import annotations
 
 import inspect
+import sys
 import typing
 from collections import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from outbox.core.codecs import check_payload_type, type_name
+from outbox.core.codecs import check_payload_type, decoder, type_name
 from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.retry import Backoff
@@ -161,7 +162,14 @@ class Handlers:
             if not callable(func):
                 raise ConfigurationError(f"@{decorator}({name!r}) must decorate a function")
             where = f"@{decorator}({name!r}) on {getattr(func, '__qualname__', func)!r}"
-            payload_type = _payload_type(func, where, batch, declared)
+            # Names an annotation uses may be local to the function applying the decorator.
+            localns = _caller_locals()
+            payload_type = _payload_type(func, where, batch, declared, localns)
+            if payload_type is not None:
+                try:
+                    decoder(payload_type, localns)  # resolved now, not at the first message
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"{where}: {exc}") from exc
             is_async = inspect.iscoroutinefunction(func)
             if batch and is_async:
                 raise ConfigurationError(
@@ -260,12 +268,24 @@ _UNTYPED: tuple[object, ...] = (Any, object, dict, list, str, int, float, bool, 
 _LISTS = (list, abc.Sequence, abc.Iterable, abc.Collection, abc.MutableSequence)
 
 
+def _caller_locals() -> dict[str, Any]:
+    """The local names of the code applying a decorator (two frames up), or none."""
+    try:
+        return dict(sys._getframe(2).f_locals)
+    except (AttributeError, ValueError):  # an interpreter without frames, or a short stack
+        return {}
+
+
 def _payload_type(
-    func: Callable[..., Any], where: str, batch: bool, declared: Topic[Any] | None
+    func: Callable[..., Any],
+    where: str,
+    batch: bool,
+    declared: Topic[Any] | None,
+    localns: dict[str, Any],
 ) -> type[Any] | None:
     """The payload type of a handler: the Topic's, else its first parameter's annotation
     (`InboxMessage[T]`, or a list of them for a batch handler); both given must agree."""
-    annotated = _annotated(func, where, batch)
+    annotated = _annotated(func, where, batch, localns)
     from_topic = declared.payload if declared is not None else None
     if from_topic is not None and annotated is not None and annotated is not from_topic:
         raise ConfigurationError(
@@ -275,7 +295,9 @@ def _payload_type(
     return from_topic if from_topic is not None else annotated
 
 
-def _annotated(func: Callable[..., Any], where: str, batch: bool) -> type[Any] | None:
+def _annotated(
+    func: Callable[..., Any], where: str, batch: bool, localns: dict[str, Any]
+) -> type[Any] | None:
     """The T of the first parameter's `InboxMessage[T]` annotation, or None. Only that
     annotation is resolved (with `typing.get_type_hints`), so a connection type imported under
     TYPE_CHECKING still works; one that cannot be resolved is an error naming the function."""
@@ -289,9 +311,9 @@ def _annotated(func: Callable[..., Any], where: str, batch: bool) -> type[Any] |
     probe = _probe(first.name, first.annotation)
     target = inspect.unwrap(func)
     try:
-        hint = typing.get_type_hints(probe, globalns=getattr(target, "__globals__", None))[
-            first.name
-        ]
+        hint = typing.get_type_hints(
+            probe, globalns=getattr(target, "__globals__", None), localns=localns
+        )[first.name]
     except Exception as exc:
         raise ConfigurationError(
             f"{where}: cannot resolve the annotation {first.annotation!r} of its parameter "

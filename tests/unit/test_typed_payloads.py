@@ -423,3 +423,54 @@ def test_a_broker_checks_a_topics_payload_before_it_touches_the_transaction() ->
         Broker(serializer=Msgpack()).send(object(), points, Point(1))
     with pytest.raises(InvalidKey, match="key derived from the payload is a float"):
         Broker().send(object(), Topic("points", Point, key="y"), Point(1))
+
+
+def test_types_local_to_a_function_resolve_when_the_handler_is_registered() -> None:
+    @dataclass
+    class Part:
+        name: str
+
+    @dataclass
+    class Machine:
+        parts: list[Part]  # a string annotation naming a local class
+
+    handlers = Handlers()
+
+    @handlers.handler("machines")
+    def on(message: InboxMessage[Machine], conn: Any) -> None:
+        pass
+
+    spec = handlers.get("machines")
+    assert spec is not None and spec.payload_type is Machine
+    assert decoder(Machine)({"parts": [{"name": "gear"}]}) == Machine([Part("gear")])
+
+
+def test_a_payload_type_whose_fields_cannot_be_resolved_is_refused_at_registration() -> None:
+    @dataclass
+    class Broken:
+        part: Unknown  # type: ignore[name-defined]  # noqa: F821
+
+    handlers = Handlers()
+    with pytest.raises(ConfigurationError) as info:
+
+        @handlers.handler(Topic("broken", Broken))
+        def on(message: Any, conn: Any) -> None:
+            pass
+
+    text = str(info.value)
+    assert "@handler('broken') on" in text and "cannot resolve the annotations of" in text
+    assert "Broken" in text and "Unknown" in text
+    assert handlers.get("broken") is None
+
+
+@dataclass
+class Tree:
+    label: str
+    children: list[Tree] = field(default_factory=list)
+
+
+def test_a_dataclass_that_contains_itself_round_trips() -> None:
+    tree = Tree("root", [Tree("a", [Tree("a1")]), Tree("b")])
+    assert decoder(Tree)(encode(tree)) == tree
+    with pytest.raises(PayloadInvalid, match=r"payload\.children\[0\]\.children\[0\]\.label"):
+        decoder(Tree)({"label": "root", "children": [{"label": "a", "children": [{}]}]})
