@@ -41,6 +41,7 @@ __all__ = [
     "decoder",
     "describe_unencodable",
     "is_model",
+    "json_schema",
     "to_json",
     "type_name",
 ]
@@ -484,3 +485,105 @@ def _built(ctx: _Context, tp: type[Any]) -> Convert:
     if convert is None:  # cannot happen: decoding starts once the outer converter is built
         raise RuntimeError(f"the converter of {type_name(tp)} is not built yet")
     return convert
+
+
+# -- JSON Schema -----------------------------------------------------------------------------
+
+
+def json_schema(payload_type: type[Any] | None) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12 vocabulary, no `$ref`) of a payload type's wire form, as
+    `JsonSerializer` writes it: a pydantic model's own serialization schema (with its `$defs`,
+    which a document embedding it must keep or move), a dataclass by the rules above (nested
+    dataclasses inline; unknown properties allowed, as the decoder ignores them), `{}` for
+    None (any JSON value)."""
+    if payload_type is None:
+        return {}
+    if is_model(payload_type):
+        schema: dict[str, Any] = getattr(payload_type, "model_json_schema")(  # noqa: B009
+            mode="serialization"
+        )
+        return schema
+    return _schema(payload_type, frozenset())
+
+
+def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return {}
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _schema(args[0], seen)
+    if origin is typing.Union or origin is types.UnionType:
+        return {"anyOf": [_schema(a, seen) for a in args]}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in _SEQUENCES:
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            return {
+                "type": "array",
+                "prefixItems": [_schema(a, seen) for a in args],
+                "minItems": len(args),
+                "maxItems": len(args),
+            }
+        return {"type": "array", "items": _schema(args[0], seen) if args else {}}
+    if origin in _MAPPINGS:
+        return {
+            "type": "object",
+            "additionalProperties": _schema(args[1], seen) if len(args) > 1 else {},
+        }
+    if origin is not None:
+        return _schema(origin, seen)
+    if tp is type(None):
+        return {"type": "null"}
+    if not isinstance(tp, type):
+        return {}
+    if dataclasses.is_dataclass(tp):
+        if tp in seen:  # a dataclass that contains itself: not described again
+            return {"type": "object", "title": tp.__qualname__}
+        hints = typing.get_type_hints(tp)
+        fields = [f for f in dataclasses.fields(tp) if f.init]
+        inner = seen | {tp}
+        schema: dict[str, Any] = {
+            "type": "object",
+            "title": tp.__qualname__,
+            "properties": {f.name: _schema(hints.get(f.name, Any), inner) for f in fields},
+        }
+        required = [
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        if required:
+            schema["required"] = required
+        if tp.__doc__ and not tp.__doc__.startswith(f"{tp.__name__}("):
+            schema["description"] = tp.__doc__.strip()
+        return schema
+    if is_model(tp):
+        return json_schema(tp)
+    return _scalar_schema(tp)
+
+
+def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
+    if issubclass(tp, bool):
+        return {"type": "boolean"}
+    if issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp], "title": tp.__qualname__}
+    if issubclass(tp, int):
+        return {"type": "integer"}
+    if issubclass(tp, float):
+        return {"type": "number"}
+    if issubclass(tp, str):
+        return {"type": "string"}
+    if issubclass(tp, UUID):
+        return {"type": "string", "format": "uuid"}
+    if issubclass(tp, datetime):
+        return {"type": "string", "format": "date-time"}
+    if issubclass(tp, date):
+        return {"type": "string", "format": "date"}
+    if issubclass(tp, time):
+        return {"type": "string", "format": "time"}
+    if issubclass(tp, Decimal):
+        return {"type": "string", "pattern": r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"}
+    if issubclass(tp, bytes | bytearray):
+        return {"type": "string", "contentEncoding": "base64"}
+    return {}

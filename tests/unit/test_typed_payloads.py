@@ -474,3 +474,44 @@ def test_a_dataclass_that_contains_itself_round_trips() -> None:
     assert decoder(Tree)(encode(tree)) == tree
     with pytest.raises(PayloadInvalid, match=r"payload\.children\[0\]\.children\[0\]\.label"):
         decoder(Tree)({"label": "root", "children": [{"label": "a", "children": [{}]}]})
+
+
+def test_the_json_schema_describes_the_wire_form() -> None:
+    from outbox.core.codecs import json_schema
+
+    decimal = {"type": "string", "pattern": r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"}
+    point = {
+        "type": "object",
+        "title": "Point",
+        "properties": {"x": {"type": "integer"}, "y": {"type": "number"}},
+        "required": ["x"],
+    }
+    assert json_schema(Shape) == {
+        "type": "object",
+        "title": "Shape",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "at": {"type": "string", "format": "date-time"},
+            "colour": {"enum": ["red", 2], "title": "Colour"},
+            "points": {"type": "array", "items": point},
+            "price": decimal,
+            "day": {"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]},
+            "clock": {"anyOf": [{"type": "string", "format": "time"}, {"type": "null"}]},
+            "blob": {"type": "string", "contentEncoding": "base64"},
+            "labels": {"type": "object", "additionalProperties": point},
+            "pair": {
+                "type": "array",
+                "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        },
+        "required": ["id", "at", "colour", "points", "price"],
+    }
+    assert json_schema(Tree)["properties"]["children"] == {
+        "type": "array",
+        "items": {"type": "object", "title": "Tree"},
+    }
+    assert json_schema(None) == {}
+    model = json_schema(Model)
+    assert model["title"] == "Model" and set(model["required"]) == {"id", "price", "colour"}
