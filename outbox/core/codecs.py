@@ -329,8 +329,12 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
         return mapping
     if origin is not None:
         return _converter(origin, ctx)
+    if isinstance(tp, typing.NewType):
+        return _converter(tp.__supertype__, ctx)
     if not isinstance(tp, type):
         return lambda data, path: data
+    if typing.is_typeddict(tp):
+        return _converter(dict[str, Any], ctx)
     if dataclasses.is_dataclass(tp):
         return _dataclass_converter(tp, ctx)
     if is_model(tp):
@@ -403,6 +407,20 @@ def _scalar_converter(tp: type[Any]) -> Convert:
             return _parsed(tp, base, parse)
     if tp in (type(None),):
         return lambda data, path: data if data is None else _raise(_fail(path, "null", data))
+
+    if issubclass(tp, str | int | float):  # a subclass such as `class Sku(str)`
+        base = str if issubclass(tp, str) else int if issubclass(tp, int) else float
+        check = _scalar_converter(base)
+
+        def subclass(data: Any, path: str) -> Any:
+            try:
+                return tp(check(data, path))
+            except (TypeError, ValueError) as exc:
+                if isinstance(exc, PayloadInvalid):
+                    raise
+                raise _fail(path, f"a {name} ({exc})", data) from None
+
+        return subclass
 
     def instance(data: Any, path: str) -> Any:
         if isinstance(data, tp):

@@ -515,3 +515,27 @@ def test_the_json_schema_describes_the_wire_form() -> None:
     assert json_schema(None) == {}
     model = json_schema(Model)
     assert model["title"] == "Model" and set(model["required"]) == {"id", "price", "colour"}
+
+
+def test_newtypes_typeddicts_and_subclasses_of_scalars_convert() -> None:
+    from typing import NewType, TypedDict
+
+    OrderId = NewType("OrderId", int)
+
+    class Sku(str):
+        pass
+
+    class Extra(TypedDict):
+        note: str
+
+    @dataclass
+    class Row:
+        order: OrderId
+        sku: Sku
+        extra: Extra
+
+    row = decoder(Row, locals())({"order": 7, "sku": "A-1", "extra": {"note": "n"}})
+    assert row == Row(OrderId(7), Sku("A-1"), {"note": "n"})
+    assert type(row.sku) is Sku
+    with pytest.raises(PayloadInvalid, match=r"payload\.order: expected an integer, got str"):
+        decoder(Row)({"order": "7", "sku": "A-1", "extra": {}})
