@@ -212,13 +212,12 @@ class _Context:
 def _build(payload_type: type[Any], localns: Mapping[str, Any] | None) -> Decode:
     if is_model(payload_type):
         validate = payload_type.model_validate
-        name = type_name(payload_type)
 
         def from_model(data: Any) -> Any:
             try:
                 return validate(data)
-            except ValueError as exc:  # pydantic's ValidationError
-                raise PayloadInvalid(f"payload is not a valid {name}: {exc}") from exc
+            except ValueError as exc:  # pydantic's ValidationError, whose text names the model
+                raise PayloadInvalid(str(exc)) from exc
 
         return from_model
     convert = _converter(payload_type, _Context(localns))
