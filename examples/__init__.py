@@ -3,5 +3,8 @@
 - `examples.orders_service`: places orders and sends `orders.created` through its outbox.
 - `examples.shipping_service`: receives `orders.created` in its inbox and creates shipments.
 
-Each has its own database; they share nothing but the Kafka topic. See examples/README.md.
+- `examples.contracts`: `OrderCreated` and the `Topic` carrying it, imported by both.
+
+Each has its own database; they share nothing but the Kafka topic and its declaration. See
+examples/README.md.
 """

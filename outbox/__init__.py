@@ -29,6 +29,7 @@ from outbox.core.errors import (
 from outbox.core.handlers import HandlerConflict, Handlers
 from outbox.core.retry import Backoff
 from outbox.core.serializers import JsonSerializer, Serializer
+from outbox.core.topics import Topic
 
 #: The version of the installed distribution (pg-kafka-outbox), else of pyproject.toml.
 __version__ = _read_version()
@@ -55,5 +56,6 @@ __all__ = [
     "SchemaTooNew",
     "SerializationError",
     "Serializer",
+    "Topic",
     "UnsupportedTransaction",
 ]

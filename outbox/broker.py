@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 from outbox import tracing
@@ -12,8 +12,11 @@ from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, OutgoingMessage, com
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check
 from outbox.core.serializers import JsonSerializer, Serializer
+from outbox.core.topics import Topic
 from outbox.postgres.queries import validate_schema
 from outbox.postgres.writer import Writer
+
+P = TypeVar("P")
 
 #: The old name of `DEFAULT_MAX_MESSAGE_BYTES` (the limit now bounds the whole Kafka record).
 DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
@@ -23,7 +26,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 class Message:
     """One message for `send_many`: the same fields `send` takes."""
 
-    topic: str
+    topic: str | Topic[Any]
     payload: Any
     key: str | bytes | None = None
     headers: Mapping[str, str | bytes] | None = None
@@ -86,7 +89,22 @@ class Broker:
         message_id: object,
         correlation_id: UUID | str | None = None,
     ) -> OutgoingMessage:
-        """Validate and encode; add the trace context and, inside a handler, the causation."""
+        """Validate and encode; add the trace context and, inside a handler, the causation.
+
+        With a `Topic`: the payload must be of its type, and the key is the one it derives
+        unless `key` is given."""
+        if isinstance(topic, Topic):
+            topic.check(payload)
+            if topic.content_type != self.serializer.content_type and not isinstance(
+                payload, bytes | bytearray | memoryview | str
+            ):
+                raise ConfigurationError(
+                    f"topic {topic.name!r} is declared {topic.content_type!r}, but this "
+                    f"Broker's serializer writes {self.serializer.content_type!r}"
+                )
+            if key is None:
+                key = topic.key_of(payload)
+            topic = topic.name
         correlation, causation = tracing.inherited_ids(correlation_id)
         return compose(
             topic,
@@ -121,6 +139,20 @@ class Broker:
             raise OutboxError("send_many was given the same message_id twice")
         return result
 
+    @overload
+    def send(
+        self,
+        tx: object,
+        topic: Topic[P],
+        payload: P,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
+    @overload
     def send(
         self,
         tx: object,
@@ -131,8 +163,25 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
+    def send(
+        self,
+        tx: object,
+        topic: str | Topic[Any],
+        payload: Any,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
     ) -> UUID:
         """Write one message in `tx`'s transaction and return its id.
+
+        `payload` is a JSON value, a dataclass or pydantic model (encoded as
+        `outbox.core.codecs` says), bytes (sent as they are) or str (UTF-8 text). With a
+        `Topic`, the payload must be of its declared type and the key is derived from it
+        unless `key` is given; a wrong payload raises before anything is written.
 
         `message_id` (a new UUIDv7 when None) names the message end to end: the receiving
         inbox keeps one message per id, so a second message sent under an id already used is
@@ -153,10 +202,36 @@ class Broker:
         self._writer.write(tx, batch)
         return [m.message_id for m in batch]
 
+    @overload
+    async def send_async(
+        self,
+        tx: object,
+        topic: Topic[P],
+        payload: P,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
+    @overload
     async def send_async(
         self,
         tx: object,
         topic: str,
+        payload: Any,
+        *,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | None = None,
+        message_id: UUID | str | None = None,
+        correlation_id: UUID | str | None = None,
+    ) -> UUID: ...
+
+    async def send_async(
+        self,
+        tx: object,
+        topic: str | Topic[Any],
         payload: Any,
         *,
         key: str | bytes | None = None,

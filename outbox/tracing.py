@@ -52,12 +52,12 @@ __all__ = [
 ]
 
 #: The message whose callback runs in this context (thread or task), set by the Handler.
-_current: ContextVar[InboxMessage | None] = ContextVar("outbox_current_message", default=None)
+_current: ContextVar[InboxMessage[Any] | None] = ContextVar("outbox_current_message", default=None)
 
 MESSAGING_SYSTEM = "kafka"
 
 
-def current_message() -> InboxMessage | None:
+def current_message() -> InboxMessage[Any] | None:
     """The message whose handler callback is running in this context, or None."""
     return _current.get()
 
@@ -97,7 +97,7 @@ class handling:  # lower case: used like a function, `with tracing.handling(mess
 
     __slots__ = ("_message", "_span", "_token")
 
-    def __init__(self, message: InboxMessage) -> None:
+    def __init__(self, message: InboxMessage[Any]) -> None:
         self._message = message
         self._span: AbstractContextManager[Any] | None = None
 
@@ -252,7 +252,7 @@ def _sender_context(headers: Mapping[str, str | bytes]) -> Any:
     return _propagate.extract(headers, context=_Context(), getter=_GETTER)
 
 
-def _consumer_span(message: InboxMessage) -> AbstractContextManager[Any]:
+def _consumer_span(message: InboxMessage[Any]) -> AbstractContextManager[Any]:
     attributes: dict[str, Any] = {
         "messaging.system": MESSAGING_SYSTEM,
         "messaging.operation.type": "process",

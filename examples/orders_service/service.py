@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import os
 from decimal import Decimal
 from uuid import UUID
 
 from sqlalchemy.orm import Session
 
+from examples.contracts import DEFAULT_TOPIC, TOPIC_ENV, OrderCreated, orders_created
 from examples.orders_service.models import Order
 from outbox import Broker
 
-#: The topic can be renamed through this environment variable (the tests use their own).
-TOPIC_ENV = "ORDERS_TOPIC"
-DEFAULT_TOPIC = "orders.created"
+__all__ = ["DEFAULT_TOPIC", "TOPIC_ENV", "broker", "orders_topic", "place_order"]
 
 broker = Broker()
 
 
 def orders_topic() -> str:
     """The topic new orders are announced on: $ORDERS_TOPIC, default "orders.created"."""
-    return os.environ.get(TOPIC_ENV) or DEFAULT_TOPIC
+    return orders_created().name
 
 
 def place_order(session: Session, customer: str, total: Decimal) -> tuple[int, UUID]:
@@ -33,10 +31,8 @@ def place_order(session: Session, customer: str, total: Decimal) -> tuple[int, U
     order = Order(customer=customer, total=total)
     session.add(order)
     session.flush()  # assigns order.id
+    # The key, f"order-{order.id}", comes from the Topic's declaration (examples/contracts.py).
     message_id = broker.send(
-        session,
-        orders_topic(),
-        {"order_id": order.id, "customer": customer, "total": str(total)},
-        key=f"order-{order.id}",  # all messages of one order keep their order on Kafka
+        session, orders_created(), OrderCreated(order_id=order.id, customer=customer, total=total)
     )
     return order.id, message_id

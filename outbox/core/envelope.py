@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from outbox.core.errors import InvalidKey, OutboxError, PayloadTooLarge, SerializationError
@@ -165,14 +165,22 @@ def compose(
     )
 
 
+P = TypeVar("P")
+
+
 @dataclass(frozen=True, slots=True)
-class InboxMessage:
-    """What a handler receives: the decoded message and where it is in its retries."""
+class InboxMessage(Generic[P]):
+    """What a handler receives: the decoded message and where it is in its retries.
+
+    `payload` is an instance of the handler's payload type (`InboxMessage[OrderCreated]`) when
+    it declares one, through its `Topic` or its annotation; else the decoded JSON value (bytes
+    for `application/octet-stream`, str for text).
+    """
 
     id: UUID
     topic: str
     key: bytes | None
-    payload: Any
+    payload: P
     raw_payload: bytes
     content_type: str
     headers: dict[str, str | bytes]

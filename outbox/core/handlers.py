@@ -8,14 +8,19 @@ each consumer its own inbox schema). Registries from several modules merge with 
 from __future__ import annotations
 
 import inspect
+import sys
+import typing
+from collections import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from outbox.core.codecs import check_payload_type, decoder, type_name
+from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.retry import Backoff
 from outbox.core.serializers import JsonSerializer, Serializer
-from outbox.core.topics import validate_topic
+from outbox.core.topics import Topic, validate_topic
 
 Func = TypeVar("Func", bound=Callable[..., Any])
 TransactionKind = Literal["psycopg", "sqlalchemy"]
@@ -39,6 +44,11 @@ class HandlerSpec:
     ordered: bool = True
     #: Registered with `batch_handler`: the callback takes a list of messages.
     batch: bool = False
+    #: The type `message.payload` is validated into (from the Topic, else the callback's
+    #: annotation `InboxMessage[T]`); None: the decoded JSON value, as sent.
+    payload_type: type[Any] | None = None
+    #: The Topic the handler was registered with, if any.
+    declared: Topic[Any] | None = None
 
     @property
     def name(self) -> str:
@@ -82,16 +92,21 @@ class Handlers:
         self.pipeline = bool(pipeline)
         self.serializer: Serializer = serializer or JsonSerializer()
         self._specs: dict[str, HandlerSpec] = {}
+        self._sent: dict[str, Topic[Any]] = {}
 
     def handler(
         self,
-        topic: str,
+        topic: str | Topic[Any],
         *,
         max_attempts: int = 5,
         backoff: Backoff | None = None,
         ordered: bool = True,
     ) -> Callable[[Func], Func]:
         """Register the decorated function (sync or async) as the handler of `topic`.
+
+        With a `Topic` declaring a payload type, or a first parameter annotated
+        `InboxMessage[T]` (T a dataclass or pydantic model), `message.payload` is a T: a
+        payload that does not validate is dead at once, its validation error recorded.
 
         With `ordered=False` a message waiting for a retry does not hold back the later
         messages of its key.
@@ -102,7 +117,7 @@ class Handlers:
 
     def batch_handler(
         self,
-        topic: str,
+        topic: str | Topic[Any],
         *,
         max_attempts: int = 5,
         backoff: Backoff | None = None,
@@ -128,7 +143,7 @@ class Handlers:
 
     def _register(
         self,
-        topic: str,
+        topic: str | Topic[Any],
         *,
         max_attempts: int,
         backoff: Backoff | None,
@@ -137,29 +152,41 @@ class Handlers:
     ) -> Callable[[Func], Func]:
         """What `handler` and `batch_handler` share: check the arguments now, register the
         function when the decorator is applied."""
-        validate_topic(topic)
+        declared = topic if isinstance(topic, Topic) else None
+        name = validate_topic(topic.name if isinstance(topic, Topic) else topic)
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         decorator = "batch_handler" if batch else "handler"
 
         def decorate(func: Func) -> Func:
             if not callable(func):
-                raise ConfigurationError(f"@{decorator}({topic!r}) must decorate a function")
+                raise ConfigurationError(f"@{decorator}({name!r}) must decorate a function")
+            where = f"@{decorator}({name!r}) on {getattr(func, '__qualname__', func)!r}"
+            # Names an annotation uses may be local to the function applying the decorator.
+            localns = _caller_locals()
+            payload_type = _payload_type(func, where, batch, declared, localns)
+            if payload_type is not None:
+                try:
+                    decoder(payload_type, localns)  # resolved now, not at the first message
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"{where}: {exc}") from exc
             is_async = inspect.iscoroutinefunction(func)
             if batch and is_async:
                 raise ConfigurationError(
-                    f"@{decorator}({topic!r}): {func.__qualname__} is async; batch handlers "
+                    f"@{decorator}({name!r}): {func.__qualname__} is async; batch handlers "
                     "must be sync functions (use @handler for an async callback)"
                 )
             self._add(
                 HandlerSpec(
-                    topic=topic,
+                    topic=name,
                     func=func,
                     max_attempts=max_attempts,
                     backoff=backoff or DEFAULT_BACKOFF,
                     is_async=is_async,
                     ordered=ordered,
                     batch=batch,
+                    payload_type=payload_type,
+                    declared=declared,
                 )
             )
             return func
@@ -189,7 +216,31 @@ class Handlers:
             )
         for spec in other:
             self._add(spec)
+        other_sent = other.sent_topics
+        if other_sent:
+            self.sends(*other_sent)
         return self
+
+    def sends(self, *topics: Topic[Any]) -> None:
+        """Declare topics this service sends (for its AsyncAPI document and checks); a second
+        declaration of a name must be the same `Topic` object."""
+        for topic in topics:
+            if not isinstance(topic, Topic):
+                raise ConfigurationError(
+                    f"sends() takes outbox.Topic declarations, got {type(topic).__name__}"
+                )
+            existing = self._sent.get(topic.name)
+            if existing is not None and existing is not topic:
+                raise ConfigurationError(
+                    f"topic {topic.name!r} is already declared as sent by another Topic object "
+                    f"({existing!r}); declare each topic once and import it"
+                )
+            self._sent[topic.name] = topic
+
+    @property
+    def sent_topics(self) -> tuple[Topic[Any], ...]:
+        """The topics declared with `sends`, by name."""
+        return tuple(self._sent[name] for name in sorted(self._sent))
 
     def get(self, topic: str) -> HandlerSpec | None:
         """The handler of `topic`, or None."""
@@ -210,3 +261,82 @@ class Handlers:
 
     def __len__(self) -> int:
         return len(self._specs)
+
+
+#: Payload annotations that mean "the decoded JSON value, as today".
+_UNTYPED: tuple[object, ...] = (Any, object, dict, list, str, int, float, bool, bytes)
+_LISTS = (list, abc.Sequence, abc.Iterable, abc.Collection, abc.MutableSequence)
+
+
+def _caller_locals() -> dict[str, Any]:
+    """The local names of the code applying a decorator (two frames up), or none."""
+    try:
+        return dict(sys._getframe(2).f_locals)
+    except (AttributeError, ValueError):  # an interpreter without frames, or a short stack
+        return {}
+
+
+def _payload_type(
+    func: Callable[..., Any],
+    where: str,
+    batch: bool,
+    declared: Topic[Any] | None,
+    localns: dict[str, Any],
+) -> type[Any] | None:
+    """The payload type of a handler: the Topic's, else its first parameter's annotation
+    (`InboxMessage[T]`, or a list of them for a batch handler); both given must agree."""
+    annotated = _annotated(func, where, batch, localns)
+    from_topic = declared.payload if declared is not None else None
+    if from_topic is not None and annotated is not None and annotated is not from_topic:
+        raise ConfigurationError(
+            f"{where}: the topic carries {type_name(from_topic)} but the callback is "
+            f"annotated for {type_name(annotated)}"
+        )
+    return from_topic if from_topic is not None else annotated
+
+
+def _annotated(
+    func: Callable[..., Any], where: str, batch: bool, localns: dict[str, Any]
+) -> type[Any] | None:
+    """The T of the first parameter's `InboxMessage[T]` annotation, or None. Only that
+    annotation is resolved (with `typing.get_type_hints`), so a connection type imported under
+    TYPE_CHECKING still works; one that cannot be resolved is an error naming the function."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if not parameters or parameters[0].annotation is inspect.Parameter.empty:
+        return None
+    first = parameters[0]
+    probe = _probe(first.name, first.annotation)
+    target = inspect.unwrap(func)
+    try:
+        hint = typing.get_type_hints(
+            probe, globalns=getattr(target, "__globals__", None), localns=localns
+        )[first.name]
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{where}: cannot resolve the annotation {first.annotation!r} of its parameter "
+            f"{first.name!r} ({type(exc).__name__}: {exc}); import the names it uses at "
+            "module level (not only under TYPE_CHECKING)"
+        ) from exc
+    if batch and typing.get_origin(hint) in _LISTS:
+        (hint,) = typing.get_args(hint) or (Any,)
+    if hint is InboxMessage or typing.get_origin(hint) is not InboxMessage:
+        return None
+    (argument,) = typing.get_args(hint)
+    if argument in _UNTYPED or isinstance(argument, TypeVar):
+        return None
+    if typing.get_origin(argument) in (dict, list, abc.Mapping, abc.Sequence):
+        return None
+    return check_payload_type(argument, where)
+
+
+def _probe(name: str, annotation: object) -> Callable[[], None]:
+    """A function annotated with only `name: annotation`, for `typing.get_type_hints`."""
+
+    def probe() -> None:
+        return None
+
+    probe.__annotations__ = {name: annotation}
+    return probe

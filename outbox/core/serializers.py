@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any, Protocol, runtime_checkable
 
+from outbox.core.codecs import describe_unencodable, to_json
 from outbox.core.errors import SerializationError
 
 BYTES = "application/octet-stream"
@@ -29,17 +30,27 @@ class Serializer(Protocol):
 
 
 class JsonSerializer:
-    """Compact UTF-8 JSON; rejects NaN and values JSON cannot represent."""
+    """Compact UTF-8 JSON; rejects NaN and values JSON cannot represent.
+
+    Beyond JSON's own types it encodes models, dataclasses, UUID, datetime with a zone, date,
+    time, Decimal (as a string), Enum (its value) and bytes inside a payload (base64), as
+    `outbox.core.codecs` says; anything else, a naive datetime and a set are refused with the
+    path of the offending value.
+    """
 
     content_type = JSON
 
     def dumps(self, payload: Any) -> bytes:
         try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            text = json.dumps(
+                payload,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+                default=to_json,
+            )
         except (TypeError, ValueError) as exc:
-            raise SerializationError(
-                f"payload of type {type(payload).__name__} is not JSON-serializable: {exc}"
-            ) from exc
+            raise SerializationError(describe_unencodable(payload)) from exc
         except RecursionError:
             raise SerializationError(
                 f"payload of type {type(payload).__name__} is nested too deeply to encode as "

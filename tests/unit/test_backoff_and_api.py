@@ -44,6 +44,7 @@ def test_public_api_is_small_and_importable() -> None:
         "JsonSerializer",
         "Message",
         "Serializer",
+        "Topic",
     }
     for name in set(outbox.__all__) - entry_points:
         assert issubclass(getattr(outbox, name), outbox.OutboxError), name

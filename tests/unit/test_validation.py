@@ -92,7 +92,7 @@ def test_payload_forms_and_content_types() -> None:
         assert decoded == payload
 
 
-@pytest.mark.parametrize("payload", [object(), {"a": {1, 2}}, float("nan"), {"a": b"bytes"}])
+@pytest.mark.parametrize("payload", [object(), {"a": {1, 2}}, float("nan")])
 def test_unserializable_payloads_raise_serialization_error(payload: object) -> None:
     with pytest.raises(SerializationError) as info:
         _compose(payload=payload, limit=1000)

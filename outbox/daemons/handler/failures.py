@@ -2,7 +2,8 @@
 
 Contract: the recorded error is always storable, whatever the exception's text (NUL, lone
 surrogates, a __str__ that raises), so recording a failure cannot fail. A payload that cannot
-be decoded (`Undecodable`) is dead at once; any other failure is retried with its handler's
+be decoded, or does not validate against its handler's payload type (`Undecodable`), is dead
+at once, after one attempt; any other failure is retried with its handler's
 backoff until `max_attempts`, then dead. A failure is any exception a callback raises
 (BaseException too: SystemExit, KeyboardInterrupt), a transaction it left unusable (`Misused`,
 found by the session's `check()`) or a connection lost while it ran, if the database answers
@@ -14,8 +15,9 @@ worker's own work that retrying cannot fix is no attempt either: it stops the da
 from __future__ import annotations
 
 import traceback
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
+from outbox.core.codecs import decoder, type_name
 from outbox.core.envelope import InboxMessage
 from outbox.core.handlers import HandlerSpec
 from outbox.core.headers import from_json
@@ -40,8 +42,9 @@ __all__ = [
 
 
 class Undecodable(Exception):
-    """A message's payload cannot be decoded as its content type: no attempt can succeed, so
-    the message is dead at once (not retried); the decoder's error is the cause."""
+    """A message's payload cannot be decoded as its content type, or is not valid for its
+    handler's payload type: no attempt can succeed, so the message is dead at once (not
+    retried); the decoder's or validator's error is the cause, and in the text."""
 
 
 class RollBack(Exception):
@@ -79,9 +82,11 @@ class Failure(NamedTuple):
     size: int = 1
 
 
-def decode(claimed: Claimed, serializer: Serializer) -> InboxMessage:
+def decode(
+    claimed: Claimed, serializer: Serializer, payload_type: type[Any] | None = None
+) -> InboxMessage[Any]:
     """The message a callback receives for a claimed row; `Undecodable` if its payload is not
-    its content type."""
+    its content type, or (given a `payload_type`) does not validate as one."""
     payload = bytes(claimed.payload)
     try:
         decoded = decode_payload(payload, claimed.content_type, serializer)
@@ -89,6 +94,14 @@ def decode(claimed: Claimed, serializer: Serializer) -> InboxMessage:
         raise Undecodable(
             f"cannot decode the payload as {claimed.content_type!r}: {first_line(exc)}"
         ) from exc
+    if payload_type is not None:
+        try:
+            decoded = decoder(payload_type)(decoded)
+        except Exception as exc:  # PayloadInvalid; anything a model's own validator raises
+            raise Undecodable(
+                f"the payload of topic {claimed.topic!r} is not a valid "
+                f"{type_name(payload_type)}: {exc}"
+            ) from exc
     return InboxMessage(
         id=claimed.message_id,
         topic=claimed.topic,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from outbox.core.envelope import InboxMessage
 from outbox.core.handlers import Handlers, HandlerSpec
@@ -35,9 +36,12 @@ class Outcomes:
         #: does not roll back (and hold up by a lease) the other keys batched with it.
         self.alone: set[int] = set()
 
-    def message(self, claimed: Claimed) -> InboxMessage:
-        """The message a callback receives; `Undecodable` if its payload cannot be decoded."""
-        return decode(claimed, self.handlers.serializer)
+    def message(self, claimed: Claimed) -> InboxMessage[Any]:
+        """The message a callback receives; `Undecodable` if its payload cannot be decoded or
+        does not validate against its handler's payload type."""
+        spec = self.handlers.get(claimed.topic)
+        payload_type = spec.payload_type if spec is not None else None
+        return decode(claimed, self.handlers.serializer, payload_type)
 
     def count_handled(self, callbacks: list[tuple[str, float]]) -> None:
         """Count committed callbacks, given as (topic, seconds)."""
