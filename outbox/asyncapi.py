@@ -1,9 +1,9 @@
 """The AsyncAPI 3.0 document of a service: what it receives (its handlers) and what it sends
 (the topics its registry declares with `handlers.sends`), over Kafka or the PostgreSQL log.
 
-Each topic is a channel with one message: its payload's JSON Schema (from the payload type,
-by pydantic when installed, else by a fallback for dataclasses of basic types; any JSON when
-the topic declares no type), its key, and the headers outbox puts on every record. Named
+Each topic is a channel with one message: its payload's JSON Schema as the payload travels (a
+pydantic model's by pydantic, a dataclass's by the codec's rules, `outbox.core.codecs`; any
+JSON when the topic declares no type), its key, and the headers outbox puts on every record. Named
 schemas live in `components/schemas` and every `$ref` points there. Secrets never reach the
 document: a log URL gives only its host, port and database.
 
@@ -13,23 +13,15 @@ Pure code: building the document imports the service's registry and nothing conn
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import decimal
-import enum
-import importlib
 import json
 import re
-import sys
-import types
-import typing
-import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from outbox._version import version as outbox_version
+from outbox.core.codecs import is_model, json_schema
 from outbox.core.errors import ConfigurationError
-from outbox.core.handlers import Handlers, HandlerSpec
+from outbox.core.handlers import Handlers, HandlerSpec, load_handlers
 from outbox.core.headers import (
     CAUSATION_ID,
     CONTENT_TYPE,
@@ -67,30 +59,9 @@ class _Channel:
 
 
 def load_registry(path: str) -> Handlers:
-    """Import `package.module:attribute` and check that it names a `Handlers` registry (which
-    may have no handlers: a service that only sends)."""
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigurationError(
-            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
-            f"got {path!r}"
-        )
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or the module itself fails
-        raise ConfigurationError(
-            f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"
-        ) from None
-    target = getattr(module, attribute, None)
-    if target is None:
-        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
-    if not isinstance(target, Handlers):
-        raise ConfigurationError(
-            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
-        )
-    return target
+    """Import `package.module:attribute`, a `Handlers` registry (which may have no handlers: a
+    service that only sends)."""
+    return load_handlers(path, allow_empty=True)
 
 
 # -- servers -----------------------------------------------------------------------------------
@@ -200,28 +171,37 @@ def is_json(content_type: str) -> bool:
 def payload_schemas(
     payload_types: Mapping[str, Any],
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """JSON Schemas of payload types, by topic, and the named schemas they refer to.
+    """JSON Schemas of payload types, by topic, and the named schemas they refer to, each
+    describing the payload as it travels (what `JsonSerializer` writes and the handler reads).
 
-    With pydantic installed, any type pydantic can validate (a BaseModel, a dataclass, a
-    TypedDict, `list[Model]`, ...); without it, dataclasses of basic types. Every `$ref` points
-    into `components/schemas`. An undescribable type is a `ConfigurationError` naming its topic.
+    A pydantic model is described by pydantic in serialization mode, its named schemas moved to
+    `components/schemas` (every `$ref` points there); any other type (a dataclass) by the
+    codec's own rules, `outbox.core.codecs.json_schema` (Decimal as a string, bytes as base64),
+    inline. An undescribable type is a `ConfigurationError` naming its topic.
     """
-    try:
-        import pydantic  # noqa: F401
-    except ImportError:
-        return _fallback_schemas(payload_types)
-    return _pydantic_schemas(payload_types)
+    models = {topic: tp for topic, tp in payload_types.items() if is_model(tp)}
+    described, defs = _model_schemas(models) if models else ({}, {})
+    schemas: dict[str, dict[str, Any]] = {}
+    for topic, tp in payload_types.items():
+        if topic in described:
+            schemas[topic] = described[topic]
+            continue
+        try:
+            schemas[topic] = json_schema(tp)
+        except (NameError, TypeError) as exc:
+            raise _undescribable(topic, tp, exc) from None
+    return schemas, defs
 
 
-def _pydantic_schemas(
-    payload_types: Mapping[str, Any],
+def _model_schemas(
+    models: Mapping[str, Any],
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     from pydantic import PydanticUserError, TypeAdapter
 
     adapters: list[tuple[str, Any, TypeAdapter[Any]]] = []
-    for topic, tp in payload_types.items():
+    for topic, tp in models.items():
         try:
-            adapters.append((topic, "validation", TypeAdapter(tp)))
+            adapters.append((topic, "serialization", TypeAdapter(tp)))
         except PydanticUserError as exc:
             raise _undescribable(topic, tp, exc) from None
     try:
@@ -230,9 +210,9 @@ def _pydantic_schemas(
         # json_schemas does not say which type failed: find it, one at a time.
         for topic, _mode, adapter in adapters:
             try:
-                adapter.json_schema(ref_template=SCHEMAS + "{model}")
+                adapter.json_schema(ref_template=SCHEMAS + "{model}", mode="serialization")
             except PydanticUserError as one:
-                raise _undescribable(topic, payload_types[topic], one) from None
+                raise _undescribable(topic, models[topic], one) from None
         raise ConfigurationError(f"cannot describe the payload types: {first_line(exc)}") from None
     schemas = {topic: schema for (topic, _mode), schema in by_key.items()}
     return schemas, dict(top.get("$defs", {}))
@@ -247,116 +227,6 @@ def _undescribable(topic: str, tp: Any, exc: BaseException) -> ConfigurationErro
 
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__qualname__", None) or repr(tp)
-
-
-_FORMATS: dict[Any, dict[str, Any]] = {
-    uuid.UUID: {"type": "string", "format": "uuid"},
-    datetime.datetime: {"type": "string", "format": "date-time"},
-    datetime.date: {"type": "string", "format": "date"},
-    datetime.time: {"type": "string", "format": "time"},
-    datetime.timedelta: {"type": "string", "format": "duration"},
-    decimal.Decimal: {"type": "string", "description": "a decimal number, as a string"},
-    bytes: {"type": "string", "format": "binary"},
-    str: {"type": "string"},
-    bool: {"type": "boolean"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-    type(None): {"type": "null"},
-}
-
-
-def _fallback_schemas(
-    payload_types: Mapping[str, Any],
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Schemas without pydantic: dataclasses of basic types, enums, lists, dicts, unions."""
-    defs: dict[str, Any] = {}
-    names: dict[Any, str] = {}
-    schemas = {}
-    for topic, tp in payload_types.items():
-        try:
-            schemas[topic] = _schema_of(tp, defs, names)
-        except NameError as exc:
-            raise ConfigurationError(
-                f"topic {topic!r}: cannot resolve the annotations of its payload type "
-                f"{_type_name(tp)}: {exc}"
-            ) from None
-        except TypeError as exc:
-            raise ConfigurationError(
-                f"topic {topic!r}: cannot describe its payload type {_type_name(tp)} in JSON "
-                f"Schema without pydantic ({exc}); install pydantic to describe any type"
-            ) from None
-    return schemas, defs
-
-
-def _schema_of(tp: Any, defs: dict[str, Any], names: dict[Any, str]) -> dict[str, Any]:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is typing.Annotated:
-        return _schema_of(args[0], defs, names)
-    if tp is Any or tp is object:
-        return {}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        values = [member.value for member in tp]
-        schema: dict[str, Any] = {"title": tp.__name__, "enum": values}
-        if all(isinstance(v, str) for v in values):
-            schema["type"] = "string"
-        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            schema["type"] = "integer"
-        return schema
-    if tp in _FORMATS:
-        return dict(_FORMATS[tp])
-    if origin is typing.Literal:
-        return {"enum": list(args)}
-    if origin is typing.Union or origin is types.UnionType:
-        return {"anyOf": [_schema_of(arg, defs, names) for arg in args]}
-    if origin in (list, set, frozenset, Sequence, Iterable) or (
-        origin is tuple and len(args) == 2 and args[1] is Ellipsis
-    ):
-        schema = {"type": "array"}
-        if args:
-            schema["items"] = _schema_of(args[0], defs, names)
-        if origin in (set, frozenset):
-            schema["uniqueItems"] = True
-        return schema
-    if tp in (list, set, frozenset, tuple):
-        return {"type": "array"}
-    if origin in (dict, Mapping):
-        schema = {"type": "object"}
-        if args:
-            if args[0] is not str:
-                raise TypeError(f"a dict's keys must be str in JSON, got {_type_name(args[0])}")
-            schema["additionalProperties"] = _schema_of(args[1], defs, names)
-        return schema
-    if tp is dict:
-        return {"type": "object"}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return {"$ref": SCHEMAS + _dataclass_def(tp, defs, names)}
-    raise TypeError(f"{_type_name(tp)} is not a type the fallback knows")
-
-
-def _dataclass_def(cls: type, defs: dict[str, Any], names: dict[Any, str]) -> str:
-    """Put the schema of a dataclass in `defs` (once, under a name no other class has)."""
-    if cls in names:
-        return names[cls]
-    name = cls.__name__
-    n = 1
-    while name in defs:
-        n += 1
-        name = f"{cls.__name__}_{n}"
-    names[cls] = name
-    defs[name] = {}  # reserved now: a dataclass may refer to itself
-    hints = typing.get_type_hints(cls, include_extras=True)
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for field in dataclasses.fields(cls):
-        properties[field.name] = _schema_of(hints[field.name], defs, names)
-        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            required.append(field.name)
-    schema: dict[str, Any] = {"title": cls.__name__, "type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
-    defs[name] = schema
-    return name
 
 
 def _described_payload(content_type: str, schema: dict[str, Any] | None) -> dict[str, Any]:

@@ -7,12 +7,14 @@ each consumer its own inbox schema). Registries from several modules merge with 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import typing
 from collections import abc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from outbox.core.codecs import check_payload_type, decoder, type_name
@@ -20,6 +22,7 @@ from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
 from outbox.core.retry import Backoff
 from outbox.core.serializers import JsonSerializer, Serializer
+from outbox.core.text import first_line
 from outbox.core.topics import Topic, validate_topic
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -340,3 +343,36 @@ def _probe(name: str, annotation: object) -> Callable[[], None]:
 
     probe.__annotations__ = {name: annotation}
     return probe
+
+
+def load_handlers(path: str, *, allow_empty: bool = False) -> Handlers:
+    """Import `package.module:attribute` and check that it names a `Handlers` registry, with
+    at least one handler unless `allow_empty` (a service that only sends); one
+    ConfigurationError for every way that fails, the module's own exception included."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(
+            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
+            f"got {path!r}"
+        )
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
+    except Exception as exc:  # the module itself fails: no retry can fix it either
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not isinstance(target, Handlers):
+        raise ConfigurationError(
+            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
+        )
+    if not allow_empty and not len(target):
+        raise ConfigurationError(f"{path} has no handlers registered")
+    return target

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
-from outbox.asyncapi import build_document, dumps, kafka_servers, log_servers
-from tests.asyncapi_support import FakeTopic, typed_registry
+from outbox import Topic
+from outbox.asyncapi import SCHEMAS, build_document, dumps, kafka_servers, log_servers
+from tests.asyncapi_support import typed_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = ROOT / "tests" / "asyncapi" / "validate.cjs"
@@ -101,9 +102,9 @@ class OrderPlaced:
 def _typed_document(monkeypatch: pytest.MonkeyPatch, *, pydantic: bool) -> dict[str, Any]:
     if not pydantic:
         monkeypatch.setitem(sys.modules, "pydantic", None)
-    placed = FakeTopic("orders.placed", OrderPlaced, key="order_id", description="Orders.")
-    paid = FakeTopic("orders.paid", Line, key=lambda line: line.sku)
-    raw = FakeTopic("files", None, content_type="application/octet-stream")
+    placed = Topic("orders.placed", OrderPlaced, key="order_id", description="Orders.")
+    paid = Topic("orders.paid", Line, key=lambda line: line.sku)
+    raw = Topic("files", None, content_type="application/octet-stream")
     handlers = typed_registry(
         {"orders.placed": (None, placed), "payments": (Line, None), "untyped": (None, None)},
         sent=[placed, paid, raw],
@@ -122,12 +123,12 @@ def test_a_document_with_typed_payloads_is_valid(
     if pydantic:
         pytest.importorskip("pydantic")
     document = _typed_document(monkeypatch, pydantic=pydantic)
-    assert document["components"]["schemas"]["OrderPlaced"]
+    assert document["components"]["messages"]["orders.placed"]["payload"]["title"] == "OrderPlaced"
     assert_valid(_write(tmp_path, document, f"asyncapi.{suffix}"))
 
 
 def test_a_document_with_no_handlers_on_the_log_is_valid(tmp_path: Path) -> None:
-    handlers = typed_registry({}, sent=[FakeTopic("payments", None)])
+    handlers = typed_registry({}, sent=[Topic("payments", None)])
     for url in ("postgresql://app:pw@db:5432/log", None):
         document = build_document(handlers, title="s", servers=log_servers(url, "outbox_log"))
         assert_valid(_write(tmp_path, document))
@@ -137,7 +138,7 @@ def test_the_validator_reports_a_dangling_ref(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     document = _typed_document(monkeypatch, pydantic=False)
-    del document["components"]["schemas"]["Line"]
+    document["components"]["messages"]["untyped"]["payload"] = {"$ref": SCHEMAS + "Line"}
     code, diagnostics = validate(_write(tmp_path, document))
     assert code == 1
     assert any(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
@@ -58,37 +56,6 @@ class HandlerConfig:
                 "connect_timeout": "seconds",
             },
         )
-
-
-def load_handlers(path: str) -> Handlers:
-    """Import `package.module:attribute` and check that it names a `Handlers` registry."""
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigurationError(
-            f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
-            f"got {path!r}"
-        )
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
-    except Exception as exc:  # the module itself fails: no retry can fix it either
-        raise ConfigurationError(
-            f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"
-        ) from None
-    try:
-        target = getattr(module, attribute)
-    except AttributeError:
-        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not isinstance(target, Handlers):
-        raise ConfigurationError(
-            f"{path} is a {type(target).__name__}, not an outbox.Handlers registry"
-        )
-    if not len(target):
-        raise ConfigurationError(f"{path} has no handlers registered")
-    return target
 
 
 def check_async_support(handlers: Handlers) -> None:
