@@ -6,7 +6,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from outbox import settings
 from outbox.core.errors import ConfigurationError
@@ -51,12 +51,17 @@ class DefaultsFormatter(argparse.HelpFormatter):
 class Parser(argparse.ArgumentParser):
     """Every parser of the `outbox` command, its subcommands' too (argparse gives a subparser
     the class of its parent): no abbreviated flags (`--database` is not `--database-url`),
-    defaults shown in help."""
+    defaults shown in help, and a usage error is one line on stderr, exit 2 (the usage itself
+    is in --help)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Print `<prog>: error: <message> (see --help)` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def choice_type(choices: Sequence[str], env: str) -> Callable[[str], str]:
