@@ -28,6 +28,7 @@ import pytest
 from psycopg import sql
 
 from outbox.testing.servers import (
+    ENV_DATABASE_URL,
     ENV_KAFKA_BOOTSTRAP,
     ENV_NO_DOCKER,
     ENV_TANSU_BIN,
@@ -70,6 +71,13 @@ _STARTED = pytest.StashKey[dict[str, PostgresHandle | KafkaHandle]]()
 
 _Handle = TypeVar("_Handle", PostgresHandle, KafkaHandle)
 
+#: What a test that needs PostgreSQL is told when no server can be had.
+NO_POSTGRES_HELP = (
+    f"set {ENV_DATABASE_URL} to the admin URL of a running server (a role that may CREATE "
+    "DATABASE), or install PostgreSQL's server binaries (`apt-get install postgresql`) for a "
+    f"local cluster, or run a Docker engine for a container (unless {ENV_NO_DOCKER}=1)"
+)
+
 #: What a test that needs a broker is told when none can be had.
 NO_BROKER_HELP = (
     f"set {ENV_KAFKA_BOOTSTRAP}=host:port to use a running Kafka cluster, or install "
@@ -106,11 +114,30 @@ def _describe(handle: PostgresHandle | KafkaHandle) -> str:
     return f"{handle.source} at {parts.hostname}:{parts.port or 5432}"
 
 
-def _serve(config: pytest.Config, role: str, start: Callable[[Path], _Handle]) -> Iterator[_Handle]:
-    """Start one server for the session, note it for the summary, stop it at the end."""
+def _serve(
+    config: pytest.Config, role: str, start: Callable[[Path], _Handle], how_to_provide: str
+) -> Iterator[_Handle]:
+    """Start one server for the session, note it for the summary, stop it at the end.
+
+    When it cannot be had, the test fails at setup with one message (no traceback into the
+    harness) naming what failed and how to provide one; pytest keeps a session fixture's
+    failure, so the start is not tried again for the next test.
+    """
     base_dir = Path(tempfile.mkdtemp(prefix="outbox-test-"))
     try:
-        handle = start(base_dir)
+        try:
+            handle = start(base_dir)
+        except ServerError as exc:
+            reason = str(exc)
+        else:
+            reason = ""
+        if reason:  # outside the except block: the message alone, with no chained traceback
+            what = "a Kafka broker" if role == "Kafka" else role
+            pytest.fail(
+                f"this test needs {what} and none could be had: {reason}\n"
+                f"To provide one, {how_to_provide}.",
+                pytrace=False,
+            )
         try:
             config.stash[_STARTED][role] = handle
             yield handle
@@ -165,8 +192,10 @@ def outbox_postgres(pytestconfig: pytest.Config) -> Iterator[PostgresHandle]:
 
     Source: OUTBOX_TEST_DATABASE_URL if set, else testcontainers when Docker answers (unless
     OUTBOX_TEST_NO_DOCKER=1), else a local cluster from the machine's PostgreSQL binaries.
+    When none can be had, every test that needs it errors with one message saying how to
+    provide one.
     """
-    yield from _serve(pytestconfig, "PostgreSQL", start_postgres)
+    yield from _serve(pytestconfig, "PostgreSQL", start_postgres, NO_POSTGRES_HELP)
 
 
 @pytest.fixture(scope="session")
@@ -178,20 +207,7 @@ def outbox_kafka(pytestconfig: pytest.Config) -> Iterator[KafkaHandle]:
     had, every test that needs it errors with one message saying how to provide one (pytest
     keeps a session fixture's failure: the start is not tried again).
     """
-
-    def start(base_dir: Path) -> KafkaHandle:
-        try:
-            return start_kafka(base_dir)
-        except ServerError as exc:
-            reason = str(exc)
-        # Outside the except block: the message alone, with no chained traceback.
-        pytest.fail(
-            f"this test needs a Kafka broker and none could be had: {reason}\n"
-            f"To provide one, {NO_BROKER_HELP}.",
-            pytrace=False,
-        )
-
-    yield from _serve(pytestconfig, "Kafka", start)
+    yield from _serve(pytestconfig, "Kafka", start_kafka, NO_BROKER_HELP)
 
 
 @pytest.fixture(scope="session")
