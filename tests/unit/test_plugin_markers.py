@@ -1,7 +1,9 @@
-"""The pytest plugin registers every marker it documents: `--strict-markers` accepts them."""
+"""The pytest plugin registers every marker it documents (`--strict-markers` accepts them), and
+docs/testing.md says truly which server each of its fixtures starts."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -60,3 +62,38 @@ def test_a_project_with_strict_markers_can_use_them(tmp_path: Path) -> None:
         text=True,
     )
     assert refused.returncode != 0, "--strict-markers is in force in the subprocess"
+
+
+#: The "needs" column of docs/testing.md's fixture table, as the servers a fixture starts.
+NEEDS = {
+    "nothing": set(),
+    "PostgreSQL": {"outbox_postgres"},
+    "broker": {"outbox_kafka"},
+    "both": {"outbox_postgres", "outbox_kafka"},
+}
+SERVERS = {"outbox_postgres", "outbox_kafka"}
+
+
+def _servers_needed(fixture: str) -> set[str]:
+    """The server fixtures `fixture` depends on through its arguments (itself included)."""
+    if fixture in SERVERS:
+        return {fixture}
+    needed: set[str] = set()
+    for argument in inspect.signature(getattr(plugin, fixture)).parameters:
+        if hasattr(plugin, argument):  # another fixture of the plugin
+            needed |= _servers_needed(argument)
+    return needed
+
+
+def test_the_docs_say_which_server_each_fixture_starts() -> None:
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    documented: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`outbox_"):
+            for name in re.findall(r"`(outbox_\w+)`", cells[0]):
+                documented[name] = NEEDS[cells[2]]
+    fixtures = {name for name in vars(plugin) if name.startswith("outbox_")}
+    assert set(documented) == fixtures, "docs/testing.md's table lists every fixture"
+    for name, needs in documented.items():
+        assert _servers_needed(name) == needs, name
