@@ -293,13 +293,23 @@ class OutboxRuntime:
         deadline = time.monotonic() + timeout + self.config.wait_for_database
         while not self._ended.is_set():
             if all(c.observability.health.running for c in self._components.values()):
-                log.info("outbox run: producer, consumer and handler running")
+                log.info("outbox: producer, consumer and handler running")
                 return
             if time.monotonic() > deadline:
                 self.stop()
                 raise OutboxError(f"the components did not start within {timeout:g}s")
             self._ended.wait(0.05)
         self.stop()  # raises the error that ended a component
+
+    def live(self) -> tuple[bool, str]:
+        """(alive, reason) as the process's `/livez`: every component's loop made progress."""
+        return _AllHealthy(self._components).live()
+
+    def ready(self) -> tuple[bool, str]:
+        """(ready, reason) as the process's `/readyz`: every component runs and its PostgreSQL
+        and transport checks pass. The checks run only with a health port (0: any free one);
+        without, this says "dependencies not checked yet"."""
+        return _AllHealthy(self._components).ready()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a component ends (an error, or `stop()`); True when one did."""
@@ -332,6 +342,7 @@ class OutboxRuntime:
                 log.warning("the %s did not stop within %gs", name, timeout)
         if self._health_server is not None:
             self._health_server.stop()
+        log.info("outbox: producer, consumer and handler stopped")
         if self._metrics_server is not None:
             server, thread = self._metrics_server
             server.shutdown()
