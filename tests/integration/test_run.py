@@ -18,37 +18,16 @@ import pytest
 from outbox import Broker
 
 from . import inbox_app
-from .relay_helpers import (
-    Daemon,
-    RelayTransport,
-    count,
-    transport_args,
-    wait_for,
-)
+from . import relay_helpers as helpers
+from .relay_helpers import Daemon, RelayTransport, count, wait_for
 
 APP = "tests.integration.inbox_app:handlers"
 
 
 def spawn_run(url: str, transport: RelayTransport, topic: str, group: str, *extra: str) -> Daemon:
     """Start `outbox run` on `transport`, its handlers reading `topic`."""
-    settings = (
-        []
-        if transport.is_log
-        else [f"--kafka-config={k}={v}" for k, v in transport.consumer_settings.items()]
-    )
-    return Daemon(
-        "run",
-        APP,
-        "--database-url",
-        url,
-        *transport_args(transport.endpoint),
-        "--group",
-        group,
-        "--poll-interval",
-        "0.2",
-        *settings,
-        *extra,
-        env={"INBOX_APP_TOPIC": topic},
+    return helpers.spawn_run(
+        url, transport.endpoint, APP, group, *extra, env={"INBOX_APP_TOPIC": topic}
     )
 
 
