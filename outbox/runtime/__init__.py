@@ -159,7 +159,10 @@ class OutboxRuntime:
         handled = list(registry.topics)
         consumed = list(topics or handled)
         if not consumed:
-            raise ConfigurationError("the handlers read no topic and no topics were given")
+            raise ConfigurationError(
+                "the handlers read no topic and no topics were given (a service that only "
+                "sends runs `outbox producer`)"
+            )
         shared = observability or ObservabilityConfig()
         own = component_observability(shared)
         settings = dict(kafka_config or {})
@@ -279,10 +282,7 @@ class OutboxRuntime:
         if self._started:
             raise RuntimeError("an OutboxRuntime starts once")
         self._started = True
-        if self._log is not None:
-            from outbox.pglog import check_log
-
-            check_log(self._log[0], self._log[1], wait=self._wait_for_database)
+        self._preflight()
         self._serve()
         for name, component in self._components.items():
             thread = threading.Thread(
@@ -300,6 +300,21 @@ class OutboxRuntime:
                 raise OutboxError(f"the components did not start within {timeout:g}s")
             self._ended.wait(0.05)
         self.stop()  # raises the error that ended a component
+
+    def _preflight(self) -> None:
+        """The components' start-up checks, in the caller's thread: an unreachable or
+        unmigrated database, an unreachable transport, a registry that cannot run, each raise
+        here, before any thread starts. (Each component checks again as it starts.)"""
+        from outbox.daemons.handler.config import check_async_support
+
+        if self._log is not None:
+            from outbox.pglog import check_log
+
+            check_log(self._log[0], self._log[1], wait=self._wait_for_database)
+        self.producer.check()
+        self.consumer.check()
+        self.handler.check_database(self.handler.config.observability.wait_for_database)
+        check_async_support(self.handler.handlers)
 
     def live(self) -> tuple[bool, str]:
         """(alive, reason) as the process's `/livez`: every component's loop made progress."""

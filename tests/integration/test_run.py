@@ -157,3 +157,68 @@ def free_port() -> Any:
             return int(sock.getsockname()[1])
 
     return pick
+
+
+def test_the_runtime_object_starts_and_stops_with_an_application(
+    outbox_database_url: str, relay_transport: RelayTransport
+) -> None:
+    from outbox import Handlers, InboxMessage
+    from outbox.runtime import OutboxRuntime
+
+    url = outbox_database_url
+    prepare(url)
+    topic = relay_transport.topic(2)
+    handlers = Handlers()
+
+    @handlers.handler(topic)
+    def record(message: InboxMessage[Any], conn: Any) -> None:
+        conn.execute(
+            "INSERT INTO effects (message_id, attempt, body) VALUES (%s, 1, %s)",
+            (message.id, message.raw_payload.decode()),
+        )
+
+    transport: dict[str, Any] = (
+        {"transport": "postgres", "log_url": relay_transport.endpoint}
+        if relay_transport.is_log
+        else {
+            "kafka_bootstrap": relay_transport.endpoint,
+            "kafka_config": relay_transport.consumer_settings,
+        }
+    )
+    runtime = OutboxRuntime(
+        handlers,
+        database_url=url,
+        group=f"g-{topic}",
+        producer={"poll_interval": 0.2},
+        handler={"poll_interval": 0.2},
+        **transport,
+    )
+    with runtime:
+        send(url, topic, 20)
+        wait_for(lambda: sum(effects(url).values()) >= 20, 60, "20 messages handled")
+        assert runtime.live() == (True, "ok")
+    assert effects(url) == Counter(range(20))
+    runtime.stop()  # a second stop is a no-op
+
+
+def test_the_runtime_object_refuses_to_start_on_an_unmigrated_schema(
+    outbox_database_url: str, relay_transport: RelayTransport
+) -> None:
+    from outbox.core.errors import OutboxError
+    from outbox.runtime import OutboxRuntime
+
+    transport: dict[str, Any] = (
+        {"transport": "postgres", "log_url": relay_transport.endpoint}
+        if relay_transport.is_log
+        else {"kafka_bootstrap": relay_transport.endpoint}
+    )
+    runtime = OutboxRuntime(
+        inbox_app.handlers,
+        database_url=outbox_database_url,
+        group="g",
+        schema="nosuch",
+        **transport,
+    )
+    with pytest.raises(OutboxError, match="nosuch"):
+        runtime.start()
+    runtime.stop()  # nothing started: nothing to stop, no error
