@@ -338,10 +338,8 @@ class OutboxRuntime:
                 self._stopped = True
                 self._drain(timeout)
         if self._errors:
-            name, error = self._errors[0]
-            if isinstance(error, OutboxError):
-                raise error
-            raise OutboxError(f"the {name} stopped: {type(error).__name__}: {error}") from error
+            # As the component raised it: `outbox run` words it as that daemon's process would.
+            raise self._errors[0][1]
 
     def _drain(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
