@@ -550,7 +550,12 @@ def _run(args: argparse.Namespace) -> int:
     )
     runtime.log_failures = False  # main prints the error, one line
     asked = threading.Event()
-    _install_stop_handlers(asked.set)
+
+    def stop() -> None:
+        asked.set()
+        runtime.interrupt()  # ends a start still waiting for the database
+
+    _install_stop_handlers(stop)
     runtime.start(timeout=120.0)
     while not asked.is_set() and not runtime.wait(0.2):
         pass

@@ -268,7 +268,7 @@ class OutboxRuntime:
         self._metrics_server: Any = None
         self.health_port: int | None = None
         self.metrics_port: int | None = None
-        self._started = self._stopped = False
+        self._started = self._stopped = self._running = False
         #: Log, at ERROR, the first component that stops with an error (`outbox run` does not:
         #: it prints that error as its one last line).
         self.log_failures = True
@@ -293,6 +293,7 @@ class OutboxRuntime:
         deadline = time.monotonic() + timeout + self.config.wait_for_database
         while not self._ended.is_set():
             if all(c.observability.health.running for c in self._components.values()):
+                self._running = True
                 log.info("outbox: producer, consumer and handler running")
                 return
             if time.monotonic() > deadline:
@@ -315,6 +316,14 @@ class OutboxRuntime:
         self.consumer.check()
         self.handler.check_database(self.handler.config.observability.wait_for_database)
         check_async_support(self.handler.handlers)
+
+    def interrupt(self) -> None:
+        """Asked to stop from another thread (a signal handler): while `start()` is still
+        checking or waiting for the database, end that now (start returns, nothing runs);
+        once started, do nothing, and let the caller's `stop()` drain in order."""
+        if not self._running:
+            for component in self._components.values():
+                component.stop()
 
     def live(self) -> tuple[bool, str]:
         """(alive, reason) as the process's `/livez`: every component's loop made progress."""

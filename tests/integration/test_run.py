@@ -8,6 +8,7 @@ twice; one health port answers for the three components.
 from __future__ import annotations
 
 import signal
+import socket
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -222,3 +223,17 @@ def test_the_runtime_object_refuses_to_start_on_an_unmigrated_schema(
     with pytest.raises(OutboxError, match="nosuch"):
         runtime.start()
     runtime.stop()  # nothing started: nothing to stop, no error
+
+
+def test_sigterm_while_waiting_for_the_database_ends_the_start(
+    relay_transport: RelayTransport,
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"postgresql://postgres@127.0.0.1:{sock.getsockname()[1]}/app"
+    with spawn_run(dead, relay_transport, "t", "g", "--wait-for-database", "300") as run:
+        wait_for(lambda: "--wait-for-database" in run.output(), 60, "the wait to begin")
+        run.terminate()
+        # As `outbox producer` does: the start-up check gives up with its one line.
+        assert run.wait(30) == 1, run.output()
+        assert "outbox: error: cannot connect to PostgreSQL" in run.output()
