@@ -54,7 +54,7 @@ class _Component(Protocol):
     def stop(self) -> None: ...
 
 
-def component_observability(shared: ObservabilityConfig) -> ObservabilityConfig:
+def _component_observability(shared: ObservabilityConfig) -> ObservabilityConfig:
     """What each component's own `Observability` gets: its checks and metrics on, served only
     on the loopback at a free port; the process's one port is served by `OutboxRuntime`."""
     return dataclasses.replace(
@@ -164,7 +164,7 @@ class OutboxRuntime:
                 "sends runs `outbox producer`)"
             )
         shared = observability or ObservabilityConfig()
-        own = component_observability(shared)
+        own = _component_observability(shared)
         settings = dict(kafka_config or {})
         self._log: tuple[str, str] | None = None
         if transport == "postgres":
@@ -226,22 +226,6 @@ class OutboxRuntime:
             inbox = transports.kafka_consumer(consumer_config)
         self._wait_for_database = shared.wait_for_database
         self._init(relay, inbox, HandlerRunner(handler_config, registry), shared)
-
-    @classmethod
-    def of(
-        cls,
-        producer: Producer,
-        consumer: Consumer,
-        handler: HandlerRunner,
-        observability: ObservabilityConfig | None = None,
-    ) -> OutboxRuntime:
-        """A runtime over daemons built elsewhere (give each `component_observability(...)` of
-        `observability`, the process's port)."""
-        runtime = cls.__new__(cls)
-        runtime._log = None
-        runtime._wait_for_database = 0.0
-        runtime._init(producer, consumer, handler, observability or ObservabilityConfig())
-        return runtime
 
     def _init(
         self,
