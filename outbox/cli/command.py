@@ -35,7 +35,7 @@ from outbox.cli.arguments import (
     start_settings,
 )
 from outbox.core.errors import ConfigurationError, OutboxError
-from outbox.core.numbers import flag_type
+from outbox.core.numbers import Rule, flag_type
 from outbox.core.text import first_line
 
 #: What `outbox demo` says: the demo runs the example services, which the package does not ship.
@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a callback may run before its transaction is terminated and the "
         "message retried (default 300)",
     )
+
+    _add_run_command(commands)
 
     from outbox.cli.operations import add_operator_commands
 
@@ -446,6 +448,121 @@ def _handler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`outbox run`: the producer, consumer and handler flags, on one process."""
+    run = commands.add_parser(
+        "run",
+        help="relay, consumer and handler of one service in one process",
+        description="Runs `outbox producer`, `outbox consumer` (of the handlers' topics, or "
+        "--topic) and `outbox handler` in one process, with the same guarantees, one health "
+        "and one metrics port (each series labelled with its daemon). SIGTERM drains: the "
+        "consumer stops taking records first, then the relay and the handler finish their "
+        "batch. Run three processes instead to scale or restart them apart.",
+    )
+    run.add_argument(
+        "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
+    )
+    add_database(run)
+    add_kafka(run)
+    add_transport(run)
+    add_runtime(run)
+    add_topics(run, "topics to consume, comma-separated; repeatable (default: the handlers')")
+    run.add_argument(
+        "--group",
+        default=os.environ.get(settings.GROUP),
+        help=f"consumer group id (env {settings.GROUP}; required)",
+    )
+    add_start(run)
+    log_flags: tuple[tuple[str, Rule, str, str], ...] = (
+        ("--log-partitions", "count", "8", "as `outbox producer --log-partitions`"),
+        ("--log-retention", "seconds_or_zero", "604800", "as `outbox producer --log-retention`"),
+        ("--log-session-timeout", "seconds", "10", "as `outbox consumer --log-session-timeout`"),
+    )
+    for flag, kind, default, text in log_flags:
+        variable: str = getattr(settings, flag.removeprefix("--").replace("-", "_").upper())
+        run.add_argument(
+            flag,
+            type=flag_type(kind, variable),
+            default=os.environ.get(variable, default),
+            help=f"{text} (env {variable}; default {default})",
+        )
+    daemon_flags: tuple[tuple[str, Rule, float, str], ...] = (
+        ("--producer-batch-size", "count", 1000, "`outbox producer --batch-size`"),
+        ("--consumer-batch-size", "poll_records", 1000, "`outbox consumer --batch-size`"),
+        ("--handler-batch-size", "count", 200, "`outbox handler --batch-size`"),
+        ("--poll-interval", "seconds", 1.0, "`--poll-interval` of the producer and handler"),
+        ("--concurrency", "threads", 4, "`outbox handler --concurrency`"),
+        ("--dedup-window", "seconds_or_zero", 24 * 3600.0, "`outbox handler --dedup-window`"),
+        ("--transaction-size", "count", 500, "`outbox handler --transaction-size`"),
+        ("--lease", "seconds", 300.0, "`outbox handler --lease`"),
+    )
+    for flag, kind, number, text in daemon_flags:
+        run.add_argument(
+            flag, type=flag_type(kind), default=number, help=f"as {text} (default {number:g})"
+        )
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The three daemons in one process until SIGTERM (exit 0 once drained) or until one stops
+    with an error retrying cannot fix (its one line, exit 1)."""
+    import threading
+
+    from outbox.runtime import OutboxRuntime
+
+    group = require(args.group, "--group", settings.GROUP)
+    database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    if args.transport == "postgres" and args.start not in (None, "earliest"):
+        raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
+    if args.transport == "postgres":
+        from outbox.pglog.subscriber import check_session_timeout
+
+        check_session_timeout(args.log_session_timeout)
+    log_url = _log_url(args)
+    bootstrap = ""
+    if log_url is None:
+        bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
+    topics, _handled = _consumed(args)
+    runtime = OutboxRuntime(
+        args.handlers,
+        database_url=database_url,
+        group=group,
+        transport=args.transport,
+        kafka_bootstrap=bootstrap,
+        kafka_config={**dict(args.kafka_config), **start_settings(args)},
+        log_url=log_url,
+        log_schema=args.log_schema,
+        log_partitions=args.log_partitions,
+        log_retention=args.log_retention or None,
+        log_session_timeout=args.log_session_timeout,
+        schema=args.schema,
+        topics=topics,
+        observability=runtime_config(args),
+        producer={"batch_size": args.producer_batch_size, "poll_interval": args.poll_interval},
+        consumer={"batch_size": args.consumer_batch_size},
+        handler={
+            "batch_size": args.handler_batch_size,
+            "poll_interval": args.poll_interval,
+            "concurrency": args.concurrency,
+            "dedup_window": args.dedup_window,
+            "transaction_size": args.transaction_size,
+            "lease": args.lease,
+        },
+    )
+    runtime.log_failures = False  # main prints the error, one line
+    asked = threading.Event()
+
+    def stop() -> None:
+        asked.set()
+        runtime.interrupt()  # ends a start still waiting for the database
+
+    _install_stop_handlers(stop)
+    runtime.start(timeout=120.0)
+    while not asked.is_set() and not runtime.wait(0.2):
+        pass
+    runtime.stop()
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     raise ConfigurationError(DEMO_ELSEWHERE)
 
@@ -468,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "producer": _producer,
         "consumer": _consumer,
         "handler": _handler,
+        "run": _run,
         "demo": _demo,
     }
     try:

@@ -31,6 +31,7 @@ from ..integration.relay_helpers import (
     spawn_consumer,
     spawn_handler,
     spawn_producer,
+    spawn_run,
     wait_for,
 )
 from .conftest import FaultResult
@@ -42,7 +43,10 @@ APP = "tests.integration.inbox_app:handlers"
 
 @dataclass
 class Pipeline:
-    """The three daemons of one scenario; a daemon killed by its failpoint is restarted."""
+    """The three daemons of one scenario; a daemon killed by its failpoint is restarted.
+
+    With `one_process`, the three run as one `outbox run` over one database (a service that
+    handles the messages it sends): sender_url and receiver_url are the same."""
 
     sender_url: str
     receiver_url: str
@@ -53,15 +57,31 @@ class Pipeline:
     handler_args: tuple[str, ...] = ()
     daemons: dict[str, Daemon] = field(default_factory=dict)
     killed: Counter[str] = field(default_factory=Counter)
+    one_process: bool = False
 
     def _env(self, name: str, armed: bool) -> dict[str, str]:
         env = {"INBOX_APP_TOPIC": self.topic}
         if armed and name in self.failpoints:
             env["OUTBOX_FAILPOINT"] = self.failpoints[name]
+        elif armed and name == "run" and self.failpoints:  # any component's point
+            (env["OUTBOX_FAILPOINT"],) = self.failpoints.values()
         return env
 
     def _start(self, name: str, armed: bool) -> Daemon:
         env = self._env(name, armed)
+        if name == "run":
+            return spawn_run(
+                self.receiver_url,
+                self.bootstrap,
+                APP,
+                f"g-{self.topic}",
+                "--consumer-batch-size",
+                "100",
+                "--handler-batch-size",
+                "50",
+                *self.producer_args,
+                env=env,
+            )
         if name == "producer":
             return spawn_producer(
                 self.sender_url,
@@ -86,7 +106,7 @@ class Pipeline:
         )
 
     def start(self) -> None:
-        for name in ("producer", "consumer", "handler"):
+        for name in ("run",) if self.one_process else ("producer", "consumer", "handler"):
             self.daemons[name] = self._start(name, armed=True)
 
     def supervise(self) -> None:
@@ -224,6 +244,41 @@ def test_sigkill_at_each_point_of_each_loop(
     assert pipeline.killed[daemon] == 1, f"the failpoint {point} never fired"
     fault = f"SIGKILL at {point.split('@')[0]} ({relay_transport.name})"
     _account(fault, sender, receiver, ids, fault_results, started)
+
+
+@pytest.mark.parametrize(("daemon", "point"), KILL_POINTS, ids=[p for _, p in KILL_POINTS])
+def test_sigkill_of_outbox_run_at_each_point_of_each_loop(
+    daemon: str,
+    point: str,
+    outbox_database_url: str,
+    relay_transport: RelayTransport,
+    fault_results: list[FaultResult],
+) -> None:
+    """The same kill -9 rows against `outbox run`: the one process dies at the point (all three
+    loops with it), is restarted, and every message is handled exactly once."""
+    url = outbox_database_url
+    with psycopg.connect(url) as conn:
+        conn.execute(inbox_app.SCHEMA)
+    topic = relay_transport.topic()
+    started = time.monotonic()
+    ids = _send(url, topic, [{"n": i} for i in range(600)])
+    pipeline = Pipeline(
+        url,
+        url,
+        relay_transport.endpoint,
+        topic,
+        failpoints={daemon: point},
+        producer_args=("--producer-batch-size", "100"),
+        one_process=True,
+    )
+    pipeline.start()
+    try:
+        pipeline.wait(lambda: _handled(url) == len(ids), 120, "every message handled")
+    finally:
+        pipeline.stop()
+    assert pipeline.killed["run"] == 1, f"the failpoint {point} never fired"
+    fault = f"SIGKILL of outbox run at {point.split('@')[0]} ({relay_transport.name})"
+    _account(fault, url, url, ids, fault_results, started)
 
 
 def test_postgres_restarted_under_load(

@@ -252,6 +252,33 @@ def spawn_handler(
     )
 
 
+def spawn_run(
+    url: str,
+    bootstrap: str,
+    handlers: str,
+    group: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Daemon:
+    """Start `outbox run MODULE:ATTR` (relay, consumer and handler in one process) with
+    test-friendly group timings; `bootstrap` is a Kafka bootstrap address or the PostgreSQL
+    log's URL."""
+    settings = [f"--kafka-config={k}={v}" for k, v in TEST_CONSUMER_KAFKA.items()]
+    return Daemon(
+        "run",
+        handlers,
+        "--database-url",
+        url,
+        *transport_args(bootstrap),
+        "--group",
+        group,
+        "--poll-interval",
+        "0.2",
+        *_for_transport(bootstrap, (*settings, *extra)),
+        env=env,
+    )
+
+
 def consume(bootstrap: str, topic: str, expected: int, timeout: float = 30) -> list[Any]:
     """Read a topic from the start of every partition until `expected` messages or timeout.
 

@@ -52,6 +52,7 @@ from .relay_helpers import (
     spawn_consumer,
     spawn_handler,
     spawn_producer,
+    spawn_run,
     wait_for,
 )
 
@@ -217,7 +218,8 @@ def test_a_handler_module_that_fails_to_import_exits_1(
 
 # -- every daemon: a database it cannot use ---------------------------------------------------
 
-DAEMONS = ["producer", "consumer", "handler"]
+#: `run`: the three in one process (`outbox run`), its consumer reading the test's topic.
+DAEMONS = ["producer", "consumer", "handler", "run"]
 
 
 def _spawn(
@@ -229,6 +231,17 @@ def _spawn(
         topic = topic or transport.topic(1)
         return spawn_consumer(url, transport.endpoint, topic, f"g-{topic}")
     app = _module(app_dir, SYNC_APP)
+    if kind == "run":
+        topic = topic or transport.topic(1)
+        return spawn_run(
+            url,
+            transport.endpoint,
+            f"{app}:handlers",
+            f"g-{topic}",
+            "--topic",
+            topic,
+            env=_env(app_dir),
+        )
     return spawn_handler(url, f"{app}:handlers", env=_env(app_dir))
 
 
@@ -294,7 +307,7 @@ def test_a_role_that_can_read_the_version_only_exits_1_from_its_loop(
     _grant(outbox_database_url, "GRANT USAGE ON SCHEMA outbox TO {role}", role)
     _grant(outbox_database_url, "GRANT SELECT ON outbox.alembic_version TO {role}", role)
     topic = None
-    if kind == "consumer":
+    if kind in ("consumer", "run"):
         topic = relay_transport.topic(1)
         publisher = relay_transport.publisher()
         try:

@@ -1,0 +1,1 @@
+"""A FastAPI service whose relay, consumer and handler run inside the web process (lifespan)."""
