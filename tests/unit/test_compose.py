@@ -11,6 +11,7 @@ import yaml
 from tests.unit.deployment_checks import (
     DAEMONS,
     check_handlers,
+    check_no_secret,
     check_python_module,
     check_required,
     check_variables,
@@ -176,3 +177,12 @@ def test_the_image_is_built_from_the_dockerfile_with_the_examples() -> None:
     ignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     for needed in ("!pyproject.toml", "!README.md", "!outbox/", "!migrations/", "!examples/"):
         assert needed in ignore
+
+
+def test_no_secret_is_on_a_command_line(services: dict[str, dict[str, Any]]) -> None:
+    """Secrets come from `environment` or an `env_file`, never from `command` or `entrypoint`,
+    which `ps` shows (and `docker compose config` prints)."""
+    for name, service in services.items():
+        for key in ("command", "entrypoint"):
+            words = service.get(key) or []
+            check_no_secret(words.split() if isinstance(words, str) else words, f"{name}.{key}")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import KafkaException, Producer
 
 from outbox import settings
@@ -22,7 +25,7 @@ from outbox.kafka.sources import (
     read_properties,
     variable_of_key,
 )
-from tests.unit.deployment_checks import environment
+from tests.unit.deployment_checks import check_no_secret, environment, secrets_in
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,3 +150,84 @@ def test_the_file_flag_replaces_the_file_variable(tmp_path: Path) -> None:
     with environment({settings.KAFKA_CONFIG_FILE: str(first)}):
         args = build_parser().parse_args(["producer", "--kafka-config-file", str(second)])
     assert dict(args.kafka_config) == {"client.id": "b"}
+
+
+# -- no secret on a documented command line ----------------------------------------------------
+
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.M | re.S)
+INLINE = re.compile(r"`(outbox [^`]+)`")
+
+
+def _pages() -> list[Path]:
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "examples").rglob("*.md")]
+    return sorted(p for p in pages if "node_modules" not in p.parts)
+
+
+def documented_command_lines(text: str) -> list[list[str]]:
+    """The words of every `outbox ...` command of a page, from `outbox` on: in its code blocks
+    (continuation lines joined; whatever runs it before, `docker compose exec X outbox` or
+    `VAR=value outbox`, dropped) and in its inline code."""
+    lines = [
+        line for block in FENCE.findall(text) for line in block.replace("\\\n", " ").splitlines()
+    ]
+    lines.extend(INLINE.findall(text))
+    commands = []
+    for line in lines:
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = line.split()
+        if "outbox" in words:
+            commands.append(words[words.index("outbox") :])
+    return commands
+
+
+def test_secrets_in_finds_secret_settings_flags_and_url_passwords() -> None:
+    assert secrets_in(["outbox", "consumer", "--kafka-config", "sasl.password=x"]) == [
+        "sasl.password=x"
+    ]
+    assert secrets_in(["--kafka-config=ssl.key.location=/k"]) == [
+        "--kafka-config=ssl.key.location=/k"
+    ]
+    assert secrets_in(["--auth-token", "t"]) == ["--auth-token"]
+    assert secrets_in(["--database-url", "postgresql://app:pw@db/app"]) == [
+        "postgresql://app:pw@db/app"
+    ]
+    assert (
+        secrets_in(["--kafka-config", "client.id=x", "--database-url", "postgresql://db/a"]) == []
+    )
+
+
+def test_the_docs_have_outbox_command_lines() -> None:
+    assert sum(len(documented_command_lines(p.read_text("utf-8"))) for p in _pages()) > 50
+
+
+YAML_FENCE = re.compile(r"^[ \t]*```ya?ml[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
+
+
+def documented_yaml_command_lines(text: str) -> list[list[str]]:
+    """The `command`, `args` and `entrypoint` lists of the YAML blocks of a page (a manifest's
+    or a compose file's excerpts)."""
+    found: list[list[str]] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("command", "args", "entrypoint") and isinstance(value, list):
+                    found.append([str(v) for v in value])
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for block in YAML_FENCE.findall(text):
+        for document in yaml.safe_load_all(block):
+            walk(document)
+    return found
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_documented_outbox_command_puts_a_secret_on_its_command_line(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    for words in [*documented_command_lines(text), *documented_yaml_command_lines(text)]:
+        check_no_secret(words, f"{page.relative_to(ROOT)}: `{shlex.join(words)}`")
