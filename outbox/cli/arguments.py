@@ -401,4 +401,21 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
         health_host=args.health_host,
         liveness_timeout=args.liveness_timeout,
         wait_for_database=args.wait_for_database,
+        transport=transport_settings(args),
     )
+
+
+#: The flags of the PostgreSQL log a daemon's command may have, as parsed-argument names.
+LOG_SETTINGS = ("log_url", "log_schema", "log_partitions", "log_retention", "log_session_timeout")
+
+
+def transport_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The transport of a daemon's command and, for the PostgreSQL log, every log setting it
+    has (not masked: the start-up line masks the URL); empty for a command without one."""
+    transport = getattr(args, "transport", None)
+    if transport is None:
+        return {}
+    found: dict[str, Any] = {"transport": transport}
+    if transport == "postgres":
+        found.update({name: getattr(args, name) for name in LOG_SETTINGS if hasattr(args, name)})
+    return found
