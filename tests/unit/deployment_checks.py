@@ -125,3 +125,25 @@ def check_no_secret(argv: Sequence[str], where: str) -> None:
         f"{where}: a secret on the command line, where `ps` shows it: {found}; give it in the "
         "environment (OUTBOX_KAFKA_CONFIG_<NAME>, a Secret, an env_file)"
     )
+
+
+def check_kafka_settings(args: argparse.Namespace, where: str) -> None:
+    """The librdkafka settings a producer or consumer is given (by flag, variable or file) are
+    ones librdkafka knows, with values it takes: a client is made with them (and closed; it
+    connects to nothing in that time)."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    if args.command not in ("producer", "consumer"):
+        return
+    settings = {
+        "bootstrap.servers": "127.0.0.1:1",
+        "log_level": 0,
+        **dict(args.kafka_config),
+    }
+    try:
+        if args.command == "producer":
+            Producer(settings).flush(0)
+        else:
+            Consumer({"group.id": "check", **settings}).close()
+    except KafkaException as exc:
+        pytest.fail(f"{where}: librdkafka refuses its settings: {exc}", pytrace=False)

@@ -11,6 +11,7 @@ import yaml
 from tests.unit.deployment_checks import (
     DAEMONS,
     check_handlers,
+    check_kafka_settings,
     check_no_secret,
     check_python_module,
     check_required,
@@ -60,7 +61,9 @@ def test_every_outbox_command_parses_with_what_it_needs(
     }
     assert kinds == {"migrate", "producer", "consumer", "handler"}
     for name, argv in commands.items():
-        check_required(parse_outbox(argv, _env(services[name]), name), name)
+        args = parse_outbox(argv, _env(services[name]), name)
+        check_required(args, name)
+        check_kafka_settings(args, name)
 
 
 def test_every_outbox_variable_is_one_the_package_reads(

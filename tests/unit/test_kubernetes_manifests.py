@@ -13,6 +13,7 @@ import yaml
 from tests.unit.deployment_checks import (
     DAEMONS,
     check_handlers,
+    check_kafka_settings,
     check_no_secret,
     check_required,
     check_variables,
@@ -106,6 +107,7 @@ def test_command_parses_with_the_settings_it_needs(
     args = parse_outbox(container.argv[1:], container.env, container.where)
     check_required(args, container.where)
     check_variables(container.env, container.where)
+    check_kafka_settings(args, container.where)
     if args.command in ("handler", "consumer") and args.handlers is not None:
         monkeypatch.chdir(ROOT)  # the example image's working directory holds examples/
         check_handlers(args.handlers, container.where)
