@@ -72,7 +72,10 @@ class JoinWatch:
         self, settings: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.group = str(settings.get("group.id", ""))
-        self.session_timeout_ms = int(settings.get("session.timeout.ms", SESSION_TIMEOUT_MS))
+        try:
+            self.session_timeout_ms = int(settings.get("session.timeout.ms", SESSION_TIMEOUT_MS))
+        except (TypeError, ValueError):  # librdkafka refuses it when the client is made
+            self.session_timeout_ms = SESSION_TIMEOUT_MS
         self._clock = clock
         self._began: float | None = None
         self._next = 0.0
