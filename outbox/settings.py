@@ -23,6 +23,10 @@ class EnvironmentVariable:
 DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
+#: OUTBOX_KAFKA_CONFIG_<NAME>: one librdkafka setting each (`outbox.kafka.sources`).
+KAFKA_CONFIG_PREFIX = "OUTBOX_KAFKA_CONFIG_"
+KAFKA_CONFIG = KAFKA_CONFIG_PREFIX + "<NAME>"
+KAFKA_CONFIG_FILE = "OUTBOX_KAFKA_CONFIG_FILE"
 CONSUMER_START = "OUTBOX_CONSUMER_START"
 TOPICS = "OUTBOX_TOPICS"
 GROUP = "OUTBOX_GROUP"
@@ -70,6 +74,12 @@ DOCKER_HOST = "DOCKER_HOST"
 # -- the example services (`examples/`), read by the demo too ------------------------------
 ORDERS_TOPIC = "ORDERS_TOPIC"
 
+#: The commands that take `--kafka-config`.
+KAFKA_COMMANDS = (
+    "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`, `outbox asyncapi`, "
+    "`outbox spark consumer`, `outbox spark audit`, `outbox spark replay`"
+)
+
 ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         DATABASE_URL,
@@ -86,6 +96,21 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
         "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`, "
         "`outbox spark consumer`, `outbox spark audit`, `outbox spark replay`",
+    ),
+    EnvironmentVariable(
+        KAFKA_CONFIG,
+        "one librdkafka setting per variable: NAME is the key upper-cased with its dots as "
+        "underscores (`OUTBOX_KAFKA_CONFIG_SASL_PASSWORD` sets `sasl.password`; `log_level` and "
+        "`enabled_events`, librdkafka's only text keys with an underscore, are `..._LOG_LEVEL` "
+        "and `..._ENABLED_EVENTS`); an empty one counts as unset. A `--kafka-config` flag beats "
+        "it; it beats the file",
+        KAFKA_COMMANDS,
+    ),
+    EnvironmentVariable(
+        KAFKA_CONFIG_FILE,
+        "a properties file of librdkafka settings, `key=value` lines and `#` comments; the "
+        "default of `--kafka-config-file`. Its settings give way to the variables and the flags",
+        KAFKA_COMMANDS,
     ),
     EnvironmentVariable(
         CONSUMER_START,
@@ -280,3 +305,13 @@ def variable(name: str) -> EnvironmentVariable:
         if entry.name == name:
             return entry
     raise KeyError(name)
+
+
+def is_read(name: str) -> bool:
+    """Whether outbox reads a variable called `name`: a registered one, or one of the
+    OUTBOX_KAFKA_CONFIG_<NAME> family (each carries a librdkafka setting)."""
+    if name.startswith(KAFKA_CONFIG_PREFIX):
+        suffix = name[len(KAFKA_CONFIG_PREFIX) :]
+        if suffix and all(part.isalnum() for part in suffix.split("_")):
+            return True
+    return any(entry.name == name for entry in ENVIRONMENT)

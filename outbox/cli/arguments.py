@@ -58,6 +58,26 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        #: Whether this parser has --kafka-config (see `add_kafka`).
+        self.kafka_settings = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Parse; a command with --kafka-config gets, in `kafka_config`, its settings from the
+        file, the variables and the flags (`outbox.kafka.sources`), lowest precedence first. A
+        file that cannot be read or has a bad line: one line on stderr, exit 2."""
+        parsed, rest = super().parse_known_args(args, namespace)
+        if self.kafka_settings:
+            from outbox.kafka.sources import merged_settings
+
+            try:
+                parsed.kafka_config = merged_settings(
+                    parsed.kafka_config, parsed.kafka_config_file, os.environ
+                )
+            except ConfigurationError as exc:
+                self.exit(2, f"{self.prog}: error: {exc}\n")
+        return parsed, rest
 
     def error(self, message: str) -> NoReturn:
         """Print `<prog>: error: <message> (see --help)` and exit 2."""
@@ -145,8 +165,21 @@ def add_kafka(parser: argparse.ArgumentParser) -> None:
         type=kafka_setting,
         default=[],
         metavar="KEY=VALUE",
-        help="extra librdkafka setting; repeatable",
+        help="extra librdkafka setting; repeatable. Each can also come from its variable "
+        f"{settings.KAFKA_CONFIG} (NAME: the key upper-cased, dots as underscores, e.g. "
+        f"{settings.KAFKA_CONFIG_PREFIX}SASL_PASSWORD) or from --kafka-config-file; a flag "
+        "beats a variable, which beats the file. Give secrets by variable or file: a flag "
+        "shows in `ps`",
     )
+    parser.add_argument(
+        "--kafka-config-file",
+        default=os.environ.get(settings.KAFKA_CONFIG_FILE) or None,
+        metavar="PATH",
+        help="properties file of librdkafka settings: key=value lines, # comments "
+        f"(env {settings.KAFKA_CONFIG_FILE}; default none)",
+    )
+    if isinstance(parser, Parser):
+        parser.kafka_settings = True
 
 
 def add_log(parser: argparse.ArgumentParser) -> None:
@@ -373,4 +406,21 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
         health_host=args.health_host,
         liveness_timeout=args.liveness_timeout,
         wait_for_database=args.wait_for_database,
+        transport=transport_settings(args),
     )
+
+
+#: The flags of the PostgreSQL log a daemon's command may have, as parsed-argument names.
+LOG_SETTINGS = ("log_url", "log_schema", "log_partitions", "log_retention", "log_session_timeout")
+
+
+def transport_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The transport of a daemon's command and, for the PostgreSQL log, every log setting it
+    has (not masked: the start-up line masks the URL); empty for a command without one."""
+    transport = getattr(args, "transport", None)
+    if transport is None:
+        return {}
+    found: dict[str, Any] = {"transport": transport}
+    if transport == "postgres":
+        found.update({name: getattr(args, name) for name in LOG_SETTINGS if hasattr(args, name)})
+    return found

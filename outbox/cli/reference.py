@@ -37,17 +37,26 @@ options go before the command: `outbox --log-level DEBUG producer ...`.
 """
 
 ENVIRONMENT_NOTE = """\
-outbox reads no configuration file. The database URLs are handed to libpq, which fills in what a
-URL leaves out from its own variables (`PGPASSWORD`, `PGSSLMODE`, `PGSSLROOTCERT`, ...; see the
-PostgreSQL manual, "Environment Variables"), so a password can come from a secret without
-appearing in the URL. Kafka security settings (`security.protocol`, `sasl.*`, `ssl.*`) are
-passed with `--kafka-config`.
+The database URLs are handed to libpq, which fills in what a URL leaves out from its own
+variables (`PGPASSWORD`, `PGSSLMODE`, `PGSSLROOTCERT`, ...; see the PostgreSQL manual,
+"Environment Variables"), so a password can come from a secret without appearing in the URL.
+Every librdkafka setting (`security.protocol`, `sasl.*`, `ssl.*`, ...) can come from three
+places, so that a secret never has to be on a command line (`ps` shows it to every user of the
+host): `--kafka-config KEY=VALUE`; a variable `OUTBOX_KAFKA_CONFIG_<NAME>`, NAME being the key
+upper-cased with its dots written as underscores (`OUTBOX_KAFKA_CONFIG_SASL_PASSWORD` sets
+`sasl.password`; librdkafka's keys use dots only, except its C callbacks and two integers,
+`log_level` and `enabled_events`, whose variables are `OUTBOX_KAFKA_CONFIG_LOG_LEVEL` and
+`OUTBOX_KAFKA_CONFIG_ENABLED_EVENTS`); and a properties file named by `--kafka-config-file` or
+`OUTBOX_KAFKA_CONFIG_FILE` (`key=value` lines, blank lines and `#` comments ignored). For each
+setting a flag beats a variable, which beats the file. A file that cannot be read, or a line
+that is not `key=value`, stops the command with one line naming the file and the line number.
 """
 
 KAFKA_NOTE = """\
 The relay's and the consumer's librdkafka settings are built in three layers: outbox's defaults,
-then each `--kafka-config KEY=VALUE`, then the settings the guarantees depend on, which cannot be
-changed: a `--kafka-config` that contradicts one of those is refused at start with an error
+then the user's (each `--kafka-config KEY=VALUE`, `OUTBOX_KAFKA_CONFIG_<NAME>` variable or line of
+`--kafka-config-file`), then the settings the guarantees depend on, which cannot be changed: a
+user setting that contradicts one of those is refused at start with an error
 saying what it would break. Any other librdkafka setting (see librdkafka's CONFIGURATION.md) is
 passed through as given.
 """

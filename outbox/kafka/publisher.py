@@ -91,7 +91,8 @@ def client(factory: Callable[[dict[str, Any]], Any], config: Mapping[str, Any]) 
         error = exc.args[0] if exc.args else None
         if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
             raise ConfigurationError(
-                f"librdkafka refused a Kafka setting (--kafka-config): {error.str()}"
+                "librdkafka refused a Kafka setting (--kafka-config, an "
+                f"OUTBOX_KAFKA_CONFIG_<NAME> variable or --kafka-config-file): {error.str()}"
             ) from None
         raise
 

@@ -14,13 +14,16 @@ The start position travels from the command line to the subscriber inside the li
 settings, under `START_KEY` (a key librdkafka does not know): `split_start` takes it out before
 a client is made. `subscribe_callbacks` gives the `on_assign`/`on_revoke`/`on_lost` callbacks
 of `Consumer.subscribe`: they log, at INFO, the group joined and each assignment and
-revocation, seek a time start, and tell the subscriber's offset continuity check
-(outbox.kafka.continuity) where each assigned partition starts.
+revocation (the first with how long the join took: `JoinWatch` says what the consumer waits for
+while it joins, at once and every `JoinWatch.EVERY` seconds until then), seek a time start,
+and tell the subscriber's offset continuity check (outbox.kafka.continuity) where each assigned
+partition starts.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +36,7 @@ from outbox.kafka.continuity import Continuity
 
 __all__ = [
     "START_KEY",
+    "JoinWatch",
     "StartPosition",
     "parse_start",
     "split_start",
@@ -50,6 +54,70 @@ _NO_OFFSET = -1001  # confluent_kafka.OFFSET_INVALID
 #: The offsets of an assigned partition that mean "where the group committed" (OFFSET_INVALID,
 #: OFFSET_STORED).
 _RESUMES = (_NO_OFFSET, -1000)
+#: librdkafka's default session.timeout.ms (CONFIGURATION.md, librdkafka 2.x).
+SESSION_TIMEOUT_MS = 45000
+
+
+class JoinWatch:
+    """What a consumer waits for while it joins its group, said at INFO: once when it
+    subscribes, then at most once every `EVERY` seconds until its first assignment, whose
+    line says how long the join took. A join is not silent, however long the broker holds it.
+
+    Thread-safety: the caller's polling thread only (librdkafka runs the rebalance callbacks
+    inside `poll`)."""
+
+    EVERY = 5.0
+
+    def __init__(
+        self, settings: Mapping[str, Any], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.group = str(settings.get("group.id", ""))
+        try:
+            self.session_timeout_ms = int(settings.get("session.timeout.ms", SESSION_TIMEOUT_MS))
+        except (TypeError, ValueError):  # librdkafka refuses it when the client is made
+            self.session_timeout_ms = SESSION_TIMEOUT_MS
+        self._clock = clock
+        self._began: float | None = None
+        self._next = 0.0
+        #: Seconds the join took; None until the first assignment.
+        self.took: float | None = None
+
+    def begin(self) -> None:
+        """The consumer subscribed: say what it now waits for."""
+        self._began = self._clock()
+        self._next = self._began + self.EVERY
+        log.info(
+            "joining consumer group %s (waiting for its partition assignment: the group "
+            "coordinator holds a join until the group's members have rejoined, for one gone "
+            "without leaving up to its session.timeout.ms, %d ms for this consumer, and a new "
+            "group for the broker's group.initial.rebalance.delay.ms)",
+            self.group,
+            self.session_timeout_ms,
+        )
+
+    def waiting(self) -> None:
+        """Called on each poll: while no assignment came, a line every `EVERY` seconds."""
+        if self._began is None or self.took is not None:
+            return
+        now = self._clock()
+        if now < self._next:
+            return
+        self._next = now + self.EVERY
+        log.info(
+            "still joining consumer group %s after %.0f s: no partition assigned yet "
+            "(session.timeout.ms=%d)",
+            self.group,
+            now - self._began,
+            self.session_timeout_ms,
+        )
+
+    def assigned(self) -> float | None:
+        """The first assignment came: the seconds the join took (None after the first, or
+        before `begin`)."""
+        if self._began is None or self.took is not None:
+            return None
+        self.took = self._clock() - self._began
+        return self.took
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +213,7 @@ class _Rebalance:
         *,
         cooperative: bool,
         continuity: Continuity | None = None,
+        watch: JoinWatch | None = None,
     ) -> None:
         self.group = group
         self.start = start
@@ -153,6 +222,8 @@ class _Rebalance:
         self.joined = False
         #: Told where each assigned partition starts, and which partitions went.
         self.continuity = continuity
+        #: Told of the first assignment.
+        self.watch = watch
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if not self.joined:
@@ -163,7 +234,18 @@ class _Rebalance:
                 _member_id(consumer),
                 self.start or EARLIEST,
             )
-        log.info("group %s assigned %s", self.group, _names(partitions))
+        took = self.watch.assigned() if self.watch is not None else None
+        if took is None:
+            log.info("group %s assigned %s", self.group, _names(partitions))
+        else:
+            log.info(
+                "group %s assigned %d partition%s after %.1f s: %s",
+                self.group,
+                len(partitions),
+                "" if len(partitions) == 1 else "s",
+                took,
+                _names(partitions),
+            )
         if self.start is None or self.start.at is None or not partitions:
             self._expect(consumer, partitions)
             return
@@ -296,16 +378,19 @@ def subscribe_callbacks(
     settings: Mapping[str, Any],
     start: StartPosition | None,
     continuity: Continuity | None = None,
+    watch: JoinWatch | None = None,
 ) -> dict[str, Callable[[Consumer, list[TopicPartition]], None]]:
     """The `on_assign`, `on_revoke` and `on_lost` keyword arguments of `Consumer.subscribe`
     for a consumer of these librdkafka `settings` (its group, its assignment strategy); they
-    keep `continuity` told of each partition's start and departure."""
+    keep `continuity` told of each partition's start and departure, and `watch` of the first
+    assignment."""
     strategy = str(settings.get("partition.assignment.strategy", ""))
     rebalance = _Rebalance(
         str(settings.get("group.id", "")),
         start,
         cooperative="cooperative" in strategy,
         continuity=continuity,
+        watch=watch,
     )
     return {
         "on_assign": rebalance.on_assign,

@@ -28,7 +28,7 @@ from outbox.core.wire import (
 )
 from outbox.kafka.continuity import Continuity
 from outbox.kafka.publisher import client, merge_settings
-from outbox.kafka.start import split_start, subscribe_callbacks
+from outbox.kafka.start import JoinWatch, split_start, subscribe_callbacks
 
 __all__ = [
     "FOREIGN_NAMESPACE",
@@ -83,9 +83,12 @@ class KafkaSubscriber:
         self._consumer = client(KafkaConsumer, {**settings, "on_commit": _committed})
         #: A partition's records must follow each other; a jump is read again (see there).
         self.continuity = Continuity()
+        #: Says what the consumer waits for until its group assigns it partitions.
+        self.joining = JoinWatch(settings)
         self._consumer.subscribe(
-            list(topics), **subscribe_callbacks(settings, start, self.continuity)
+            list(topics), **subscribe_callbacks(settings, start, self.continuity, self.joining)
         )
+        self.joining.begin()
 
     def poll(self, max_records: int, timeout: float) -> InboxBatch:
         """Wait for one record, then take what else is already there, up to `max_records`."""
@@ -98,6 +101,7 @@ class KafkaSubscriber:
         passed, adding the whole timeout to every message's latency at low rates.
         """
         first = self._consumer.poll(timeout)
+        self.joining.waiting()
         if first is None:
             return []
         batch = [first]

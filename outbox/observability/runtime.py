@@ -83,6 +83,9 @@ class ObservabilityConfig:
     #: Start-up of the daemon process (kept here, beside its other process settings): how
     #: long to wait for PostgreSQL to accept connections before exiting; 0: fail at once.
     wait_for_database: float = 0.0
+    #: The transport settings in force that the daemon's config does not hold (`transport`,
+    #: and for the PostgreSQL log `log_url`, `log_schema`, ...), for the start-up line only.
+    transport: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         check_fields(
@@ -138,8 +141,10 @@ def describe(config: Any) -> dict[str, Any]:
     described: dict[str, Any] = {}
     for item in dataclasses.fields(config):
         value = getattr(config, item.name)
-        if item.name == "database_url":
+        if item.name in ("database_url", "log_url") and isinstance(value, str):
             described[item.name] = redact_url(value)
+        elif item.name == "transport" and isinstance(value, Mapping):
+            described.update(describe_transport(value))
         elif isinstance(value, Mapping):
             described[item.name] = redact_settings(value)
         elif dataclasses.is_dataclass(value) and item.name == "observability":
@@ -151,6 +156,40 @@ def describe(config: Any) -> dict[str, Any]:
         else:
             described[item.name] = redact_text(repr(value))
     return described
+
+
+def describe_transport(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`ObservabilityConfig.transport` as loggable values: the log database's URL redacted."""
+    return {
+        key: redact_url(value)
+        if key == "log_url" and isinstance(value, str)
+        else (redact_text(value) if isinstance(value, str) else value)
+        for key, value in settings.items()
+    }
+
+
+def kafka_in_force(kind: str, config: Any) -> dict[str, Any] | None:
+    """The librdkafka settings the Kafka client of a producer or consumer daemon is made with:
+    outbox's defaults, the user's, and the ones outbox forces; None for a daemon without one.
+    Not masked (see `redact_settings`)."""
+    bootstrap = getattr(config, "kafka_bootstrap", "")
+    if kind not in ("producer", "consumer") or not bootstrap:
+        return None
+    from outbox.kafka.publisher import producer_config
+    from outbox.kafka.start import split_start
+    from outbox.kafka.subscriber import consumer_config
+
+    user, _ = split_start(config.kafka_config)
+    try:
+        settings = (
+            producer_config(bootstrap, user)
+            if kind == "producer"
+            else consumer_config(bootstrap, config.group, user)
+        )
+    except ConfigurationError:
+        return None  # the client refuses them with this error when it is made
+    settings.pop("logger", None)
+    return settings
 
 
 def _as_text(described: Mapping[str, Any]) -> str:
@@ -241,7 +280,24 @@ class Observability:
             self.metrics.close()
 
     def _log_startup(self) -> None:
-        described = {"relay_id": self.relay_id, **describe(self.daemon_config)}
+        """The effective configuration: every setting in force, secrets masked; for Kafka every
+        librdkafka setting of the client (`kafka_config`), outbox's forced ones included."""
+        described = {
+            "relay_id": self.relay_id,
+            **describe_transport(self.config.transport),  # first in the line
+            **describe(self.daemon_config),
+        }
+        kafka = kafka_in_force(self.kind, self.daemon_config)
+        if kafka is not None:
+            from outbox.kafka.start import START_KEY
+
+            start = self.daemon_config.kafka_config.get(START_KEY)  # type: ignore[attr-defined]
+            described["kafka_config"] = redact_settings(kafka)
+            if start is not None:
+                described["start"] = start
+        elif described.get("transport") == "postgres":
+            described.pop("kafka_bootstrap", None)
+            described.pop("kafka_config", None)
         if self.metrics_port is not None:
             described["metrics"] = f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
         if self.health_port is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -264,7 +265,7 @@ def test_cli_settings_librdkafka_refuses_are_one_line(
         setting,
         *consumer_args,
     )
-    _one_line_error(result, "librdkafka refused a Kafka setting (--kafka-config)")
+    _one_line_error(result, "librdkafka refused a Kafka setting (--kafka-config, an")
     assert fragment in result.stderr
 
 
@@ -280,6 +281,23 @@ def test_cli_usage_errors_exit_2(args: list[str], fragment: str) -> None:
     result = _cli(*args)
     assert result.returncode == 2
     assert fragment in result.stderr
+
+
+def test_a_setting_librdkafka_refuses_from_a_variable_is_one_line(
+    outbox_database_url: str, outbox_kafka_bootstrap: str
+) -> None:
+    """A misspelt OUTBOX_KAFKA_CONFIG_<NAME> is refused by librdkafka under its key."""
+    env = {**os.environ, "OUTBOX_KAFKA_CONFIG_NO_SUCH_KEY": "1"}
+    result = _cli(
+        "producer",
+        "--database-url",
+        outbox_database_url,
+        "--kafka-bootstrap",
+        outbox_kafka_bootstrap,
+        env=env,
+    )
+    _one_line_error(result, "OUTBOX_KAFKA_CONFIG_<NAME> variable")
+    assert 'No such configuration property: "no.such.key"' in result.stderr
 
 
 def test_cli_bad_schema_name(outbox_database_url: str, outbox_kafka_bootstrap: str) -> None:

@@ -15,6 +15,7 @@ consumer in tests/unit/test_consumer_start.py.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -78,9 +79,19 @@ def test_latest_skips_what_was_there_and_logs_join_assign_and_revoke(
         time.sleep(0.5)
         assert stored(url) == {10, 11, 12}, "the records from before the group are skipped"
     messages = [r.getMessage() for r in caplog.records]
+    # Said before the wait: what the consumer waits for while the group forms.
+    joining = next(
+        i for i, m in enumerate(messages) if m.startswith(f"joining consumer group {group}")
+    )
+    assert "session.timeout.ms" in messages[joining]
     joined = next(m for m in messages if m.startswith(f"joined consumer group {group}"))
     assert "start latest" in joined
-    assert f"group {group} assigned {topic}[0,1,2]" in messages
+    # The first assignment says how many partitions, after how long.
+    (first,) = [m for m in messages if m.startswith(f"group {group} assigned")]
+    assert re.fullmatch(
+        rf"group {group} assigned 3 partitions after \d+\.\d s: {topic}\[0,1,2\]", first
+    )
+    assert messages.index(first) > joining
     assert f"group {group} revoked {topic}[0,1,2]" in messages, "close leaves the group"
 
 

@@ -8,6 +8,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ from .relay_helpers import (
     count,
     handler_thread,
     producer_thread,
+    spawn_consumer,
     spawn_handler,
     spawn_producer,
     wait_for,
@@ -424,6 +426,64 @@ def test_passwords_never_appear_in_the_startup_line_or_the_error(url_template: s
     start = [line for line in output.splitlines() if "producer starting:" in line]
     assert len(start) == 1 and "***" in start[0], output
     assert '"sasl.password":"***"' in start[0], start[0]
+
+
+def test_the_startup_line_lists_every_kafka_setting_in_force_and_masks_its_secrets(
+    tmp_path: Path,
+) -> None:
+    """outbox's forced and default librdkafka settings, the user's from the flags, the
+    variables and the file; the secrets of the variable and of the file masked."""
+    token = "s3cr3t"
+    properties = tmp_path / "kafka.properties"
+    properties.write_text(f"ssl.key.password=file-{token}\nclient.id=from-file\n")
+    env = {
+        "OUTBOX_KAFKA_CONFIG_SASL_PASSWORD": f"env-{token}",
+        "OUTBOX_KAFKA_CONFIG_FILE": str(properties),
+        "OUTBOX_LOG_FORMAT": "json",
+    }
+    url = f"postgresql://app@127.0.0.1:{_closed_port()}/app"
+    with spawn_producer(url, "127.0.0.1:9", "--kafka-config", "linger.ms=7", env=env) as relay:
+        assert relay.wait(30) == 1
+        output = relay.output()
+    assert token not in output, output
+    (start,) = [e for e in _json_lines(output) if e.get("event") == "producer.start"]
+    kafka = start["config"]["kafka_config"]
+    assert start["config"]["transport"] == "kafka"
+    assert kafka["enable.idempotence"] == "true" and kafka["acks"] == "all"  # forced
+    assert kafka["partitioner"] == "murmur2_random"  # outbox's default
+    assert kafka["linger.ms"] == "7"  # the flag's, over outbox's default
+    assert kafka["client.id"] == "from-file"
+    assert kafka["sasl.password"] == kafka["ssl.key.password"] == "***"
+
+
+def test_the_consumer_startup_line_has_the_log_settings_of_the_postgres_transport(
+    outbox_database_url: str, outbox_log_url: str
+) -> None:
+    # The harness's server trusts local connections: a password is accepted, and must not show.
+    parts = urlsplit(outbox_log_url)
+    password_url = parts._replace(
+        netloc=f"{parts.username or 'postgres'}:Pa55-s3cr3t@{parts.hostname}:{parts.port}"
+    ).geturl()
+    with spawn_consumer(
+        outbox_database_url,
+        password_url,
+        "t.log",
+        "g-log",
+        "--log-session-timeout",
+        "7",
+        env={"OUTBOX_LOG_FORMAT": "json"},
+    ) as consumer:
+        wait_for(lambda: '"consumer.start"' in consumer.output(), 30, "the start-up line")
+        consumer.signal(signal.SIGTERM)
+        consumer.wait(30)
+        output = consumer.output()
+    (start,) = [e for e in _json_lines(output) if e.get("event") == "consumer.start"]
+    config = start["config"]
+    assert config["transport"] == "postgres"
+    assert config["log_schema"] == "outbox_log"
+    assert config["log_session_timeout"] == 7.0
+    assert "password=***" in config["log_url"] and "s3cr3t" not in output
+    assert "kafka_config" not in config and "kafka_bootstrap" not in config
 
 
 def test_fatal_errors_at_start_are_one_line_and_exit_1(

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import io
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
@@ -68,8 +69,9 @@ def check_required(args: argparse.Namespace, where: str) -> None:
 
 def check_variables(env: Mapping[str, str], where: str) -> None:
     """Every OUTBOX_* variable set is one the package reads."""
-    registered = {entry.name for entry in settings.ENVIRONMENT}
-    unknown = sorted(name for name in env if name.startswith("OUTBOX_") and name not in registered)
+    unknown = sorted(
+        name for name in env if name.startswith("OUTBOX_") and not settings.is_read(name)
+    )
     assert not unknown, f"{where}: outbox reads no such variable: {unknown}"
 
 
@@ -91,3 +93,57 @@ def check_python_module(argv: Sequence[str], where: str) -> None:
     assert spec is not None, f"{where}: no module {argv[2]}"
     # `python -m package` runs package.__main__
     importlib.import_module(argv[2] + (".__main__" if spec.submodule_search_locations else ""))
+
+
+# -- secrets stay off command lines ------------------------------------------------------------
+
+#: What makes a setting's key or a flag's name look secret: the words outbox masks
+#: (`outbox.core.redact`), a token, and every SASL and private-key setting of librdkafka.
+SECRET_NAME = re.compile(r"password|passwd|secret|credential|token|sasl\.|ssl\.key", re.I)
+#: A URL with a password: scheme://user:PASSWORD@host.
+URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^@\s/]+@")
+
+
+def secrets_in(argv: Sequence[str]) -> list[str]:
+    """The words of a command line that carry a secret: a `key=value` or a flag whose name looks
+    secret (`sasl.password=...`, `--auth-token`), or a URL with a password. A command line is
+    visible to every user of the host (`ps`, /proc/PID/cmdline); secrets go in the environment."""
+    found = []
+    for word in argv:
+        # Every name of the word: `--kafka-config=sasl.password=x` holds two.
+        name = " ".join(word.split("=")[:-1]) if "=" in word else word
+        name = name if "=" in word or word.startswith("-") else ""
+        if SECRET_NAME.search(name) or URL_PASSWORD.search(word):
+            found.append(word)
+    return found
+
+
+def check_no_secret(argv: Sequence[str], where: str) -> None:
+    """No secret on the command line `argv` (see `secrets_in`)."""
+    found = secrets_in(argv)
+    assert not found, (
+        f"{where}: a secret on the command line, where `ps` shows it: {found}; give it in the "
+        "environment (OUTBOX_KAFKA_CONFIG_<NAME>, a Secret, an env_file)"
+    )
+
+
+def check_kafka_settings(args: argparse.Namespace, where: str) -> None:
+    """The librdkafka settings a producer or consumer is given (by flag, variable or file) are
+    ones librdkafka knows, with values it takes: a client is made with them (and closed; it
+    connects to nothing in that time)."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    if args.command not in ("producer", "consumer"):
+        return
+    settings = {
+        "bootstrap.servers": "127.0.0.1:1",
+        "log_level": 0,
+        **dict(args.kafka_config),
+    }
+    try:
+        if args.command == "producer":
+            Producer(settings).flush(0)
+        else:
+            Consumer({"group.id": "check", **settings}).close()
+    except KafkaException as exc:
+        pytest.fail(f"{where}: librdkafka refuses its settings: {exc}", pytrace=False)

@@ -11,6 +11,8 @@ import yaml
 from tests.unit.deployment_checks import (
     DAEMONS,
     check_handlers,
+    check_kafka_settings,
+    check_no_secret,
     check_python_module,
     check_required,
     check_variables,
@@ -59,7 +61,9 @@ def test_every_outbox_command_parses_with_what_it_needs(
     }
     assert kinds == {"migrate", "producer", "consumer", "handler"}
     for name, argv in commands.items():
-        check_required(parse_outbox(argv, _env(services[name]), name), name)
+        args = parse_outbox(argv, _env(services[name]), name)
+        check_required(args, name)
+        check_kafka_settings(args, name)
 
 
 def test_every_outbox_variable_is_one_the_package_reads(
@@ -176,3 +180,12 @@ def test_the_image_is_built_from_the_dockerfile_with_the_examples() -> None:
     ignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     for needed in ("!pyproject.toml", "!README.md", "!outbox/", "!migrations/", "!examples/"):
         assert needed in ignore
+
+
+def test_no_secret_is_on_a_command_line(services: dict[str, dict[str, Any]]) -> None:
+    """Secrets come from `environment` or an `env_file`, never from `command` or `entrypoint`,
+    which `ps` shows (and `docker compose config` prints)."""
+    for name, service in services.items():
+        for key in ("command", "entrypoint"):
+            words = service.get(key) or []
+            check_no_secret(words.split() if isinstance(words, str) else words, f"{name}.{key}")

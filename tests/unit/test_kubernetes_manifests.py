@@ -13,6 +13,8 @@ import yaml
 from tests.unit.deployment_checks import (
     DAEMONS,
     check_handlers,
+    check_kafka_settings,
+    check_no_secret,
     check_required,
     check_variables,
     parse_outbox,
@@ -66,7 +68,15 @@ def _containers() -> list[Container]:
                 assert name in secrets, f"{filename}: no Secret {name} in the manifests"
                 env.update(secrets[name])
             for item in spec.get("env", []):
-                env[item["name"]] = str(item.get("value", "from-a-secret"))
+                if "valueFrom" in item:
+                    ref = item["valueFrom"]["secretKeyRef"]
+                    assert ref["key"] in secrets.get(ref["name"], {}), (
+                        f"{filename}: {item['name']} refers to no key {ref['key']} of a Secret "
+                        f"{ref['name']} in the manifests"
+                    )
+                    env[item["name"]] = secrets[ref["name"]][ref["key"]]
+                else:
+                    env[item["name"]] = str(item["value"])
             where = f"{filename} {doc['kind']} {doc['metadata']['name']}/{spec['name']}"
             found.append(Container(where, doc["kind"], spec, pod, env))
     return found
@@ -97,9 +107,29 @@ def test_command_parses_with_the_settings_it_needs(
     args = parse_outbox(container.argv[1:], container.env, container.where)
     check_required(args, container.where)
     check_variables(container.env, container.where)
+    check_kafka_settings(args, container.where)
     if args.command in ("handler", "consumer") and args.handlers is not None:
         monkeypatch.chdir(ROOT)  # the example image's working directory holds examples/
         check_handlers(args.handlers, container.where)
+
+
+@pytest.mark.parametrize("container", CONTAINERS, ids=lambda c: c.where)
+def test_no_secret_is_on_a_command_line(container: Container) -> None:
+    """Secrets come from the environment (a Secret by envFrom or secretKeyRef), never from
+    `command` or `args`, which Kubernetes expands `$(VAR)` into and `ps` shows."""
+    words = [*container.spec.get("command", []), *container.spec.get("args", [])]
+    check_no_secret([str(w) for w in words], container.where)
+
+
+def test_the_consumer_takes_its_kafka_password_from_a_secret() -> None:
+    """The SASL example: every librdkafka setting by variable, the password by secretKeyRef."""
+    (consumer,) = [c for c in CONTAINERS if c.argv[:2] == ["outbox", "consumer"]]
+    args = parse_outbox(consumer.argv[1:], consumer.env, consumer.where)
+    settings = dict(args.kafka_config)
+    assert settings["security.protocol"] == "SASL_SSL"
+    assert settings["sasl.password"] == "change-me-too"
+    (item,) = [i for i in consumer.spec["env"] if i["name"] == "OUTBOX_KAFKA_CONFIG_SASL_PASSWORD"]
+    assert "secretKeyRef" in item["valueFrom"]
 
 
 @pytest.mark.parametrize(
