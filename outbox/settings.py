@@ -76,8 +76,8 @@ ORDERS_TOPIC = "ORDERS_TOPIC"
 
 #: The commands that take `--kafka-config`.
 KAFKA_COMMANDS = (
-    "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`, `outbox asyncapi`, "
-    "`outbox spark consumer`, `outbox spark audit`, `outbox spark replay`"
+    "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
+    "`outbox asyncapi`, `outbox spark consumer`, `outbox spark audit`, `outbox spark replay`"
 )
 
 ENVIRONMENT: tuple[EnvironmentVariable, ...] = (

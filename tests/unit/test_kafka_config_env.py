@@ -41,6 +41,7 @@ KAFKA_COMMANDS = sorted(_commands_with_kafka_config())
 EXTRA = {
     ("spark", "audit"): ["--service", "orders=postgresql://h/db"],
     ("asyncapi",): ["app:handlers"],
+    ("run",): ["app:handlers"],
 }
 
 
