@@ -1,9 +1,10 @@
-"""The README's and the quickstart's `outbox` commands parse, and their variables exist.
+"""Every page's `outbox` commands parse, and the variables it names exist.
 
-Every line of a shell code block (```sh) that runs `outbox` (directly or through
-`docker compose exec SERVICE outbox ...`) is split like a shell would (comments dropped, a
-pipe or redirection ends the command) and given to the real argument parser. Every `OUTBOX_*`
-variable the two pages mention must be one outbox reads (`outbox.settings.ENVIRONMENT`).
+The pages: README.md, every page of docs/ and every page of examples/. Every line of a shell
+code block (```sh) that runs `outbox` (directly or through `docker compose exec SERVICE
+outbox ...`) is split like a shell would (comments dropped, a pipe or redirection ends the
+command) and given to the real argument parser. Every `OUTBOX_*` variable a page mentions
+must be one outbox reads (`outbox.settings.ENVIRONMENT`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from outbox import settings
 from outbox.cli import build_parser  # `outbox.cli` as a module or as a package
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", ROOT / "docs" / "quickstart.md"]
+#: The pages a newcomer starts from: each must show several commands.
+FIRST_PAGES = [ROOT / "README.md", ROOT / "docs" / "quickstart.md"]
+PAGES = sorted(
+    {
+        *FIRST_PAGES,
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "examples").rglob("*.md"),
+    }
+)
 SHELL_BLOCK = re.compile(r"^[ \t]*```(?:sh|bash|shell|console)[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
 VARIABLE = re.compile(r"\bOUTBOX_[A-Z0-9_]*[A-Z0-9]\b")
 #: Where a command ends for the shell.
@@ -48,16 +57,22 @@ def outbox_commands(text: str) -> list[list[str]]:
     return commands
 
 
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
 def _cases() -> list[object]:
     return [
-        pytest.param(page.name, args, id=f"{page.name}: outbox {shlex.join(args)}")
+        pytest.param(_name(page), args, id=f"{_name(page)}: outbox {shlex.join(args)}")
         for page in PAGES
         for args in outbox_commands(page.read_text(encoding="utf-8"))
     ]
 
 
 def test_the_pages_have_outbox_commands() -> None:
-    per_page = {page: len(outbox_commands(page.read_text(encoding="utf-8"))) for page in PAGES}
+    per_page = {
+        page: len(outbox_commands(page.read_text(encoding="utf-8"))) for page in FIRST_PAGES
+    }
     assert all(count >= 5 for count in per_page.values()), per_page
 
 
@@ -73,13 +88,15 @@ def test_each_command_parses(page: str, args: list[str]) -> None:
 
 
 def test_every_variable_they_name_exists() -> None:
-    # The package's variables, and the knobs of the project's own test suite (the soak's).
-    suite = Path(__file__).parents[1]
-    knobs = {n for f in suite.rglob("*.py") for n in VARIABLE.findall(f.read_text("utf-8"))}
-    known = {v.name for v in settings.ENVIRONMENT} | {n for n in knobs if "SOAK" in n}
+    # The package's variables, and the knobs its tests, benchmarks and `./run` read
+    # (the soak's, OUTBOX_TEST_SKIP_ASYNCAPI, OUTBOX_UPDATE_SCREENSHOTS, ...).
+    suite = [*Path(__file__).parents[1].rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    suite.append(ROOT / "run")
+    knobs = {n for f in suite for n in VARIABLE.findall(f.read_text("utf-8"))}
+    known = {v.name for v in settings.ENVIRONMENT} | (knobs - {"OUTBOX_NOT_A_THING"})
     for page in PAGES:
         named = set(VARIABLE.findall(page.read_text(encoding="utf-8")))
-        assert named <= known, f"{page.name} names unknown variables: {sorted(named - known)}"
+        assert named <= known, f"{_name(page)} names unknown variables: {sorted(named - known)}"
 
 
 def test_the_extraction_itself() -> None:
