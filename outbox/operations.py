@@ -388,7 +388,7 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(queries(schema)[f"ops_{queue}_show"], params).fetchone()
     if row is None:
-        raise NoSuchDeadLetter(f"{_tables(queue)} has no row {row_id}")
+        raise NoSuchDeadLetter(f"{queue_tables(queue)} has no row {row_id}")
     consumer: dict[str, Any] = dict(
         zip(
             ("source_partition", "source_offset", "received_at", "processed_at"),
@@ -422,7 +422,7 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
     )
 
 
-def _tables(queue: Queue) -> str:
+def queue_tables(queue: Queue) -> str:
     """The tables that hold a queue's rows, for a message about a row not found."""
     if TABLES[queue] == DEAD_TABLES[queue]:
         return TABLES[queue]
@@ -457,7 +457,9 @@ def _dead_ids(
     if problems:
         more = len(problems) - _MAX_PROBLEMS
         listed = "; ".join(problems[:_MAX_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
-        raise NoSuchDeadLetter(f"cannot {verb} in {_tables(queue)}: {listed}; nothing was {verb}d")
+        raise NoSuchDeadLetter(
+            f"cannot {verb} in {queue_tables(queue)}: {listed}; nothing was {verb}d"
+        )
     return sorted(ids)
 
 
