@@ -63,27 +63,69 @@ def sections(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def units(section: str) -> list[str]:
+    """The paragraphs of a section, a table row or a list item each on its own."""
+    out: list[list[str]] = []
+    fresh = True
+    for line in section.splitlines():
+        if not line.strip():
+            fresh = True
+            continue
+        if fresh or line.lstrip().startswith(("|", "- ", "* ")):
+            out.append([])
+        out[-1].append(line)
+        fresh = False
+    return ["\n".join(unit) for unit in out]
+
+
+def _linked(links: list[str], results: Path) -> str:
+    files = [results.parent.parent / link for link in links]
+    return " ".join(f.read_text(encoding="utf-8") for f in files if f.is_file())
+
+
 def unmarked_numbers(text: str, results: Path) -> list[str]:
-    """The measured numbers of a page that break the convention, as `line: number (why)`."""
+    """The measured numbers of a page that break the convention, as `line: number (why)`.
+
+    A number's paragraph (table row, list item) that names a date names its run; one that
+    links results files must quote them. Else its section decides the same way, the links
+    first: a section that links results files may quote only what they hold."""
     problems = []
     for start, section in sections(text):
-        numbers = [" ".join(m.split()) for m in MEASURED.findall(section)]
-        if not numbers or DATE.search(section):
-            continue
-        links = RESULTS_LINK.findall(section)
-        if not links:
-            problems += [f"{start}: {n} (no run named)" for n in numbers]
-            continue
-        texts = " ".join(
-            (results.parent.parent / link).read_text(encoding="utf-8")
-            for link in links
-            if (results.parent.parent / link).is_file()
-        )
-        for n in numbers:
-            value = re.search(_NUMBER, n)
-            if value is None or value.group() not in texts:
-                problems.append(f"{start}: {n} (not in {', '.join(sorted(set(links)))})")
+        section_links = RESULTS_LINK.findall(section)
+        for unit in units(section):
+            numbers = [" ".join(m.split()) for m in MEASURED.findall(unit)]
+            if not numbers or DATE.search(unit):
+                continue
+            links = RESULTS_LINK.findall(unit) or section_links
+            if not links:
+                if not DATE.search(section):
+                    problems += [f"{start}: {n} (no run named)" for n in numbers]
+                continue
+            quoted = _values(_linked(links, results))
+            for n in numbers:
+                if not _quotes(n, quoted):
+                    problems.append(f"{start}: {n} (not in {', '.join(sorted(set(links)))})")
     return problems
+
+
+def _values(text: str) -> set[float]:
+    return {float(v.replace(",", "")) for v in re.findall(r"\d[\d,]*(?:\.\d+)?", text)}
+
+
+def _quotes(number: str, values: set[float]) -> bool:
+    """Whether a measured number is one of `values`, as written or rounded: `113,200`
+    quotes 113,184 and `5.4` quotes 5.43 (rounded to the digits the doc shows). A heuristic:
+    another value of the file that rounds the same matches too."""
+    match = re.search(_NUMBER, number)
+    if match is None:
+        return False
+    text = match.group().replace(",", "")
+    if "." in text:
+        half = 0.5 * 10 ** -len(text.split(".")[1])
+    else:
+        zeros = len(text) - len(text.rstrip("0"))
+        half = 0.5 * 10**zeros if zeros < len(text) else 0.5
+    return any(abs(v - float(text)) <= half for v in values)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_relative)
@@ -110,10 +152,13 @@ def test_the_number_convention_itself(tmp_path: Path) -> None:
     ]
     dated = "# A\n\nRun of 2026-11-26 21:15 (`./run bench`): 15,700 msg/s.\n"
     assert unmarked_numbers(dated, results) == []
-    linked = "# A\n\n55,144 msg/s, 15,700 msg/s ([run](benchmarks/results/run.md)).\n"
+    linked = "# A\n\n55,100 msg/s, 15,700 msg/s ([run](benchmarks/results/run.md)).\n"
     assert unmarked_numbers(linked, results) == [
         "1: 15,700 msg/s (not in benchmarks/results/run.md)"
     ]
+    # A table row without its own date is held to the results file its section links.
+    table = "# A\n\nRun of 2026-11-26 ([run](benchmarks/results/run.md)):\n\n| 1,000 msg/s |\n"
+    assert unmarked_numbers(table, results) == ["1: 1,000 msg/s (not in benchmarks/results/run.md)"]
     inputs = (
         "# A\n\nAt 100 msg/s, or a target 20,000 msg/s, waits `poll 50 ms`.\n```\n9 msg/s\n```\n"
     )
