@@ -1,11 +1,11 @@
 """The docs' checkable claims hold: measured numbers name their run, "every flag has a variable"
 is true of the parser, and a list of outbox's tables names them all.
 
-The convention for numbers (docs/README.md, "Numbers"): a number that reads as a measurement
-(`12,000 msg/s`, `rows/s`, `records/s`, `commits/s`, `p99 35 ms`, `4x faster`) sits in a
-section (the text under one heading) that names its run: a date `YYYY-MM-DD` (with the command
-or scenario that produced it), or a link to a file of `benchmarks/results/`. Where a section
-links results files and names no date, each of its measured numbers must appear in one of them.
+The convention for numbers (docs/README.md, "Numbers"; `unmarked_numbers` says it exactly): a
+number that reads as a measurement (`12,000 msg/s`, `rows/s`, `records/s`, `commits/s`, `p99
+35 ms`, `4x faster`) names its run, in its own paragraph, table row or list item, else in its
+section (the text under one heading): a date `YYYY-MM-DD`, or a link to the file of
+`benchmarks/results/` that holds it (as written or rounded).
 Rates given as an input (`at 100 msg/s`, `up to 100 msg/s`) or a target (`target 20,000
 msg/s`, `>= 12,000 msg/s`) are not measurements.
 """
