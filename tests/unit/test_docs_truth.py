@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,16 @@ def test_a_list_of_outboxs_tables_names_them_all(page: Path) -> None:
                 f"{_relative(page)}:{number} lists outbox's tables without "
                 f"{sorted(tables - named)}: {line.strip()}"
             )
+
+
+# -- the package's metadata ------------------------------------------------------------------
+
+
+def test_the_classifiers_name_the_python_the_tests_run_on() -> None:
+    # `./run test` runs on the machine's python3 (3.11 where this project is developed and
+    # tested); a new Python the suite passes on gets its classifier.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    running = f"Programming Language :: Python :: {sys.version_info[0]}.{sys.version_info[1]}"
+    assert running in project["classifiers"], f"pyproject.toml lacks {running!r}"
+    lowest = project["requires-python"].removeprefix(">=")
+    assert f"Programming Language :: Python :: {lowest}" in project["classifiers"]
