@@ -388,7 +388,7 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(queries(schema)[f"ops_{queue}_show"], params).fetchone()
     if row is None:
-        raise NoSuchDeadLetter(f"{queue_tables(queue)} has no row {row_id}")
+        raise NoSuchDeadLetter(no_row(queue, row_id))
     consumer: dict[str, Any] = dict(
         zip(
             ("source_partition", "source_offset", "received_at", "processed_at"),
@@ -422,11 +422,12 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
     )
 
 
-def queue_tables(queue: Queue) -> str:
-    """The tables that hold a queue's rows, for a message about a row not found."""
+def no_row(queue: Queue, row_id: RowId) -> str:
+    """That no table of a queue holds row `row_id` (a producer row is in producer_queue, or
+    in producer_dead once dead)."""
     if TABLES[queue] == DEAD_TABLES[queue]:
-        return TABLES[queue]
-    return f"{TABLES[queue]} and {DEAD_TABLES[queue]}"
+        return f"{TABLES[queue]} has no row {row_id}"
+    return f"neither {TABLES[queue]} nor {DEAD_TABLES[queue]} has row {row_id}"
 
 
 def _dead_ids(
@@ -458,7 +459,7 @@ def _dead_ids(
         more = len(problems) - _MAX_PROBLEMS
         listed = "; ".join(problems[:_MAX_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
         raise NoSuchDeadLetter(
-            f"cannot {verb} in {queue_tables(queue)}: {listed}; nothing was {verb}d"
+            f"cannot {verb} in {DEAD_TABLES[queue]}: {listed}; nothing was {verb}d"
         )
     return sorted(ids)
 

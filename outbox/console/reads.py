@@ -225,7 +225,7 @@ def show_row(
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(queries(schema)[f"console_{queue}_show"], params).fetchone()
     if row is None:
-        raise ops.NoSuchDeadLetter(f"{ops.queue_tables(queue)} has no row {row_id}")
+        raise ops.NoSuchDeadLetter(ops.no_row(queue, row_id))
     consumer: dict[str, Any] = {}
     if queue == "consumer":
         partition, offset, received_at, processed_at, raw, raw_size = row[19:25]

@@ -179,3 +179,19 @@ def test_dead_rows_are_reported_where_they_are_and_max_dead_accepts_known_ones(
     ]
     bad = _cli("status", "--database-url", url, "--check", "--max-dead", "-1")
     assert bad.returncode == 2, bad.stderr
+
+    # A row not found is looked for in both tables of the outbox; requeue acts on producer_dead.
+    show = _cli("dead-letters", "show", "--database-url", url, "--queue", "producer", "424242")
+    assert show.returncode == 1
+    assert show.stderr.strip() == (
+        "outbox: error: neither producer_queue nor producer_dead has row 424242"
+    )
+    [pending] = [insert(url, "producer", "pending", topic="orders")[0]]
+    requeue = _cli(
+        "dead-letters", "requeue", "--database-url", url, "--queue", "producer", str(pending)
+    )
+    assert requeue.returncode == 1
+    assert requeue.stderr.strip() == (
+        f"outbox: error: cannot requeue in producer_dead: row {pending} is pending, not dead; "
+        "nothing was requeued"
+    )
