@@ -36,6 +36,9 @@ STATES: dict[Queue, tuple[str, ...]] = {
 }
 #: The table of each queue.
 TABLES: dict[Queue, str] = {"producer": "producer_queue", "consumer": "consumer_queue"}
+#: Where a queue's dead rows are: a dead producer row moves to producer_dead, a dead consumer
+#: row stays in consumer_queue. Reports about dead rows name this table.
+DEAD_TABLES: dict[Queue, str] = {"producer": "producer_dead", "consumer": "consumer_queue"}
 #: The column the age of a queue's rows is measured from.
 AGE_COLUMNS: dict[Queue, str] = {"producer": "created_at", "consumer": "received_at"}
 #: A row named on the command line: its bigserial `id` or its message UUID.
@@ -369,7 +372,9 @@ def list_dead_letters(
         for id_, message_id, topic_, key, attempts, dead_at, last_error, *rest in rows
     )
     total = int(rows[0][-1]) if rows else 0
-    return DeadLetterPage(queue=queue, table=TABLES[queue], topic=topic, rows=letters, total=total)
+    return DeadLetterPage(
+        queue=queue, table=DEAD_TABLES[queue], topic=topic, rows=letters, total=total
+    )
 
 
 def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: RowId) -> QueueRow:
@@ -383,7 +388,7 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(queries(schema)[f"ops_{queue}_show"], params).fetchone()
     if row is None:
-        raise NoSuchDeadLetter(f"{TABLES[queue]} has no row {row_id}")
+        raise NoSuchDeadLetter(no_row(queue, row_id))
     consumer: dict[str, Any] = dict(
         zip(
             ("source_partition", "source_offset", "received_at", "processed_at"),
@@ -398,7 +403,7 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
         )
     return QueueRow(
         queue=queue,
-        table=TABLES[queue],
+        table=DEAD_TABLES[queue] if row[13] == "dead" else TABLES[queue],
         id=row[0],
         message_id=row[1],
         topic=row[2],
@@ -415,6 +420,14 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
         state=row[13],
         **consumer,
     )
+
+
+def no_row(queue: Queue, row_id: RowId) -> str:
+    """That no table of a queue holds row `row_id` (a producer row is in producer_queue, or
+    in producer_dead once dead)."""
+    if TABLES[queue] == DEAD_TABLES[queue]:
+        return f"{TABLES[queue]} has no row {row_id}"
+    return f"neither {TABLES[queue]} nor {DEAD_TABLES[queue]} has row {row_id}"
 
 
 def _dead_ids(
@@ -445,7 +458,9 @@ def _dead_ids(
     if problems:
         more = len(problems) - _MAX_PROBLEMS
         listed = "; ".join(problems[:_MAX_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
-        raise NoSuchDeadLetter(f"cannot {verb} in {TABLES[queue]}: {listed}; nothing was {verb}d")
+        raise NoSuchDeadLetter(
+            f"cannot {verb} in {DEAD_TABLES[queue]}: {listed}; nothing was {verb}d"
+        )
     return sorted(ids)
 
 

@@ -27,6 +27,7 @@ log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
 "partitions": [{"topic", "partition", "committed", "end", "lag", "past_end"}], "error": null}]
 (past_end: the committed offset is past the partition's end); with --check,
 "check": {"ok": bool, "max_age_seconds": <float or null>, "max_lag": <int or null>,
+"max_dead": <int>,
 "problems": ["..."]} and the exit code is 3 when not ok.
 
 where COUNT is {"count": <rows>, "oldest_age_seconds": <float, or null when count is 0>}. Every
@@ -105,7 +106,8 @@ def _add_queue(parser: argparse.ArgumentParser) -> None:
         "--queue",
         choices=("consumer", "producer"),
         default="consumer",
-        help="consumer_queue (the inbox; default) or producer_queue (the outbox)",
+        help="consumer (the inbox's consumer_queue; default) or producer (the outbox: its dead "
+        "rows are in producer_dead)",
     )
 
 
@@ -156,7 +158,8 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     status.add_argument(
         "--check",
         action="store_true",
-        help=f"exit {CHECK_FAILED} when a row is dead, a pending or retrying row is older "
+        help=f"exit {CHECK_FAILED} when a queue holds more dead rows than --max-dead (any dead "
+        "row by default), a pending or retrying row is older "
         "than --max-age, a group lags more than --max-lag, or a group's committed offset is "
         "past a partition's end (for cron and deploy gates); 0 otherwise",
     )
@@ -166,6 +169,14 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         default=os.environ.get(settings.STATUS_MAX_AGE),
         help=f"with --check: seconds a pending or retrying row may wait (env "
         f"{settings.STATUS_MAX_AGE}; default no limit)",
+    )
+    status.add_argument(
+        "--max-dead",
+        type=flag_type("count_or_zero"),
+        default=0,
+        help="with --check: dead rows each queue (producer_dead, consumer_queue) may hold, to "
+        "accept the ones already known until they are requeued or purged; more fail the check "
+        "(default 0: any dead row fails it)",
     )
     status.add_argument(
         "--max-lag",
@@ -180,7 +191,8 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     dead = commands.add_parser(
         "dead-letters",
         help="list, show, requeue or purge the rows that gave up",
-        description="Inspect and act on dead rows: consumer_queue (default) or producer_queue. "
+        description="Inspect and act on dead rows: those of consumer_queue (default) or, with "
+        "--queue producer, producer_dead. "
         "See docs/how-to/dead-letters.md.",
     )
     actions = dead.add_subparsers(
@@ -535,7 +547,8 @@ def _status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     max_age = None if args.max_age is None else float(args.max_age)
-    problems = check_problems(status, max_age, lag, max_lag) if args.check else None
+    max_dead = int(args.max_dead)
+    problems = check_problems(status, max_age, lag, max_lag, max_dead) if args.check else None
     if args.json:
         doc = fmt.status_json(status)
         if lag is not None:
@@ -545,6 +558,7 @@ def _status(args: argparse.Namespace) -> int:
                 "ok": not problems,
                 "max_age_seconds": max_age,
                 "max_lag": max_lag,
+                "max_dead": max_dead,
                 "problems": problems,
             }
         _print(json.dumps(doc, indent=2))
@@ -589,16 +603,23 @@ def check_problems(
     max_age: float | None,
     lag: Sequence[GroupLag] | None = None,
     max_lag: int | None = None,
+    max_dead: int = 0,
 ) -> list[str]:
-    """What fails `outbox status --check`: dead rows, waiting rows older than max_age, and
-    consumer groups (`lag`, GroupLag) with a committed offset past a partition's end, lagging
-    more than max_lag, or whose lag cannot be read (the last two with max_lag)."""
+    """What fails `outbox status --check`: a queue with more than max_dead dead rows (each
+    topic's dead rows listed), waiting rows older than max_age, and consumer groups (`lag`,
+    GroupLag) with a committed offset past a partition's end, lagging more than max_lag, or
+    whose lag cannot be read (the last two with max_lag)."""
     problems = []
     for q in status.queues:
+        table = ops.DEAD_TABLES[q.queue]
+        all_dead = q.totals.get("dead", ops.Count()).rows
+        too_many = all_dead > max_dead
+        if too_many and max_dead:
+            problems.append(f"{table}: {all_dead} dead rows (> --max-dead {max_dead})")
         for topic, per_state in q.topics.items():
             dead = per_state.get("dead", ops.Count())
-            if dead.rows:
-                problems.append(f"{q.table}: {dead.rows} dead in topic {topic}")
+            if dead.rows and too_many:
+                problems.append(f"{table}: {dead.rows} dead in topic {topic}")
             if max_age is None:
                 continue
             for state in ("pending", "retrying"):

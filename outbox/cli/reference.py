@@ -77,7 +77,8 @@ unknown command or flag (flags are never abbreviated: `--database` is not `--dat
 missing argument, a bad value of a flag or of the environment variable it defaults from \
 (`OUTBOX_LOG_LEVEL=verbose`), a `dead-letters requeue` or `purge` without exactly one of IDs, \
 `--topic` and `--all`, an `outbox consumer` given neither `MODULE:ATTRIBUTE` nor `--topic` |
-| 3 | `outbox status --check`: a row is dead, a pending or retrying row is older than \
+| 3 | `outbox status --check`: a queue holds more dead rows than `--max-dead` (by default \
+any dead row), a pending or retrying row is older than \
 `--max-age`, or a consumer group lags more than `--max-lag` or its lag cannot be read; \
 `outbox spark audit`: a message is missing or was handled twice (the problems are listed in \
 the output) |

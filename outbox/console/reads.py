@@ -197,7 +197,7 @@ def dead_page(
     )
     return DeadPage(
         queue=queue,
-        table=ops.TABLES[queue],
+        table=ops.DEAD_TABLES[queue],
         topic=topic,
         text=text or None,
         after=after,
@@ -225,7 +225,7 @@ def show_row(
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(queries(schema)[f"console_{queue}_show"], params).fetchone()
     if row is None:
-        raise ops.NoSuchDeadLetter(f"{ops.TABLES[queue]} has no row {row_id}")
+        raise ops.NoSuchDeadLetter(ops.no_row(queue, row_id))
     consumer: dict[str, Any] = {}
     if queue == "consumer":
         partition, offset, received_at, processed_at, raw, raw_size = row[19:25]
@@ -243,7 +243,7 @@ def show_row(
             )
     return RowView(
         queue=queue,
-        table=ops.TABLES[queue],
+        table=ops.DEAD_TABLES[queue] if row[17] == "dead" else ops.TABLES[queue],
         id=int(row[0]),
         message_id=row[1],
         topic=row[2],

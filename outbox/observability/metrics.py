@@ -97,7 +97,7 @@ METRICS: tuple[MetricInfo, ...] = (
         "outbox_producer_dead_rows",
         "gauge",
         (),
-        "dead rows kept in producer_dead (`outbox dead-letters --queue producer`), refreshed "
+        "dead rows kept in producer_dead (`outbox dead-letters list --queue producer`), refreshed "
         "periodically with the queue depth",
         ("producer",),
     ),

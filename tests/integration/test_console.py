@@ -161,6 +161,7 @@ def test_filter_requeue_and_purge_need_the_sessions_csrf_token_and_same_origin(
         assert f'data-id="{b}"' in view["dead"] and f'data-id="{a}"' not in view["dead"]
         _, view = client.get_json("/api/view?db=orders&queue=producer")
         assert f'data-id="{p}"' in view["dead"]
+        assert "producer_dead" in view["dead"] and "producer_queue" not in view["dead"]
 
         origin = client.base
         form = {"db": "orders", "queue": "consumer", "id": str(a)}
@@ -193,6 +194,9 @@ def test_filter_requeue_and_purge_need_the_sessions_csrf_token_and_same_origin(
             "/api/purge", purge, Origin=origin, **{"X-CSRF-Token": client.csrf}
         )
         assert status == 200 and done["changed"] == 1
+        # issue 24: the outbox's dead rows are reported where they are, in producer_dead
+        _, view = client.get_json("/api/view?db=orders&queue=producer")
+        assert "No dead rows in producer_dead." in view["dead"], view["dead"]
 
 
 def test_read_only_console_hides_and_refuses_requeue_and_purge(outbox_database_url: str) -> None:

@@ -142,3 +142,40 @@ def test_an_undecodable_payload_is_dead_at_once(outbox_database_url: str, flavou
     assert attempts == 1
     assert "cannot decode the payload as 'application/json'" in last_error
     assert seen == [{"ok": 1}]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async", "batch"])
+def test_the_log_line_of_a_failed_callback_names_the_exception_class(
+    outbox_database_url: str, flavour: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 24: a KeyError was logged as `'via'` alone, which says nothing
+    url = outbox_database_url
+    handlers = Handlers()
+    if flavour == "sync":
+
+        @handlers.handler("t", max_attempts=2, backoff=FAST)
+        def sync(message: InboxMessage, conn: Any) -> None:
+            if message.payload["fail"]:
+                _ = {}["via"]
+
+    elif flavour == "async":
+
+        @handlers.handler("t", max_attempts=2, backoff=FAST)
+        async def run_async(message: InboxMessage, conn: Any) -> None:
+            if message.payload["fail"]:
+                _ = {}["via"]
+
+    else:
+
+        @handlers.batch_handler("t", max_attempts=2, backoff=FAST)
+        def batch(messages: list[InboxMessage], conn: Any) -> None:
+            if any(m.payload["fail"] for m in messages):
+                _ = {}["via"]
+
+    _put(url, "t", [b'{"fail": true}', b'{"fail": false}'])
+    with caplog.at_level("WARNING", logger="outbox.handler"), handler_thread(url, handlers):
+        wait_for(lambda: _done(url), 30, "both rows done")
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 2, failed
+    assert all(line.endswith(": KeyError: 'via'") for line in failed), failed
+    assert "(now dead): KeyError: 'via'" in failed[-1]

@@ -140,3 +140,58 @@ def test_check_fails_when_the_lag_of_a_named_group_or_of_every_group_cannot_be_r
     [every] = doc["lag"]
     assert every["group"] == "(every group)" and "cannot list the groups" in every["error"]
     assert "%3|" not in unreachable.stderr, "librdkafka's own lines stay quiet"
+
+
+def test_dead_rows_are_reported_where_they_are_and_max_dead_accepts_known_ones(
+    outbox_database_url: str,
+) -> None:
+    # issue 24: a dead outbox row was reported in producer_queue; it sits in producer_dead
+    url = outbox_database_url
+    empty = _cli("dead-letters", "list", "--database-url", url, "--queue", "producer")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.strip() == "producer_dead: no dead rows"
+
+    insert(url, "producer", "dead", topic="orders")
+    insert(url, "consumer", "dead", topic="payments")
+    insert(url, "consumer", "dead", topic="payments")
+    listed = _cli("dead-letters", "list", "--database-url", url, "--queue", "producer")
+    assert listed.stdout.splitlines()[0] == "producer_dead: 1 dead row"
+    doc = json.loads(
+        _cli("dead-letters", "list", "--database-url", url, "--queue", "producer", "--json").stdout
+    )
+    assert doc["table"] == "producer_dead"
+
+    # By default every dead row fails the check, each named with the table that holds it.
+    failed = json.loads(_cli("status", "--database-url", url, "--check", "--json").stdout)
+    assert failed["check"]["max_dead"] == 0
+    assert failed["check"]["problems"] == [
+        "producer_dead: 1 dead in topic orders",
+        "consumer_queue: 2 dead in topic payments",
+    ]
+    # --max-dead N accepts up to N dead rows per queue: the known ones pass, one more fails.
+    accepted = _cli("status", "--database-url", url, "--check", "--max-dead", "2")
+    assert accepted.returncode == 0, accepted.stdout
+    one_short = _cli("status", "--database-url", url, "--check", "--max-dead", "1", "--json")
+    assert one_short.returncode == 3
+    assert json.loads(one_short.stdout)["check"]["problems"] == [
+        "consumer_queue: 2 dead rows (> --max-dead 1)",
+        "consumer_queue: 2 dead in topic payments",
+    ]
+    bad = _cli("status", "--database-url", url, "--check", "--max-dead", "-1")
+    assert bad.returncode == 2, bad.stderr
+
+    # A row not found is looked for in both tables of the outbox; requeue acts on producer_dead.
+    show = _cli("dead-letters", "show", "--database-url", url, "--queue", "producer", "424242")
+    assert show.returncode == 1
+    assert show.stderr.strip() == (
+        "outbox: error: neither producer_queue nor producer_dead has row 424242"
+    )
+    [pending] = [insert(url, "producer", "pending", topic="orders")[0]]
+    requeue = _cli(
+        "dead-letters", "requeue", "--database-url", url, "--queue", "producer", str(pending)
+    )
+    assert requeue.returncode == 1
+    assert requeue.stderr.strip() == (
+        f"outbox: error: cannot requeue in producer_dead: row {pending} is pending, not dead; "
+        "nothing was requeued"
+    )

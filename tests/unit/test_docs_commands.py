@@ -1,13 +1,17 @@
-"""The README's and the quickstart's `outbox` commands parse, and their variables exist.
+"""Every page's `outbox` commands parse, the commands and flags its prose names exist, and the
+variables it names exist.
 
-Every line of a shell code block (```sh) that runs `outbox` (directly or through
-`docker compose exec SERVICE outbox ...`) is split like a shell would (comments dropped, a
-pipe or redirection ends the command) and given to the real argument parser. Every `OUTBOX_*`
-variable the two pages mention must be one outbox reads (`outbox.settings.ENVIRONMENT`).
+The pages: README.md, every page of docs/ and every page of examples/. Every line of a shell
+code block (```sh) that runs `outbox` (directly or through `docker compose exec SERVICE
+outbox ...`) is split like a shell would (comments dropped, a pipe or redirection ends the
+command) and given to the real argument parser. An `outbox ...` span of the prose names a
+command and flags that must exist (its values are not checked). Every `OUTBOX_*` variable a
+page mentions must be one outbox, its tests, benchmarks or `./run` read.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -20,7 +24,15 @@ from outbox import settings
 from outbox.cli import build_parser  # `outbox.cli` as a module or as a package
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", ROOT / "docs" / "quickstart.md"]
+#: The pages a newcomer starts from: each must show several commands.
+FIRST_PAGES = [ROOT / "README.md", ROOT / "docs" / "quickstart.md"]
+PAGES = sorted(
+    {
+        *FIRST_PAGES,
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "examples").rglob("*.md"),
+    }
+)
 SHELL_BLOCK = re.compile(r"^[ \t]*```(?:sh|bash|shell|console)[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
 VARIABLE = re.compile(r"\bOUTBOX_[A-Z0-9_]*[A-Z0-9]\b")
 #: Where a command ends for the shell.
@@ -48,16 +60,22 @@ def outbox_commands(text: str) -> list[list[str]]:
     return commands
 
 
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
 def _cases() -> list[object]:
     return [
-        pytest.param(page.name, args, id=f"{page.name}: outbox {shlex.join(args)}")
+        pytest.param(_name(page), args, id=f"{_name(page)}: outbox {shlex.join(args)}")
         for page in PAGES
         for args in outbox_commands(page.read_text(encoding="utf-8"))
     ]
 
 
 def test_the_pages_have_outbox_commands() -> None:
-    per_page = {page: len(outbox_commands(page.read_text(encoding="utf-8"))) for page in PAGES}
+    per_page = {
+        page: len(outbox_commands(page.read_text(encoding="utf-8"))) for page in FIRST_PAGES
+    }
     assert all(count >= 5 for count in per_page.values()), per_page
 
 
@@ -73,13 +91,15 @@ def test_each_command_parses(page: str, args: list[str]) -> None:
 
 
 def test_every_variable_they_name_exists() -> None:
-    # The package's variables, and the knobs of the project's own test suite (the soak's).
-    suite = Path(__file__).parents[1]
-    knobs = {n for f in suite.rglob("*.py") for n in VARIABLE.findall(f.read_text("utf-8"))}
-    known = {v.name for v in settings.ENVIRONMENT} | {n for n in knobs if "SOAK" in n}
+    # The package's variables, and the knobs its tests, benchmarks and `./run` read
+    # (the soak's, OUTBOX_TEST_SKIP_ASYNCAPI, OUTBOX_UPDATE_SCREENSHOTS, ...).
+    suite = [*Path(__file__).parents[1].rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    suite.append(ROOT / "run")
+    knobs = {n for f in suite for n in VARIABLE.findall(f.read_text("utf-8"))}
+    known = {v.name for v in settings.ENVIRONMENT} | (knobs - {"OUTBOX_NOT_A_THING"})
     for page in PAGES:
         named = set(VARIABLE.findall(page.read_text(encoding="utf-8")))
-        assert named <= known, f"{page.name} names unknown variables: {sorted(named - known)}"
+        assert named <= known, f"{_name(page)} names unknown variables: {sorted(named - known)}"
 
 
 def test_the_extraction_itself() -> None:
@@ -99,3 +119,75 @@ def test_the_extraction_itself() -> None:
         ["status"],
         ["dead-letters", "purge", "1"],
     ]
+
+
+# -- commands named in the prose -------------------------------------------------------------
+
+INLINE = re.compile(r"`(outbox [^`]+)`")
+FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.M | re.S)
+#: Commands the docs may name before this branch has them: `outbox run` comes with the
+#: one-process work of issue 24, built in parallel.
+PENDING = {"run"}
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for action in parser._actions for o in action.option_strings}
+
+
+def named_wrongly(span: str, parser: argparse.ArgumentParser) -> str | None:
+    """Why the command or a flag that an inline `outbox ...` span names does not exist, or
+    None. Values and placeholders are not checked: prose names a command, it need not be a
+    whole command line."""
+    words = [w.strip("[](),") for w in span.replace("|", " ").split()[1:]]
+    path = ["outbox"]
+    options = _options(parser)
+    for word in words:
+        if word.startswith("--"):
+            flag = word.split("=", 1)[0]
+            if flag not in options:
+                return f"{' '.join(path)} has no flag {flag}"
+            continue
+        sub = _subcommands(parser)
+        if sub and re.fullmatch(r"[a-z][a-z-]*", word):
+            if word not in sub:
+                if len(path) == 1 and word in PENDING:
+                    return None
+                return f"{' '.join(path)} has no command {word}"
+            parser, path = sub[word], [*path, word]
+            options |= _options(parser)
+    return None
+
+
+def _inline_cases() -> list[object]:
+    cases: list[object] = []
+    for page in PAGES:
+        prose = FENCE.sub("", page.read_text(encoding="utf-8")).replace("\n", " ")
+        for span in dict.fromkeys(INLINE.findall(prose)):
+            cases.append(pytest.param(_name(page), span, id=f"{_name(page)}: {span}"))
+    return cases
+
+
+@pytest.mark.parametrize(("page", "span"), _inline_cases())
+def test_each_command_the_prose_names_exists(page: str, span: str) -> None:
+    problem = named_wrongly(span, build_parser())
+    assert problem is None, f"{page}: `{span}`: {problem}"
+
+
+def test_the_inline_check_itself() -> None:
+    parser = build_parser()
+    assert named_wrongly("outbox dead-letters list --queue producer", parser) is None
+    assert named_wrongly("outbox status [--json] [--check]", parser) is None
+    assert named_wrongly("outbox status [--jsn]", parser) == "outbox status has no flag --jsn"
+    assert named_wrongly("outbox dead-letters --queue producer", parser) == (
+        "outbox dead-letters has no flag --queue"
+    )
+    assert named_wrongly("outbox deadletters list", parser) == "outbox has no command deadletters"
+    assert named_wrongly("outbox dead-letters list | show | requeue", parser) is None
+    assert named_wrongly("outbox handler --lease", parser) is None

@@ -34,6 +34,7 @@ __all__ = [
     "RollBack",
     "Undecodable",
     "decode",
+    "described",
     "error_text",
     "failed_attempt",
     "raise_lost",
@@ -118,12 +119,20 @@ def decode(
     )
 
 
+def described(exc: BaseException) -> str:
+    """An exception for a log line: its class name and the first line of its text
+    (`KeyError: 'via'`, not `'via'`); the name alone when the text is empty."""
+    text = first_line(exc)
+    name = type(exc).__name__
+    return name if text == name else f"{name}: {text}"
+
+
 def error_text(exc: BaseException) -> str:
     """The traceback of `exc` as storable text; never raises."""
     try:
         return storable("".join(traceback.format_exception(exc)))
     except Exception:  # traceback copes with a raising __str__; this is the last resort
-        return f"{type(exc).__name__}: {first_line(exc)}"
+        return described(exc)
 
 
 def failed_attempt(

@@ -13,8 +13,7 @@ from typing import Any
 from outbox.core.envelope import InboxMessage
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
-from outbox.core.text import first_line
-from outbox.daemons.handler.failures import decode, failed_attempt, unregistered
+from outbox.daemons.handler.failures import decode, described, failed_attempt, unregistered
 from outbox.observability.metrics import HandlerTally, HandlerTallyBook
 
 log = logging.getLogger("outbox.handler")
@@ -89,7 +88,7 @@ class Outcomes:
             attempts + 1,
             spec.max_attempts if spec is not None else 1,
             " (now dead)" if failed.dead else f" (retry in {failed.delay:.1f}s)",
-            first_line(exc),
+            described(exc),
             extra={"message_id": message_id, "topic": row.topic},
         )
         return failed

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from outbox.core.handlers import Handlers
 from outbox.core.inbox_rows import Pending
 from outbox.daemons.handler.config import HandlerConfig, check_async_support
-from outbox.daemons.handler.failures import ConnectionLost
+from outbox.daemons.handler.failures import ConnectionLost, described
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.daemons.handler.worker import Worker
 from outbox.daemons.lanes import Connection, LaneRelay
@@ -112,7 +112,7 @@ class HandlerRunner(LaneRelay[Pending]):
             with self.connect() as conn:
                 recent = self.store.recent_topics(conn, RECENT_ROWS)
         except Exception as exc:
-            log.debug("could not look at the topics stored in consumer_queue: %s", exc)
+            log.debug("could not look at the topics stored in consumer_queue: %s", described(exc))
             return
         for topic, rows in recent.items():
             if self.handlers.get(topic) is None:
