@@ -43,7 +43,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -53,7 +53,6 @@ from outbox import settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     ENV_LOG_URL,
-    Parser,
     add_groups,
     add_kafka,
     add_log,
@@ -88,14 +87,6 @@ class DatabaseCommandFailed(OutboxError):
 
 class NoSuchGroup(OutboxError, LookupError):
     """`log-groups forget` named a consumer group the log does not know."""
-
-
-class _OneLineParser(Parser):
-    """An argument parser whose usage errors are one line on stderr (exit 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        """Print `<prog>: error: <message>` and exit 2."""
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 # -- arguments ------------------------------------------------------------------------------
@@ -199,7 +190,6 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         dest="dead_letters_command",
         required=True,
         metavar="ACTION",
-        parser_class=_OneLineParser,
     )
 
     listing = actions.add_parser("list", help="the dead rows of a queue, oldest first")
@@ -254,7 +244,6 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         dest="log_groups_command",
         required=True,
         metavar="ACTION",
-        parser_class=_OneLineParser,
     )
     forget = group_actions.add_parser(
         "forget",
@@ -280,7 +269,6 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         dest="log_topics_command",
         required=True,
         metavar="ACTION",
-        parser_class=_OneLineParser,
     )
     listing = topic_actions.add_parser(
         "list",
