@@ -120,7 +120,14 @@ class Topic(Generic[P]):
                     f"attribute {self.key!r} to take the key from"
                 ) from None
         else:
-            value = self.key(payload)
+            try:
+                value = self.key(payload)
+            except Exception as exc:  # the declaration's own function: say whose it is
+                name = getattr(self.key, "__qualname__", repr(self.key))
+                raise InvalidKey(
+                    f"topic {self.name!r}: its key function {name} raised "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
         if value is None or isinstance(value, bytes):
             return value
         if isinstance(value, str):

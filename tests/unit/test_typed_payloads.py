@@ -254,6 +254,14 @@ def test_key_of_derives_the_key_from_the_payload() -> None:
     with pytest.raises(InvalidKey, match="has no attribute 'nope'"):
         Topic("t", key="nope").key_of({"nope": 1})
 
+    def broken(point: Point) -> str:
+        raise RuntimeError("boom")
+
+    # A key function that raises is an outbox error naming the topic and the function, not a
+    # bare exception out of `send`.
+    with pytest.raises(InvalidKey, match=r"its key function .*broken raised RuntimeError"):
+        Topic("t", Point, key=broken).key_of(Point(1))
+
 
 def test_a_topic_refuses_a_payload_of_another_type() -> None:
     topic = Topic("t", Point)
