@@ -190,7 +190,7 @@ def run_replay(config: ReplayConfig, master: str | None) -> StoreCounts:
     Checks the topic's partitions and the database before Spark starts. A session that
     already exists in this process is used and left running; one started here is stopped.
     """
-    from outbox.daemons.lanes import check_database, connect
+    from outbox.postgres.connection import check_database, connect
     from outbox.spark.session import session_running, spark_session
 
     options = source_options(config)

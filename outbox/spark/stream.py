@@ -22,7 +22,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
 from outbox.core.topics import validate_topic
-from outbox.daemons.lanes import check_database, connect
+from outbox.postgres.connection import check_database, connect
 from outbox.spark.inbox import InboxTarget, StoreCounts, write_inbox
 from outbox.spark.offsets import OffsetClient, parse_options
 from outbox.spark.source import Position, kafka_options, read_kafka

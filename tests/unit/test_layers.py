@@ -101,6 +101,12 @@ def test_daemons_import_no_transport_adapter() -> None:
     assert _violations(_files("outbox.daemons"), forbidden) == []
 
 
+def test_spark_reuses_stores_not_daemon_loops() -> None:
+    """The whiteboard's "never Spark -> Daemons": the Spark jobs connect and check the schema
+    through postgres/, as the daemons do, instead of importing the relay loop's module."""
+    assert _violations(_files("outbox.spark"), ("outbox.daemons",)) == []
+
+
 _STATEMENT = re.compile(
     r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|LISTEN|NOTIFY|SET|CREATE|DROP|ALTER|LOCK)\b", re.I
 )
