@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -20,10 +19,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox import Broker
 from outbox.cli import main
-from outbox.core.batches import OutgoingRecord, outgoing
-from outbox.core.envelope import StoredMessage
+from outbox.core.batches import OutgoingRecord
 from outbox.core.errors import SchemaNotMigrated
-from outbox.core.ids import uuid7
 from outbox.core.partitioning import partition_for
 from outbox.core.topics import MAX_TOPIC_LENGTH
 from outbox.pglog import PgLog, PgLogPublisher
@@ -33,6 +30,7 @@ from outbox.pglog.publisher import LogAppendRefused
 from outbox.testing.plugin import DatabaseFactory
 
 from .relay_helpers import Daemon, count, spawn_producer, wait_for
+from .test_pglog import message
 
 broker = Broker()
 
@@ -52,22 +50,6 @@ def publisher(log_url: str) -> Iterator[PgLogPublisher]:
         yield p
     finally:
         p.close()
-
-
-def message(topic: str, n: int, key: bytes | None = None) -> OutgoingRecord:
-    return outgoing(
-        StoredMessage(
-            id=n,
-            message_id=uuid7(),
-            topic=topic,
-            key=key,
-            payload=str(n).encode(),
-            content_type="application/json",
-            headers={},
-            created_at=datetime.now(UTC),
-            attempts=0,
-        )
-    )
 
 
 def batch(topic: str, start: int, stop: int, keys: int = 16) -> list[OutgoingRecord]:
