@@ -22,6 +22,7 @@ class EnvironmentVariable:
 # -- the commands ---------------------------------------------------------------------------
 DATABASE_URL = "OUTBOX_DATABASE_URL"
 SCHEMA = "OUTBOX_SCHEMA"
+DATABASES_FILE = "OUTBOX_DATABASES_FILE"
 KAFKA_BOOTSTRAP = "OUTBOX_KAFKA_BOOTSTRAP"
 #: OUTBOX_KAFKA_CONFIG_<NAME>: one librdkafka setting each (`outbox.kafka.sources`).
 KAFKA_CONFIG_PREFIX = "OUTBOX_KAFKA_CONFIG_"
@@ -85,6 +86,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         DATABASE_URL,
         "PostgreSQL URL (libpq form, `postgresql://user@host/db`); the default of `--database-url`",
         "every command but `demo` and `spark audit` (which takes `--service NAME=URL`)",
+    ),
+    EnvironmentVariable(
+        DATABASES_FILE,
+        "a file of databases, one `[NAME[/SCHEMA]=]URL` per line, served besides those of "
+        "`--database-url`; re-read while the daemons run; the default of `--databases-file`",
+        "`outbox producer`, `outbox handler`, `outbox consumer`, `outbox status`",
     ),
     EnvironmentVariable(
         SCHEMA,

@@ -13,6 +13,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
 
 if TYPE_CHECKING:
+    from outbox.core.databases import Database
     from outbox.observability.runtime import ObservabilityConfig
 
 ENV_DATABASE_URL = settings.DATABASE_URL
@@ -149,6 +150,64 @@ def add_database(parser: argparse.ArgumentParser) -> None:
         "--schema",
         default=os.environ.get(ENV_SCHEMA, "outbox"),
         help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
+    )
+
+
+def add_databases(parser: argparse.ArgumentParser) -> None:
+    """The repeatable --database-url (`[NAME[/SCHEMA]=]URL`), --databases-file and --schema of
+    a command that serves many databases (`databases_of` reads them)."""
+    parser.add_argument(
+        "--database-url",
+        action="append",
+        type=database_entry_type,
+        default=[],
+        metavar="[NAME[/SCHEMA]=]URL",
+        help="a PostgreSQL database to serve; repeatable (a database per tenant): NAME names it "
+        "in logs, metrics and status (default: its database name) and SCHEMA overrides "
+        f"--schema for it (env {ENV_DATABASE_URL}: one database, used when neither this flag "
+        "nor --databases-file gives one)",
+    )
+    parser.add_argument(
+        "--databases-file",
+        default=os.environ.get(settings.DATABASES_FILE),
+        metavar="PATH",
+        help="a file of more databases, one [NAME[/SCHEMA]=]URL per line (# comments); a "
+        f"daemon re-reads it while running (env {settings.DATABASES_FILE})",
+    )
+    parser.add_argument(
+        "--schema",
+        default=os.environ.get(ENV_SCHEMA, "outbox"),
+        help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
+    )
+
+
+def database_entry_type(text: str) -> str:
+    """The argparse `type=` of one `[NAME[/SCHEMA]=]URL`: the URL part checked as
+    `postgres_url_type` checks a URL (a SQLAlchemy driver name dropped, another scheme refused)."""
+    check = postgres_url_type(ENV_DATABASE_URL)
+    label, sep, rest = text.partition("=")
+    if sep and "://" in rest and "://" not in label and " " not in label.strip():
+        return f"{label}={check(rest)}"
+    return check(text)
+
+
+def databases_of(args: argparse.Namespace) -> list[Database]:
+    """The databases of --database-url (each `[NAME[/SCHEMA]=]URL`) and --databases-file, or
+    else the one of OUTBOX_DATABASE_URL; a usage error when there are none."""
+    from outbox.core.databases import gather, parse_entry
+
+    schema = args.schema
+    entries: list[str] = list(args.database_url or [])
+    listed = gather(entries, schema, file=args.databases_file or None)
+    if listed:
+        return listed
+    fallback = os.environ.get(ENV_DATABASE_URL, "").strip()
+    if fallback:
+        return [parse_entry(database_entry_type(fallback), schema)]
+    if args.databases_file:
+        raise ConfigurationError(f"the databases file {args.databases_file!r} lists no database")
+    raise ConfigurationError(
+        f"--database-url is required (or --databases-file, or set {ENV_DATABASE_URL})"
     )
 
 

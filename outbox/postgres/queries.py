@@ -7,25 +7,10 @@ import re
 from functools import cache
 from importlib import resources
 
+from outbox.core.databases import validate_schema as validate_schema
 from outbox.core.errors import ConfigurationError
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-def validate_schema(schema: object) -> str:
-    """Return `schema` if it is a safe lower-case SQL identifier, else raise."""
-    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
-        raise ConfigurationError(
-            f"schema {schema!r} is not valid: use 1-63 lower-case letters, digits and "
-            "underscores, starting with a letter or underscore"
-        )
-    if schema.startswith("pg_") or schema == "information_schema":
-        raise ConfigurationError(
-            f"schema {schema!r} is PostgreSQL's own (names starting with pg_ are reserved): "
-            "choose another"
-        )
-    return schema
 
 
 def quote_ident(name: str) -> str:
