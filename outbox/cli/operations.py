@@ -33,6 +33,12 @@ log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
 where COUNT is {"count": <rows>, "oldest_age_seconds": <float, or null when count is 0>}. Every
 state of a queue appears under each listed topic and in totals; a topic appears when it has
 rows.
+
+With several databases (or a --databases-file), the document is
+{"format_version": 1, "databases": [{"name": "...", "url": "<masked>", "schema": "...",
+"error": null or "<why it could not be read>", and when read: "taken_at", "queues",
+"processes", "claims" as above}], "lag": ..., "check": ...}, each problem of the check starting
+`database NAME: `.
 """
 
 from __future__ import annotations
@@ -40,10 +46,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
@@ -53,17 +63,21 @@ from outbox import settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     ENV_LOG_URL,
+    add_databases,
     add_groups,
     add_kafka,
     add_log,
     add_transport,
+    database_entry_type,
+    databases_of,
     env_groups,
     require,
 )
-from outbox.cli.arguments import add_database as _add_database
+from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
 from outbox.core.lag import GroupLag, lag_json
 from outbox.core.numbers import flag_type
+from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import connect_or_raise
@@ -79,6 +93,10 @@ if TYPE_CHECKING:
 ERROR_COLUMN_CHARS = 120
 #: Exit code of `outbox status --check` when a row is dead or older than --max-age.
 CHECK_FAILED = 3
+#: Databases `outbox status` reads at the same time; the others wait for a free slot.
+STATUS_CONCURRENCY = 16
+#: Seconds `outbox status` waits for each database by default (`--database-timeout`).
+STATUS_DATABASE_TIMEOUT = 10.0
 
 
 class DatabaseCommandFailed(OutboxError):
@@ -131,17 +149,67 @@ def _partitions(text: str) -> int:
     return number
 
 
+class _Once(argparse.Action):
+    """A flag that may be given once: a second one is a usage error, not silently the last."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        seen = f"_given_{self.dest}"
+        if getattr(namespace, seen, False):
+            parser.error(
+                f"{option_string} is given more than once: this command serves one database "
+                "(outbox status, migrate and console take several)"
+            )
+        setattr(namespace, seen, True)
+        setattr(namespace, self.dest, values)
+
+
+def _add_database(parser: argparse.ArgumentParser) -> None:
+    """--database-url (once: `[NAME[/SCHEMA]=]URL`, so that a line of a databases file names
+    its database) and --schema, for a command that serves one database."""
+    parser.add_argument(
+        "--database-url",
+        action=_Once,
+        type=database_entry_type,
+        default=os.environ.get(ENV_DATABASE_URL),
+        metavar="[NAME[/SCHEMA]=]URL",
+        help="the PostgreSQL database, once; a line of a databases file also names one (its "
+        f"SCHEMA, when given, overrides --schema) (env {ENV_DATABASE_URL})",
+    )
+    parser.add_argument(
+        "--schema",
+        default=os.environ.get(settings.SCHEMA, "outbox"),
+        help=f"schema of the outbox tables (env {settings.SCHEMA}; default outbox)",
+    )
+
+
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `status`, `dead-letters`, `log-groups` and `log-topics` commands to the
     `outbox` command's subparsers."""
     status = commands.add_parser(
         "status",
         help="queue rows by topic and state; the running daemons; consumer-group lag",
-        description="The rows of the queues by topic and state, and the running daemons. With "
+        description="The rows of the queues by topic and state, and the running daemons, of "
+        "each database given (several: --database-url more than once, or --databases-file; each "
+        "is listed under its name, one that cannot be read is shown as such). With "
         "--kafka-bootstrap, the lag of the Kafka cluster's consumer groups; with --transport "
-        "postgres and --log-url, the lag of the PostgreSQL log's.",
+        "postgres and --log-url, the lag of the PostgreSQL log's. See "
+        "docs/how-to/many-databases.md.",
     )
-    _add_database(status)
+    add_databases(status)
+    status.add_argument(
+        "--database-timeout",
+        type=flag_type("seconds"),
+        default=STATUS_DATABASE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"with several databases: seconds each may take to answer, after which it is shown "
+        f"as not answering; up to {STATUS_CONCURRENCY} are read at the same time",
+    )
     add_kafka(status)
     add_transport(status)
     add_groups(status, every="of the Kafka cluster, or of the log with --transport postgres")
@@ -332,25 +400,42 @@ def run_operator_command(args: argparse.Namespace) -> int | None:
 
 @contextmanager
 def _connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit connection to a database migrated to this outbox's schema revision."""
+    """An autocommit connection to --database-url (`[NAME[/SCHEMA]=]URL`), migrated to this
+    outbox's schema revision; `args.schema` becomes the entry's schema."""
+    from outbox.core.databases import parse_entry
+
     if not args.database_url:
         raise ConfigurationError(f"--database-url is required (or set {ENV_DATABASE_URL})")
-    schema = validate_schema(args.schema)
-    conn = connect_or_raise(args.database_url, application_name="outbox-cli")
+    database = parse_entry(args.database_url, args.schema)
+    args.schema = database.schema
+    with _connected(database.url, database.schema, args.command) as conn:
+        yield conn
+
+
+@contextmanager
+def _connected(
+    url: str, schema: str, command: str, *, timeout: float | None = None
+) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to `url` whose `schema` is migrated to this outbox's revision;
+    with `timeout`, connecting and each statement give up after that many seconds."""
+    schema = validate_schema(schema)
+    conn = connect_or_raise(url, application_name="outbox-cli", timeout=timeout or 10.0)
     with conn:
         try:
             # A row named by id may be locked by a running handler: wait a while, not forever.
             conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
+            if timeout is not None:
+                conn.execute(f"SET statement_timeout = {max(1, round(timeout * 1000))}")
             check_schema(conn, schema)
             yield conn
         except psycopg.errors.LockNotAvailable:
             raise DatabaseCommandFailed(
-                f"{args.command}: a row is locked by a running daemon or another command "
+                f"{command}: a row is locked by a running daemon or another command "
                 f"(waited {ops.LOCK_TIMEOUT_SECONDS} s); nothing was changed, try again"
             ) from None
         except psycopg.Error as exc:
             raise DatabaseCommandFailed(
-                f"{args.command} failed in PostgreSQL: {first_line(exc)}"
+                f"{command} failed in PostgreSQL: {first_line(exc)}"
             ) from None
 
 
@@ -503,7 +588,82 @@ def _topics_text(schema: str, topics: Sequence[TopicInfo], *, by_partition: bool
     return _table(["TOPIC", "PARTITIONS", "RECORDS", "END"], body)
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    """What was read from one database: its value, or why there is none (one line)."""
+
+    database: Database
+    value: T | None
+    error: str | None = None
+
+
+def read_each(
+    databases: Sequence[Database],
+    read: Callable[[Database], T],
+    timeout: float,
+    concurrency: int = STATUS_CONCURRENCY,
+) -> list[Outcome[T]]:
+    """`read(database)` of each database, in their order, at most `concurrency` at a time.
+
+    A database whose read raises an `OutboxError` or `psycopg.Error`, or has not returned
+    `timeout` seconds after it started, gets its reason instead of a value, and never holds
+    the others back: with N databases the whole takes at most about ceil(N / concurrency)
+    * `timeout` seconds. A read that does not return is left to its daemon thread."""
+    results: dict[int, Outcome[T]] = {}
+    lock = threading.Lock()
+    finished: queue.Queue[int] = queue.Queue()
+
+    def work(index: int) -> None:
+        database = databases[index]
+        try:
+            outcome = Outcome(database, read(database))
+        except (OutboxError, psycopg.Error) as exc:
+            outcome = Outcome(database, None, redact_text(first_line(exc)))
+        except Exception as exc:  # one database's surprise must not hide the others
+            reason = f"unexpected {type(exc).__name__}: {redact_text(first_line(exc))}"
+            outcome = Outcome(database, None, reason)
+        with lock:
+            results.setdefault(index, outcome)
+        finished.put(index)
+
+    waiting = list(range(len(databases)))
+    running: dict[int, float] = {}
+    while waiting or running:
+        while waiting and len(running) < concurrency:
+            index = waiting.pop(0)
+            running[index] = time.monotonic()
+            name = f"outbox-status-{databases[index].name}"
+            threading.Thread(target=work, args=(index,), name=name, daemon=True).start()
+        due = min(running.values()) + timeout
+        try:
+            running.pop(finished.get(timeout=max(0.0, due - time.monotonic())), None)
+        except queue.Empty:
+            now = time.monotonic()
+            for index, started in list(running.items()):
+                if now - started >= timeout:
+                    late: Outcome[T] = Outcome(
+                        databases[index], None, f"no answer within {timeout:g} s"
+                    )
+                    with lock:
+                        results.setdefault(index, late)
+                    del running[index]
+    return [results[index] for index in range(len(databases))]
+
+
+def _read_status(timeout: float) -> Callable[[Database], ops.Status]:
+    def read(database: Database) -> ops.Status:
+        with _connected(database.url, database.schema, "status", timeout=timeout) as conn:
+            return ops.status(conn, database.schema)
+
+    return read
+
+
 def _status(args: argparse.Namespace) -> int:
+    from outbox.core.redact import remember_secrets, secrets_of_url
+
     max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
     # The lag comes from the transport the consumers read: Kafka, or the PostgreSQL log.
     from_log = args.transport == "postgres"
@@ -516,8 +676,20 @@ def _status(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"--max-lag needs --kafka-bootstrap (or {settings.KAFKA_BOOTSTRAP}) to read the lag"
         )
-    with _connection(args) as conn:
-        status = ops.status(conn, args.schema)
+    databases = databases_of(args)
+    for database in databases:
+        remember_secrets(secrets_of_url(database.url))
+    # One database given as today: today's output. Several, or a file (whose length may vary
+    # from one run to the next): each listed under its name.
+    several = len(databases) > 1 or bool(args.databases_file)
+    if several:
+        outcomes = read_each(
+            databases, _read_status(float(args.database_timeout)), float(args.database_timeout)
+        )
+    else:
+        [database] = databases
+        with _connected(database.url, database.schema, "status") as conn:
+            outcomes = [Outcome(database, ops.status(conn, database.schema))]
     groups = args.groups if args.groups is not None else env_groups()
     lag: list[GroupLag] | None = None
     if from_log and args.log_url:
@@ -536,9 +708,27 @@ def _status(args: argparse.Namespace) -> int:
         )
     max_age = None if args.max_age is None else float(args.max_age)
     max_dead = int(args.max_dead)
-    problems = check_problems(status, max_age, lag, max_lag, max_dead) if args.check else None
+    problems: list[str] | None = None
+    if args.check and not several:
+        problems = check_problems(outcomes[0].value, max_age, lag, max_lag, max_dead)
+    elif args.check:
+        problems = []
+        for o in outcomes:
+            if o.value is None:
+                problems.append(f"database {o.database.name}: cannot read its status: {o.error}")
+            else:
+                found = check_problems(o.value, max_age, max_dead=max_dead)
+                problems.extend(f"database {o.database.name}: {p}" for p in found)
+        problems.extend(check_problems(None, max_age, lag, max_lag, max_dead))
     if args.json:
-        doc = fmt.status_json(status)
+        if several:
+            doc: dict[str, Any] = {
+                "format_version": fmt.STATUS_FORMAT_VERSION,
+                "databases": [_database_json(o) for o in outcomes],
+            }
+        else:
+            assert outcomes[0].value is not None
+            doc = fmt.status_json(outcomes[0].value)
         if lag is not None:
             doc["lag"] = lag_json(lag)
         if problems is not None:
@@ -551,7 +741,11 @@ def _status(args: argparse.Namespace) -> int:
             }
         _print(json.dumps(doc, indent=2))
     else:
-        lines = _status_text(status)
+        if several:
+            lines = _databases_text(outcomes)
+        else:
+            assert outcomes[0].value is not None
+            lines = _status_text(outcomes[0].value)
         if lag is not None:
             lines += _lag_text(lag)
         if problems is not None:
@@ -559,7 +753,47 @@ def _status(args: argparse.Namespace) -> int:
             lines.append("check: ok" if not problems else f"check: FAILED ({len(problems)})")
             lines.extend(f"  {_safe(p)}" for p in problems)
         _print(lines)
-    return CHECK_FAILED if problems else 0
+    if problems:
+        return CHECK_FAILED
+    unread = [o.database.name for o in outcomes if o.value is None]
+    if unread:
+        raise DatabaseCommandFailed(
+            f"status could not read {len(unread)} of {len(outcomes)} databases: "
+            f"{', '.join(unread)} (each one's reason is printed above)"
+        )
+    return 0
+
+
+def _database_json(outcome: Outcome[ops.Status]) -> dict[str, Any]:
+    """One database's entry in the `databases` list of `outbox status --json`."""
+    d = outcome.database
+    doc: dict[str, Any] = {
+        "name": d.name,
+        "url": redact_url(d.url),
+        "schema": d.schema,
+        "error": outcome.error,
+    }
+    if outcome.value is not None:
+        found = fmt.status_json(outcome.value)
+        del found["format_version"]
+        doc.update(found)
+    return doc
+
+
+def _databases_text(outcomes: Sequence[Outcome[ops.Status]]) -> list[str]:
+    """Each database under a line naming it; one that could not be read says why."""
+    lines: list[str] = []
+    for o in outcomes:
+        if lines:
+            lines.append("")
+        where = f"database {_safe(o.database.name)} ({redact_url(o.database.url)}, schema "
+        where += f"{o.database.schema})"
+        if o.value is None:
+            lines.append(f"{where}: {_safe(o.error or 'unknown error')}")
+            continue
+        lines.append(f"{where}:")
+        lines.extend(f"  {line}" if line else "" for line in _status_text(o.value))
+    return lines
 
 
 def _known(group: GroupLag) -> GroupLag:
@@ -587,7 +821,7 @@ def _log_lag(url: str, schema: str, groups: Sequence[str]) -> list[GroupLag]:
 
 
 def check_problems(
-    status: ops.Status,
+    status: ops.Status | None,
     max_age: float | None,
     lag: Sequence[GroupLag] | None = None,
     max_lag: int | None = None,
@@ -598,7 +832,7 @@ def check_problems(
     GroupLag) with a committed offset past a partition's end, lagging more than max_lag, or
     whose lag cannot be read (the last two with max_lag)."""
     problems = []
-    for q in status.queues:
+    for q in status.queues if status is not None else ():
         table = ops.DEAD_TABLES[q.queue]
         all_dead = q.totals.get("dead", ops.Count()).rows
         too_many = all_dead > max_dead

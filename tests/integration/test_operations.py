@@ -548,7 +548,9 @@ def test_missing_database_url_and_bad_schema_are_one_line(outbox_database_url: s
     result = subprocess.run(
         [*CLI, "status"], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}
     )
-    _one_line_error(result, 1, "--database-url is required (or set OUTBOX_DATABASE_URL)")
+    _one_line_error(
+        result, 1, "--database-url is required (or --databases-file, or set OUTBOX_DATABASE_URL)"
+    )
     result = _cli("status", "--database-url", outbox_database_url, "--schema", "x; DROP")
     _one_line_error(result, 1, "schema 'x; DROP' is not valid")
 

@@ -296,7 +296,8 @@ def test_help_shows_no_secret_from_the_environment(monkeypatch: pytest.MonkeyPat
 def test_a_missing_setting_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status"]) == 1
     assert capsys.readouterr().err == (
-        f"outbox: error: --database-url is required (or set {settings.DATABASE_URL})\n"
+        "outbox: error: --database-url is required (or --databases-file, or set "
+        f"{settings.DATABASE_URL})\n"
     )
 
 
@@ -332,10 +333,13 @@ def test_database_urls_take_sqlalchemys_driver_form_and_refuse_other_databases(
     from outbox.cli import build_parser
 
     parser = build_parser()
-    args = parser.parse_args(["status", "--database-url", "postgresql+psycopg://u@h:5/db"])
+    one = ["dead-letters", "list", "--database-url"]
+    args = parser.parse_args([*one, "postgresql+psycopg://u@h:5/db"])
     assert args.database_url == "postgresql://u@h:5/db"
-    args = parser.parse_args(["status", "--database-url", "host=h dbname=db"])
+    args = parser.parse_args([*one, "host=h dbname=db"])
     assert args.database_url == "host=h dbname=db"
+    args = parser.parse_args(["status", "--database-url", "a=postgresql+psycopg://u@h:5/db"])
+    assert args.database_url == ["a=postgresql://u@h:5/db"]
     args = parser.parse_args(["migrate", "--log-url", "postgres://u@h/log"])
     assert args.log_url == "postgres://u@h/log"
     with pytest.raises(SystemExit) as exited:
