@@ -23,6 +23,7 @@ from outbox.cli.arguments import (
     TRANSPORTS,
     Parser,
     add_database,
+    add_databases,
     add_kafka,
     add_log,
     add_logging,
@@ -30,6 +31,7 @@ from outbox.cli.arguments import (
     add_start,
     add_topics,
     add_transport,
+    databases_of,
     require,
     runtime_config,
     start_settings,
@@ -68,8 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser(
         "migrate",
         help="create or upgrade the outbox tables (and, with --log-url, the PostgreSQL log's)",
+        description="Create or upgrade the outbox tables of each database given (several: "
+        "--database-url more than once, or --databases-file), one after the other; one that "
+        "fails is reported and the others are still migrated, then the command exits 1 naming "
+        "those that failed. With --log-url, the PostgreSQL log's tables too. See "
+        "docs/how-to/many-databases.md.",
     )
-    add_database(migrate)
+    add_databases(migrate)
     add_log(migrate)
     migrate.add_argument(
         "--sql", action="store_true", help="print the SQL instead of running it (for a DBA)"
@@ -248,34 +255,64 @@ def _install_stop_handlers(stop: object) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    """The outbox schema at --database-url, and the log schema at --log-url when given; with
-    only --log-url, the log alone. Says, for each, what it did."""
+    """The outbox schema of each database given, and the log schema at --log-url when given;
+    with only --log-url, the log alone. Says, for each, what it did. Several databases are
+    migrated one after the other; one that fails is reported (`database NAME: failed: ...`)
+    and the others are still migrated, then the command fails naming those that failed."""
+    from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
     from outbox.pglog import log as pglog
     from outbox.postgres import migrate
-    from outbox.postgres.queries import queries
 
+    given = bool(args.database_url or args.databases_file or os.environ.get(ENV_DATABASE_URL))
+    databases = databases_of(args) if given or not (args.log_url or args.sql) else []
+    for database in databases:
+        remember_secrets(secrets_of_url(database.url))
     if args.sql:
-        if args.database_url or not args.log_url:
-            sys.stdout.write(migrate.upgrade_sql(args.schema))
+        schemas = dict.fromkeys(d.schema for d in databases) or (
+            {} if args.log_url else {args.schema: None}
+        )
+        for schema in schemas:
+            sys.stdout.write(migrate.upgrade_sql(schema))
         if args.log_url:
             sys.stdout.write(pglog.upgrade_sql(args.log_schema))
         return 0
-    if args.log_url and not args.database_url:
-        url = None
-    else:
-        url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
-    if url is not None:
-        version = queries(args.schema)["schema_version"]
-        before = _revision(url, version)
-        migrate.upgrade(url, args.schema)
-        print(_migrated(f"outbox schema {args.schema!r}", before, _revision(url, version)))
+    several = len(databases) > 1 or bool(args.databases_file)
+    failed: list[str] = []
+    for database in databases:
+        if not several:
+            print(_migrate_one(database.url, database.schema))
+            continue
+        try:
+            done = _migrate_one(database.url, database.schema)
+        except Exception as exc:  # any failure of one database; the others are still migrated
+            failed.append(database.name)
+            reason = first_line(exc) if isinstance(exc, OutboxError) else _unforeseen(exc)
+            print(f"database {database.name}: failed: {redact_text(reason)}", flush=True)
+        else:
+            print(f"database {database.name}: {done}", flush=True)
     if args.log_url:
         version = pglog.queries(args.log_schema)["log_schema_version"]
         before = _revision(args.log_url, version, "the log database")
         pglog.upgrade(args.log_url, args.log_schema)
         after = _revision(args.log_url, version, "the log database")
         print(_migrated(f"log schema {args.log_schema!r}", before, after))
+    if failed:
+        raise OutboxError(
+            f"migrate failed for {len(failed)} of {len(databases)} databases: "
+            f"{', '.join(failed)} (each one's reason is printed above; the others are migrated)"
+        )
     return 0
+
+
+def _migrate_one(url: str, schema: str) -> str:
+    """Migrate the outbox schema `schema` at `url`; what was done, in one line."""
+    from outbox.postgres import migrate
+    from outbox.postgres.queries import queries
+
+    version = queries(schema)["schema_version"]
+    before = _revision(url, version)
+    migrate.upgrade(url, schema)
+    return _migrated(f"outbox schema {schema!r}", before, _revision(url, version))
 
 
 def _revision(url: str, version_sql: str, what: str = "PostgreSQL") -> str | None:

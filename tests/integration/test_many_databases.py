@@ -143,6 +143,41 @@ def test_a_database_that_never_answers_is_shown_as_such_without_holding_the_othe
     assert "could not read 1 of 2 databases: hung" in result.stderr
 
 
+def test_migrate_migrates_each_database_and_names_those_that_failed(
+    outbox_database_factory: DatabaseFactory, outbox_admin_url: str, tmp_path: Path
+) -> None:
+    first = outbox_database_factory(migrated=False)
+    gone = _dropped(outbox_database_factory, outbox_admin_url)
+    last = outbox_database_factory(migrated=False)
+    head = migrate.head_revision()
+    result = _cli(
+        "migrate", "--database-url", f"first={first}", "--database-url", f"gone={gone}",
+        "--database-url", f"last/billing={last}",
+    )  # fmt: skip
+    # Stop-at-first is not the rule: the one after the failing one is migrated too.
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"database first: outbox schema 'outbox' created at revision {head}"
+    assert lines[1].startswith("database gone: failed: cannot connect to PostgreSQL")
+    assert lines[2] == f"database last: outbox schema 'billing' created at revision {head}"
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "outbox: error: migrate failed for 1 of 3 databases: gone (each one's reason is "
+        "printed above; the others are migrated)"
+    ]
+    for url, schema in ((first, "outbox"), (last, "billing")):
+        with psycopg.connect(url) as conn:
+            migrate.check_schema(conn, schema)
+
+    file = tmp_path / "tenants.txt"
+    file.write_text(f"first={first}\nlast/billing={last}\n")
+    again = _cli("migrate", "--databases-file", str(file))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [
+        f"database first: outbox schema 'outbox' is already at revision {head} (nothing to do)",
+        f"database last: outbox schema 'billing' is already at revision {head} (nothing to do)",
+    ]
+
+
 def test_the_single_database_commands_take_one_database_given_as_a_tenant_entry(
     outbox_database_url: str,
 ) -> None:
