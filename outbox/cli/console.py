@@ -7,14 +7,12 @@ import os
 
 from outbox import settings
 from outbox.cli.arguments import (
-    ENV_DATABASE_URL,
-    ENV_SCHEMA,
+    add_databases,
     add_groups,
     add_kafka,
     add_transport,
     env_groups,
 )
-from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
 
 
@@ -28,26 +26,13 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     console = commands.add_parser(
         "console",
         help="serve an operator's web page: queues, processes, lag, throughput, dead letters",
-        description="A web page per service database, refreshing on its own. Binds 127.0.0.1 "
-        "unless an auth token is set. The consumer groups' lag is read from Kafka "
-        "(--kafka-bootstrap) or, with --transport postgres, from the log at --log-url. See "
-        "docs/how-to/console.md.",
+        description="A web page per service database, refreshing on its own; the databases "
+        "are listed at the top, one the console cannot read marked (a --databases-file is "
+        "read again every few seconds). Binds 127.0.0.1 unless an auth token is set. The "
+        "consumer groups' lag is read from Kafka (--kafka-bootstrap) or, with --transport "
+        "postgres, from the log at --log-url. See docs/how-to/console.md.",
     )
-    console.add_argument(
-        "--database-url",
-        dest="database_urls",
-        action="append",
-        default=None,
-        metavar="[NAME[/SCHEMA]=]URL",
-        help="a service database, named NAME in the page (else after its database), its tables "
-        f"in SCHEMA (else --schema's); repeatable (env {ENV_DATABASE_URL}: one database)",
-    )
-    console.add_argument(
-        "--schema",
-        default=os.environ.get(ENV_SCHEMA, "outbox"),
-        help="schema of the outbox tables in every database given without one (NAME/SCHEMA=URL "
-        f"gives one its own; env {ENV_SCHEMA}; default outbox)",
-    )
+    add_databases(console)
     add_kafka(console)
     add_transport(console)
     add_groups(console, every="of the Kafka cluster, or of the log with --transport postgres")
@@ -89,25 +74,26 @@ def run_console(args: argparse.Namespace) -> int:
     import signal
     from types import FrameType
 
-    from outbox.console.server import Console, ConsoleConfig, Database, parse_database_entry
+    from outbox.cli.arguments import databases_of
+    from outbox.console.server import Console, ConsoleConfig, Database
+    from outbox.core.databases import gather
     from outbox.core.redact import remember_secrets, secrets_of_url
 
-    urls = args.database_urls or (
-        [os.environ[ENV_DATABASE_URL]] if os.environ.get(ENV_DATABASE_URL) else []
-    )
-    if not urls:
-        raise ConfigurationError(f"--database-url is required (or set {ENV_DATABASE_URL})")
-    databases = []
-    for index, text in enumerate(urls):
-        remember_secrets(secrets_of_url(text))
-        name, url, schema = parse_database_entry(text, index)
-        databases.append(Database(name, url, schema or args.schema))
+    # Every entry checked now (a bad one is one line before the console starts); the console
+    # reads the databases file again while it runs.
+    databases = databases_of(args)
+    for d in databases:
+        remember_secrets(secrets_of_url(d.url))
+    if args.databases_file:
+        databases = gather(args.database_url or [], args.schema)
     if args.auth_token:
         remember_secrets([args.auth_token])
     if args.log_url:
         remember_secrets(secrets_of_url(args.log_url))
     config = ConsoleConfig(
-        databases=tuple(databases),
+        databases=tuple(Database(d.name, d.url, d.schema) for d in databases),
+        databases_file=args.databases_file or None,
+        schema=args.schema,
         host=args.host,
         port=args.port,
         auth_token=args.auth_token or None,

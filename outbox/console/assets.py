@@ -16,6 +16,8 @@ header { background: #212529; color: #f8f9fa; padding: 8px 16px; display: flex; 
 header h1 { font-size: 16px; margin: 0; }
 header a.db { color: #adb5bd; text-decoration: none; padding: 2px 8px; border-radius: 4px; }
 header a.db.current { background: #495057; color: #fff; }
+header a.db.down { color: #ffa8a8; }
+header .down-mark { font-size: 11px; }
 header .status { margin-left: auto; font-size: 12px; color: #adb5bd; }
 header .ro { background: #f08c00; color: #000; padding: 1px 6px; border-radius: 4px; }
 main { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px;
@@ -85,6 +87,12 @@ JS = """\
   }
 
   async function load() {
+    try {
+      const shown = await getJson("/api/databases?" + new URLSearchParams({db: db}));
+      $("databases").innerHTML = shown.html;
+    } catch (error) {
+      // The view's request below says why in the banner.
+    }
     try {
       const view = await getJson("/api/view?" + filters());
       for (const part of ["queues", "processes", "lag", "chart", "dead"]) {
@@ -180,7 +188,7 @@ PAGE = """\
 <body>
 <header>
 <h1>outbox console</h1>
-<nav>{databases}</nav>
+<nav id="databases">{databases}</nav>
 {read_only}
 <span class="status"><span title="{described}">schema {schema}</span> ·
 <span id="updated">loading…</span></span>

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from outbox import operations as ops
 from outbox.console.reads import DeadPage, RowView, preview
@@ -389,13 +389,25 @@ def _raw_headers(row: RowView) -> str:
     )
 
 
-def databases(names: Sequence[str], current: str, described: dict[str, str]) -> str:
-    """The database selector: one link per database, with its redacted connection string."""
-    return "".join(
-        f'<a class="db{" current" if n == current else ""}" href="/?db={esc(_q(n))}" '
-        f'title="{esc(described[n])}">{esc(n)}</a>'
-        for n in names
-    )
+def databases(
+    names: Sequence[str],
+    current: str,
+    described: Mapping[str, str],
+    errors: Mapping[str, str] | None = None,
+) -> str:
+    """The database selector: one link per database, with its redacted connection string; a
+    database the console could not read last time (`errors`: name -> why) is marked, the
+    reason in its title."""
+    errors = errors or {}
+    links = []
+    for n in names:
+        classes = "db" + (" current" if n == current else "") + (" down" if n in errors else "")
+        title = described[n] + (f" \u2014 cannot read: {errors[n]}" if n in errors else "")
+        mark = ' <span class="down-mark">(cannot read)</span>' if n in errors else ""
+        links.append(
+            f'<a class="{classes}" href="/?db={esc(_q(n))}" title="{esc(title)}">{esc(n)}{mark}</a>'
+        )
+    return "".join(links)
 
 
 def _q(name: str) -> str:

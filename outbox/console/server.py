@@ -54,6 +54,8 @@ import psycopg
 from outbox import operations as ops
 from outbox.console import assets, reads, render
 from outbox.console.throughput import Throughput
+from outbox.core.databases import Database as CoreDatabase
+from outbox.core.databases import check_distinct, parse_entry, read_file
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
@@ -93,6 +95,7 @@ class Database:
 class ConsoleConfig:
     """Settings of `outbox console`; validated at construction."""
 
+    #: The databases given as flags; more may come from `databases_file`.
     databases: tuple[Database, ...]
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
@@ -115,15 +118,22 @@ class ConsoleConfig:
     queued: int = 16
     #: Seconds a read from or a write to a client may take before its connection is closed.
     socket_timeout: float = 10.0
+    #: A file of more databases (`outbox.core.databases.read_file`), read again every sample.
+    databases_file: str | None = None
+    #: The schema of a database in `databases_file` that names none.
+    schema: str = "outbox"
 
     def __post_init__(self) -> None:
-        if not self.databases:
-            raise ConfigurationError("the console needs at least one --database-url")
+        if not self.databases and not self.databases_file:
+            raise ConfigurationError(
+                "the console needs at least one --database-url (or --databases-file)"
+            )
         names = [d.name for d in self.databases]
         if len(set(names)) != len(names):
             raise ConfigurationError(f"database names must differ, got {names}")
         for d in self.databases:
             validate_schema(d.schema)
+        validate_schema(self.schema)
         if not is_loopback(self.host) and not self.auth_token:
             raise ConfigurationError(
                 f"refusing to serve the console on {self.host}: it binds 127.0.0.1 unless an "
@@ -161,32 +171,26 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_database(text: str, index: int = 0) -> tuple[str, str]:
-    """(name, url) of a `--database-url`: `NAME=URL`, or a URL named after its database.
-
-    A string libpq parses as a whole (a URL, or `host=... dbname=...`) has no NAME.
-    """
-    name, url, _schema = parse_database_entry(text, index)
-    return name, url
+    """(name, url) of a `--database-url`: `NAME=URL`, `NAME/SCHEMA=URL`, or a URL named after
+    its database (`outbox.core.databases.parse_entry`)."""
+    found = parse_entry(text, "outbox", index=index)
+    return found.name, found.url
 
 
-def parse_database_entry(text: str, index: int = 0) -> tuple[str, str, str | None]:
-    """(name, url, schema or None) of a `--database-url`: `NAME=URL`, `NAME/SCHEMA=URL` (a
-    service whose tables are in SCHEMA of a database it shares with others), or a URL named
-    after its database."""
-    from outbox.core.redact import parse_conninfo
-
-    whole = parse_conninfo(text)
-    if whole is not None:
-        return whole.get("dbname") or f"database{index + 1}", text, None
-    label, sep, url = text.partition("=")
-    found = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]{0,62})(?:/([^=]*))?\s*", label)
-    if sep and found:
-        schema = found.group(2)
-        return found.group(1), url.strip(), None if schema is None else validate_schema(schema)
-    raise ConfigurationError(
-        "--database-url must be a PostgreSQL URL, NAME=URL or NAME/SCHEMA=URL "
-        f"(got {redact_url(text) if parse_conninfo(text) else 'an unparseable string'})"
-    )
+def current_databases(config: ConsoleConfig) -> tuple[Database, ...]:
+    """The databases of `config`'s flags and then of its databases file, read now; a
+    ConfigurationError when the file cannot be read, has a bad line, or repeats a name or a
+    database, or when no database is left."""
+    listed = list(config.databases)
+    if config.databases_file:
+        listed += [
+            Database(d.name, d.url, d.schema)
+            for d in read_file(config.databases_file, config.schema)
+        ]
+    check_distinct(CoreDatabase(d.name, d.url, d.schema) for d in listed)
+    if not listed:
+        raise ConfigurationError(f"the databases file {config.databases_file!r} lists no database")
+    return tuple(listed)
 
 
 class Console:
@@ -194,14 +198,19 @@ class Console:
 
     def __init__(self, config: ConsoleConfig) -> None:
         self.config = config
-        self._by_name = {d.name: d for d in config.databases}
-        self._described = {d.name: redact_url(d.url) for d in config.databases}
-        self._throughput = {d.name: Throughput() for d in config.databases}
+        self._databases: tuple[Database, ...] = ()
+        self._by_name: dict[str, Database] = {}
+        self._described: dict[str, str] = {}
+        self._throughput: dict[str, Throughput] = {}
+        self._databases_lock = threading.Lock()
+        self._file_error: str | None = None
+        self._use(current_databases(config))
         self._secret = secrets.token_bytes(32)
         self._lag: list[GroupLag] | None = None
         self._lag_note: str | None = None
         self._lag_lock = threading.Lock()
         self._sample_errors: dict[str, str] = {}
+        self._sampled: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server = _Server(config, _Handler)
@@ -249,6 +258,71 @@ class Console:
         for thread in self._threads:
             thread.join(10)
 
+    # -- the databases ----------------------------------------------------------------------
+
+    @property
+    def databases(self) -> tuple[Database, ...]:
+        """The databases shown now: the flags', then the databases file's as last read."""
+        return self._databases
+
+    def _use(self, databases: tuple[Database, ...]) -> None:
+        """Show `databases` from now on (a database that stays keeps its throughput)."""
+        with self._databases_lock:
+            throughput = {d.name: self._throughput.get(d.name) or Throughput() for d in databases}
+            self._by_name = {d.name: d for d in databases}
+            self._described = {d.name: redact_url(d.url) for d in databases}
+            self._throughput = throughput
+            self._databases = databases
+
+    def _reread(self) -> None:
+        """Read the databases file again; a file that cannot be used keeps the last list (its
+        error is logged when it starts or changes, and the recovery once)."""
+        if not self.config.databases_file:
+            return
+        try:
+            databases = current_databases(self.config)
+        except ConfigurationError as exc:
+            message = redact_text(str(exc))
+            if message != self._file_error:
+                log.warning("databases file: %s (keeping the databases shown)", message)
+            self._file_error = message
+            return
+        if self._file_error is not None:
+            log.info("databases file read again")
+            self._file_error = None
+        if databases != self._databases:
+            before, after = {d.name for d in self._databases}, {d.name for d in databases}
+            log.info(
+                "databases file: %d databases (added: %s; removed: %s)",
+                len(databases),
+                ", ".join(sorted(after - before)) or "none",
+                ", ".join(sorted(before - after)) or "none",
+            )
+            self._use(databases)
+
+    def database_states(self, current: str | None = None) -> dict[str, Any]:
+        """Each database shown, with whether the last sample could read it (and why not), and
+        the page's database selector with `current` marked."""
+        with self._databases_lock:
+            databases, described = self._databases, self._described
+        errors = dict(self._sample_errors)
+        read = set(self._sampled)
+        return {
+            "databases": [
+                {
+                    "name": d.name,
+                    "url": described[d.name],
+                    "schema": d.schema,
+                    # None until the sampler first tried it.
+                    "ok": False if d.name in errors else True if d.name in read else None,
+                    "error": errors.get(d.name),
+                }
+                for d in databases
+            ],
+            "databases_file_error": self._file_error,
+            "html": render.databases([d.name for d in databases], current or "", described, errors),
+        }
+
     # -- sampling ---------------------------------------------------------------------------
 
     def _sample_forever(self) -> None:
@@ -256,7 +330,16 @@ class Console:
         connections: dict[str, psycopg.Connection[Any]] = {}
         try:
             while not self._stop.is_set():
-                for d in self.config.databases:
+                self._reread()
+                shown = self.databases
+                for name in set(connections) - {d.name for d in shown}:
+                    connections.pop(name).close()
+                for name in set(self._sample_errors) - {d.name for d in shown}:
+                    self._sample_errors.pop(name, None)
+                self._sampled &= {d.name for d in shown}
+                for d in shown:
+                    if self._stop.is_set():
+                        break
                     self._sample(d, connections)
                 if self.config.lag_source:
                     lag_reader = self._sample_lag(lag_reader)
@@ -270,7 +353,9 @@ class Console:
     def _sample(self, d: Database, connections: dict[str, psycopg.Connection[Any]]) -> None:
         """One throughput sample of `d`. A database it cannot read is tried again at the next
         sample; its error is logged when it starts or changes, and its recovery once."""
-        throughput = self._throughput[d.name]
+        throughput = self._throughput.get(d.name)
+        if throughput is None:  # removed from the databases file meanwhile
+            return
         try:
             conn = connections.get(d.name)
             if conn is None or conn.closed:
@@ -285,6 +370,7 @@ class Console:
             if broken is not None:
                 broken.close()
             return
+        self._sampled.add(d.name)
         if self._sample_errors.pop(d.name, None) is not None:
             log.info("sampling %s again", d.name)
 
@@ -320,7 +406,7 @@ class Console:
     def database(self, name: str | None) -> Database:
         """The database called `name` (the first when None)."""
         if name is None:
-            return self.config.databases[0]
+            return self.databases[0]
         try:
             return self._by_name[name]
         except KeyError:
@@ -332,13 +418,12 @@ class Console:
 
     def page(self, d: Database, session: str) -> str:
         """The page shell of database `d`."""
-        names = [x.name for x in self.config.databases]
         return assets.PAGE.format(
             db=render.esc(d.name),
             csrf=render.esc(self.csrf_token(session)),
             refresh=render.esc(self.config.refresh),
-            databases=render.databases(names, d.name, self._described),
-            described=render.esc(self._described[d.name]),
+            databases=self.database_states(d.name)["html"],
+            described=render.esc(redact_url(d.url)),
             schema=render.esc(d.schema),
             read_only='<span class="ro">read-only</span>' if self.config.read_only else "",
         )
@@ -363,7 +448,7 @@ class Console:
             "queues": render.queues(status),
             "processes": render.processes(status),
             "lag": render.lag(groups, note),
-            "chart": render.chart(self._throughput[d.name].rates()),
+            "chart": render.chart(self._rates(d)),
             "dead": render.dead_letters(page, read_only=self.config.read_only),
             "error": None,
         }
@@ -386,9 +471,13 @@ class Console:
                     "received": r.received,
                     "handled": r.handled,
                 }
-                for r in self._throughput[d.name].rates()
+                for r in self._rates(d)
             ],
         }
+
+    def _rates(self, d: Database) -> list[Any]:
+        throughput = self._throughput.get(d.name)
+        return [] if throughput is None else list(throughput.rates())
 
     def row(self, d: Database, query: Mapping[str, str]) -> dict[str, Any]:
         """One row's detail fragment."""
@@ -830,6 +919,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/api/status":
             d = self.console.database(query.get("db"))
             self._json(HTTPStatus.OK, self.console.status_document(d))
+        elif path == "/api/databases":
+            self._json(HTTPStatus.OK, self.console.database_states(query.get("db")))
         elif path == "/api/row":
             d = self.console.database(query.get("db"))
             self._json(HTTPStatus.OK, self.console.row(d, query))

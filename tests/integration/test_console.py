@@ -267,16 +267,16 @@ def test_database_names() -> None:
     assert parse_database("eu=host=h dbname=shop") == ("eu", "host=h dbname=shop")
     with pytest.raises(ConfigurationError):
         parse_database("not a url at all")
-    from outbox.console.server import parse_database_entry
+    # The console reads entries as every command does (outbox.core.databases).
+    from outbox.core.databases import Database as Entry
+    from outbox.core.databases import parse_entry
 
-    assert parse_database_entry("billing/billing_v2=postgresql://u@h/app") == (
-        "billing",
-        "postgresql://u@h/app",
-        "billing_v2",
+    assert parse_entry("billing/billing_v2=postgresql://u@h/app", "outbox") == Entry(
+        "billing", "postgresql://u@h/app", "billing_v2"
     )
-    assert parse_database_entry("orders=postgresql://u@h/app")[2] is None
+    assert parse_entry("orders=postgresql://u@h/app", "shop").schema == "shop"
     with pytest.raises(ConfigurationError, match="schema"):
-        parse_database_entry('x/bad"name=postgresql://u@h/app')
+        parse_entry('x/bad"name=postgresql://u@h/app', "outbox")
 
 
 def test_a_quarantined_rows_raw_headers_are_shown_decoded_as_dead_letters_show_does(

@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from outbox.console import ConsoleConfig, Database, serve
 from outbox.postgres import migrate
 from outbox.testing.servers import drop_database
-from tests.integration.test_operations import _cli, insert
+from tests.integration.relay_helpers import wait_for
+from tests.integration.test_console import Client, _spawn_console
+from tests.integration.test_operations import CLI, _cli, insert
 
 DatabaseFactory = Callable[..., str]
 
@@ -196,3 +202,82 @@ def test_the_single_database_commands_take_one_database_given_as_a_tenant_entry(
     assert elsewhere.returncode == 1 and "no outbox schema 'other'" in elsewhere.stderr
     file = _cli("dead-letters", "list", "--databases-file", "tenants.txt")
     assert file.returncode == 2 and "unrecognized arguments: --databases-file" in file.stderr
+
+
+def test_the_console_lists_the_databases_marks_unreadable_ones_and_rereads_its_file(
+    tenants: dict[str, str], outbox_database_factory: DatabaseFactory, tmp_path: Path
+) -> None:
+    file = tmp_path / "tenants.txt"
+    file.write_text(f"b={tenants['b']}\nc={tenants['c']}\nd={tenants['d']}\n")
+    config = ConsoleConfig(
+        databases=(Database("a", tenants["a"]),),
+        databases_file=str(file),
+        port=0,
+        sample_interval=0.05,
+    )
+    app = serve(config)
+    try:
+        client = Client(app)
+
+        def states() -> dict[str, Any]:
+            status, doc = client.get_json("/api/databases?db=a")
+            assert status == 200, doc
+            return {d["name"]: d for d in doc["databases"]}
+
+        wait_for(lambda: None not in [d["ok"] for d in states().values()], 30, "a first sample")
+        shown = states()
+        assert list(shown) == ["a", "b", "c", "d"]
+        assert shown["a"]["ok"] and shown["b"]["ok"]
+        assert shown["c"]["ok"] is False and "outbox" in shown["c"]["error"]
+        assert shown["d"]["ok"] is False and "does not exist" in shown["d"]["error"]
+        page = client.open_page()
+        assert page.count('class="db') == 4 and page.count("(cannot read)") == 2
+        # The page of an unreadable database still loads; its view says why.
+        assert client.request("/?db=d")[0] == 200
+        status, view = client.get_json("/api/view?db=d")
+        assert status == 503 and "(d)" in view["error"]
+        assert client.get_json("/api/view?db=b")[0] == 200
+
+        added = outbox_database_factory()
+        file.write_text(f"b={tenants['b']}\nadded={added}\n")
+        wait_for(lambda: list(states()) == ["a", "b", "added"], 30, "the file read again")
+        assert client.get_json("/api/view?db=added")[0] == 200
+        assert client.get_json("/api/view?db=d")[0] == 404
+        file.write_text("-b=postgresql://u@h/b\n")  # a bad file keeps the databases shown
+        wait_for(
+            lambda: client.get_json("/api/databases")[1]["databases_file_error"], 30, "the error"
+        )
+        assert list(states()) == ["a", "b", "added"]
+    finally:
+        app.close()
+
+
+def test_the_console_command_takes_a_databases_file(
+    outbox_database_url: str, tmp_path: Path
+) -> None:
+    file = tmp_path / "tenants.txt"
+    file.write_text(f"second={outbox_database_url}\n")
+    process, base = _spawn_console(
+        "--database-url", f"first/outbox={outbox_database_url}", "--databases-file", str(file),
+        "--schema", "nothing_here",
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(base + "/api/databases", timeout=30) as response:
+            doc = json.loads(response.read())
+        assert [(d["name"], d["schema"]) for d in doc["databases"]] == [
+            ("first", "outbox"),
+            ("second", "nothing_here"),
+        ]
+    finally:
+        process.terminate()
+        process.wait(30)
+        assert process.stdout is not None
+        process.stdout.close()
+    bad = subprocess.run(
+        [*CLI, "console", "--databases-file", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.strip().startswith("outbox: error: cannot read the databases file")
