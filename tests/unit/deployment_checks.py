@@ -49,14 +49,22 @@ def parse_outbox(argv: Sequence[str], env: Mapping[str, str], where: str) -> arg
     stderr = io.StringIO()
     with environment(env), contextlib.redirect_stderr(stderr):
         try:
-            return build_parser().parse_args(list(argv))
+            args = build_parser().parse_args(list(argv))
         except SystemExit as exc:
             lines = stderr.getvalue().strip().splitlines() or [""]
             pytest.fail(
                 f"{where}: `outbox {' '.join(argv)}` does not parse (exit {exc.code}): {lines[-1]}",
                 pytrace=False,
             )
-    raise AssertionError("unreachable")  # pragma: no cover
+        if isinstance(getattr(args, "database_url", None), list):
+            # A command of many databases reads them when it runs (flags, file, or else
+            # OUTBOX_DATABASE_URL): as it would in the container, or none.
+            from outbox.cli.arguments import databases_of
+            from outbox.core.errors import ConfigurationError
+
+            with contextlib.suppress(ConfigurationError):
+                args.database_url = [d.url for d in databases_of(args)]
+        return args
 
 
 def check_required(args: argparse.Namespace, where: str) -> None:
