@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox import operations as ops
+from outbox.postgres import operations as ops
 
 #: `dead-letters show` and the console show at most this many bytes of a payload.
 PAYLOAD_PREVIEW_BYTES = 4096

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from outbox import operations as ops
 from outbox.formatting import PAYLOAD_PREVIEW_BYTES
+from outbox.postgres import operations as ops
 from outbox.postgres.queries import queries
 
 #: Dead rows per page of the list.

@@ -51,7 +51,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
-from outbox import operations as ops
 from outbox.console import assets, reads, render
 from outbox.console.throughput import Throughput
 from outbox.core.errors import ConfigurationError, OutboxError
@@ -59,6 +58,7 @@ from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.formatting import cut, status_json
+from outbox.postgres import operations as ops
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 

@@ -35,7 +35,6 @@ from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.operations import error_summary
 from outbox.pglog import DEFAULT_PARTITIONS, PgLogPublisher, PgLogSubscriber, check_log
 from outbox.pglog.log import DEFAULT_SCHEMA as DEFAULT_LOG_SCHEMA
 from outbox.ports import (
@@ -45,6 +44,7 @@ from outbox.ports import (
     Subscriber,
     SubscriberFactory,
 )
+from outbox.postgres.operations import error_summary
 from outbox.postgres.queries import quote_ident, validate_schema
 from outbox.testing.memory import InMemoryTransport
 from outbox.transports import kafka_publishers, kafka_subscribers

@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outbox import operations as ops
 from outbox.core.errors import ConfigurationError
 from outbox.postgres import migrate
+from outbox.postgres import operations as ops
 from outbox.postgres.queries import channel, quote_ident
 
 CLI = [sys.executable, "-m", "outbox.cli"]

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from outbox import formatting as fmt
-from outbox import operations as ops
 from outbox import settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
@@ -66,6 +65,7 @@ from outbox.core.lag import GroupLag, lag_json
 from outbox.core.numbers import flag_type
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
+from outbox.postgres import operations as ops
 from outbox.postgres.connection import connect_or_raise
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
