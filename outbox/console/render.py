@@ -1,4 +1,4 @@
-"""HTML fragments of the console, from the dataclasses of `outbox.operations` and the lag.
+"""HTML fragments of the console, from the dataclasses of `outbox.postgres.operations` and the lag.
 
 Every value that comes from a database or a broker (topics, keys, payloads, headers, errors,
 relay ids) goes through `esc`, which escapes HTML and shows control characters as `\\xNN`

@@ -1,7 +1,7 @@
 """The operator commands: `outbox status` and `outbox dead-letters list|show|requeue|purge`.
 
 Rows are inserted with SQL in exactly the states each test needs; the commands run as the real
-CLI in a subprocess, except for the checks of the Python API in `outbox.operations`.
+CLI in a subprocess, except for the checks of the Python API in `outbox.postgres.operations`.
 """
 
 from __future__ import annotations
