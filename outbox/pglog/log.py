@@ -4,13 +4,10 @@ the header codec, topic lookups, and `PgLog` for administration (topics, retenti
 from __future__ import annotations
 
 import logging
-import re
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import check_database, connect
 from outbox.postgres.migrate import alembic_config, offline_sql, run_upgrade
-from outbox.postgres.queries import channel, quote_ident, validate_schema
+from outbox.postgres.queries import channel, statements_for, validate_schema
 
 log = logging.getLogger("outbox.pglog")
 
@@ -121,21 +118,9 @@ def check_partitions(partitions: int) -> int:
     return partitions
 
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-@cache
-def _raw() -> dict[str, str]:
-    text = resources.files("outbox.pglog").joinpath("sql", "log.sql").read_text()
-    parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-@cache
 def queries(schema: str) -> dict[str, str]:
-    """The log's statements with `{schema}` replaced by the quoted, validated schema name."""
-    quoted = quote_ident(validate_schema(schema))
-    return {name: body.replace("{schema}", quoted) for name, body in _raw().items()}
+    """The log's statements (outbox/pglog/sql/) for `schema`, by outbox's loader."""
+    return statements_for(schema, "outbox.pglog")
 
 
 def wake_channel(schema: str) -> str:
@@ -419,17 +404,11 @@ class PgLog:
 
     def count(self, topic: str | None = None) -> int:
         """How many records the log keeps (of `topic`, or of all topics)."""
-        s = quote_ident(self.schema)
         with self._connect() as conn:
             if topic is None:
-                row = conn.execute(f"SELECT count(*) FROM {s}.log_records").fetchone()
+                row = conn.execute(self.sql["log_count"]).fetchone()
             else:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {s}.log_records r JOIN {s}.log_partitions p "
-                    f"ON p.id = r.partition_id JOIN {s}.log_topics t ON t.id = p.topic_id "
-                    "WHERE t.name = %s",
-                    (topic,),
-                ).fetchone()
+                row = conn.execute(self.sql["log_count_topic"], {"topic": topic}).fetchone()
         return int(row[0]) if row else 0
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
