@@ -340,7 +340,7 @@ def _connection(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]]:
     with conn:
         try:
             # A row named by id may be locked by a running handler: wait a while, not forever.
-            conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
+            ops.limit_lock_wait(conn, schema)
             check_schema(conn, schema)
             yield conn
         except psycopg.errors.LockNotAvailable:

@@ -523,7 +523,7 @@ def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
         ) from None
     with conn:
         try:
-            conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
+            ops.limit_lock_wait(conn, d.schema)
             check_schema(conn, d.schema)
             yield conn
         except psycopg.errors.LockNotAvailable:

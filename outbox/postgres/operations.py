@@ -52,6 +52,12 @@ _MAX_BIGINT = 2**63 - 1
 _MAX_PROBLEMS = 5
 
 
+def limit_lock_wait(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Make the operator tool's session on `conn` wait at most LOCK_TIMEOUT_SECONDS for a row
+    lock, then fail with `psycopg.errors.LockNotAvailable` (it changed nothing)."""
+    conn.execute(queries(schema)["ops_lock_timeout"], {"timeout": f"{LOCK_TIMEOUT_SECONDS}s"})
+
+
 class NoSuchDeadLetter(OutboxError, LookupError):
     """A row named by id is not in the queue, or (for requeue and purge) is not dead."""
 

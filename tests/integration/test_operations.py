@@ -571,6 +571,26 @@ def test_requeue_inside_a_callers_transaction_commits_with_it(outbox_database_ur
     assert row_of(url, "consumer", dead)["dead_at"] is None
 
 
+def test_a_row_locked_by_a_handler_is_waited_for_a_while_then_left_alone(
+    outbox_database_url: str,
+) -> None:
+    # The operator tools' session waits LOCK_TIMEOUT_SECONDS for a row lock, not as long as
+    # the handler holding it runs; then one line, and the row is as it was.
+    url = outbox_database_url
+    dead, _ = insert(url, "consumer", "dead")
+    with psycopg.connect(url) as handler:
+        handler.execute(
+            "SELECT 1 FROM outbox.consumer_queue WHERE id = %s FOR UPDATE", (dead,)
+        ).fetchone()
+        result = _cli("dead-letters", "requeue", str(dead), "--database-url", url)
+    _one_line_error(result, 1, f"waited {ops.LOCK_TIMEOUT_SECONDS} s")
+    assert row_of(url, "consumer", dead)["dead_at"] is not None
+    with psycopg.connect(url, autocommit=True) as conn:
+        ops.limit_lock_wait(conn, "outbox")
+        shown = conn.execute("SHOW lock_timeout").fetchone()
+    assert shown == (f"{ops.LOCK_TIMEOUT_SECONDS}s",)
+
+
 def test_selection_and_error_summary() -> None:
     with pytest.raises(ConfigurationError):
         ops.Selection()
