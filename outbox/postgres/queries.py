@@ -7,6 +7,8 @@ import re
 from functools import cache
 from importlib import resources
 
+from psycopg import sql as psql
+
 from outbox.core.databases import validate_schema as validate_schema
 from outbox.core.errors import ConfigurationError
 
@@ -51,6 +53,15 @@ def statements_for(schema: str, package: str, folder: str = "sql") -> dict[str, 
 def queries(schema: str) -> dict[str, str]:
     """All statements of outbox/postgres/sql/ for `schema`."""
     return statements_for(schema, "outbox.postgres")
+
+
+def compose(name: str, **identifiers: str) -> psql.Composed:
+    """The named statement `name` of outbox/postgres/sql/ (one without `{schema}`) with each
+    `{placeholder}` replaced by the quoted identifier given for it: for the statements that
+    take a database's name, which PostgreSQL does not accept as a parameter."""
+    return psql.SQL(named_statements("outbox.postgres")[name]).format(
+        **{key: psql.Identifier(value) for key, value in identifiers.items()}
+    )
 
 
 #: PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1): `pg_notify` refuses a longer
