@@ -591,6 +591,16 @@ def test_a_row_locked_by_a_handler_is_waited_for_a_while_then_left_alone(
     assert shown == (f"{ops.LOCK_TIMEOUT_SECONDS}s",)
 
 
+def test_a_statement_time_limit_cancels_a_slow_statement(outbox_database_url: str) -> None:
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        ops.limit_statement_time(conn, "outbox", 0.2)
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("200ms",)
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(30)")
+        ops.limit_statement_time(conn, "outbox", 0.0001)  # at least a millisecond, not "none"
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("1ms",)
+
+
 def test_selection_and_error_summary() -> None:
     with pytest.raises(ConfigurationError):
         ops.Selection()
