@@ -1,6 +1,6 @@
-"""How the operator tools show what `outbox.operations` returns: shared by the `outbox` command
-(outbox/cli/operations.py) and the console (outbox/console/), which is below the CLI and so
-cannot import it.
+"""How the operator tools show what `outbox.postgres.operations` returns: shared by the
+`outbox` command (outbox/cli/operator.py) and the console (outbox/console/), which is below the
+CLI and so cannot import it.
 
 Nothing here reads a database or prints. Times are shown in UTC; ages are short (`4m05s`);
 bytes (keys, payloads, headers) are text when they are printable UTF-8, else hex.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox import operations as ops
+from outbox.postgres import operations as ops
 
 #: `dead-letters show` and the console show at most this many bytes of a payload.
 PAYLOAD_PREVIEW_BYTES = 4096
@@ -116,7 +116,7 @@ def count_json(count: ops.Count) -> dict[str, Any]:
 
 def status_json(status: ops.Status) -> dict[str, Any]:
     """The document of `outbox status --json` without the lag and the check (whose shape the
-    docstring of outbox/cli/operations.py gives); the console serves it too."""
+    docstring of outbox/cli/operator.py gives); the console serves it too."""
     queues: dict[str, Any] = {}
     for q in status.queues:
         queues[q.queue] = {

@@ -2,7 +2,7 @@
 
 - `command`: the parser of every command and `main`, with migrate and the three daemons;
 - `arguments`: the flags the commands share, each with its environment variable;
-- `operations`: `status` and `dead-letters`;
+- `operator`: the operator commands `status`, `dead-letters`, `log-groups` and `log-topics`;
 - `reference`: docs/reference/configuration.md, generated from the parser.
 
 `outbox console` and `outbox spark` declare their flags in `outbox.cli.console` and

@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_run_command(commands)
 
-    from outbox.cli.operations import add_operator_commands
+    from outbox.cli.operator import add_operator_commands
 
     add_operator_commands(commands)
 
@@ -639,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_spark_command(args)
         if args.command not in handlers:
-            from outbox.cli.operations import run_operator_command
+            from outbox.cli.operator import run_operator_command
 
             code = run_operator_command(args)
             if code is not None:

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from outbox import operations as ops
 from outbox.formatting import PAYLOAD_PREVIEW_BYTES
+from outbox.postgres import operations as ops
 from outbox.postgres.queries import queries
 
 #: Dead rows per page of the list.
@@ -61,7 +61,7 @@ class DeadSummary:
 
     @property
     def error_summary(self) -> str:
-        """The telling line of the error (`outbox.operations.error_summary`) found in its
+        """The telling line of the error (`outbox.postgres.operations.error_summary`) found in its
         first and last characters, cut to SUMMARY_CHARS."""
         summary = ops.error_summary(joined(self.error_head, self.error_tail))
         if len(summary) > SUMMARY_CHARS:
@@ -137,7 +137,7 @@ class RowView:
 
     @property
     def quarantined(self) -> bool:
-        """Stored dead on arrival (see `outbox.operations.QueueRow.quarantined`)."""
+        """Stored dead on arrival (see `outbox.postgres.operations.QueueRow.quarantined`)."""
         return self.raw_headers_size is not None
 
 
@@ -152,7 +152,7 @@ def dead_page(
     limit: int = PAGE_ROWS,
 ) -> DeadPage:
     """The dead rows of `queue` after id `after`, at most `limit`, with the filters of
-    `outbox.operations.list_dead_letters`, and how many match in all."""
+    `outbox.postgres.operations.list_dead_letters`, and how many match in all."""
     sql = queries(schema)
     params = {
         "topic": topic,
@@ -211,7 +211,7 @@ def show_row(
     conn: psycopg.Connection[Any], schema: str, queue: ops.Queue, row_id: ops.RowId
 ) -> RowView:
     """One row of a queue, in any state, by id or message UUID, its long values cut;
-    `outbox.operations.NoSuchDeadLetter` if absent."""
+    `outbox.postgres.operations.NoSuchDeadLetter` if absent."""
     params: dict[str, Any] = {
         "id": row_id if isinstance(row_id, int) else None,
         "message_id": None if isinstance(row_id, int) else row_id,

@@ -1,4 +1,4 @@
-"""HTML fragments of the console, from the dataclasses of `outbox.operations` and the lag.
+"""HTML fragments of the console, from the dataclasses of `outbox.postgres.operations` and the lag.
 
 Every value that comes from a database or a broker (topics, keys, payloads, headers, errors,
 relay ids) goes through `esc`, which escapes HTML and shows control characters as `\\xNN`
@@ -13,11 +13,11 @@ import html
 import json
 from collections.abc import Mapping, Sequence
 
-from outbox import operations as ops
 from outbox.console.reads import DeadPage, RowView, preview
 from outbox.console.throughput import Rate
 from outbox.core.lag import GroupLag, PartitionLag
 from outbox.formatting import age, cut, key_cell, key_text, raw_header_json, when
+from outbox.postgres import operations as ops
 
 #: Rows of a table of the page at most (topics of a queue, processes, claims, partitions of
 #: the lag): with the page size of the dead letters, they bound the size of every answer.

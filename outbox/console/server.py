@@ -51,7 +51,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
-from outbox import operations as ops
 from outbox.console import assets, reads, render
 from outbox.console.throughput import Throughput
 from outbox.core.databases import Database as CoreDatabase
@@ -61,6 +60,7 @@ from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.formatting import cut, status_json
+from outbox.postgres import operations as ops
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
 
@@ -612,7 +612,7 @@ def _connection(d: Database) -> Iterator[psycopg.Connection[Any]]:
         ) from None
     with conn:
         try:
-            conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
+            ops.limit_lock_wait(conn, d.schema)
             check_schema(conn, d.schema)
             yield conn
         except psycopg.errors.LockNotAvailable:

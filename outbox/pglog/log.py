@@ -4,13 +4,10 @@ the header codec, topic lookups, and `PgLog` for administration (topics, retenti
 from __future__ import annotations
 
 import logging
-import re
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +16,12 @@ import psycopg
 from outbox.core.errors import (
     ConfigurationError,
     OutboxError,
-    SchemaNotMigrated,
-    SchemaTooNew,
 )
 from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import check_database, connect
-from outbox.postgres.migrate import alembic_config, offline_sql, run_upgrade
-from outbox.postgres.queries import channel, quote_ident, validate_schema
+from outbox.postgres.migrate import Migrations
+from outbox.postgres.queries import channel, statements_for, validate_schema
 
 log = logging.getLogger("outbox.pglog")
 
@@ -40,9 +35,10 @@ DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000
 #: Most partitions a topic can have (the log_topics CHECK constraint).
 MAX_PARTITIONS = 10_000
-#: The newest revision of the log's migrations (outbox/pglog/migrations/versions).
+#: The newest revision of the log's migrations (outbox/pglog/migrations/versions); the schema
+#: check reads it from the scripts (`LOG_MIGRATIONS`), tests/unit/test_migration_revisions.py
+#: checks that this is it.
 HEAD_REVISION = "log0002"
-KNOWN_REVISIONS = frozenset({"log0001", HEAD_REVISION})
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -121,21 +117,9 @@ def check_partitions(partitions: int) -> int:
     return partitions
 
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-@cache
-def _raw() -> dict[str, str]:
-    text = resources.files("outbox.pglog").joinpath("sql", "log.sql").read_text()
-    parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-@cache
 def queries(schema: str) -> dict[str, str]:
-    """The log's statements with `{schema}` replaced by the quoted, validated schema name."""
-    quoted = quote_ident(validate_schema(schema))
-    return {name: body.replace("{schema}", quoted) for name, body in _raw().items()}
+    """The log's statements (outbox/pglog/sql/) for `schema`, by outbox's loader."""
+    return statements_for(schema, "outbox.pglog")
 
 
 def wake_channel(schema: str) -> str:
@@ -145,26 +129,7 @@ def wake_channel(schema: str) -> str:
 
 def check_schema(conn: Connection, schema: str) -> None:
     """Raise unless the log schema is migrated to exactly the revision this code expects."""
-    try:
-        with conn.transaction():
-            row = conn.execute(queries(schema)["log_schema_version"]).fetchone()
-    except psycopg.errors.UndefinedTable:
-        raise SchemaNotMigrated(
-            f"the log database has no log schema {schema!r}: run "
-            f"`outbox migrate --log-url URL --log-schema {schema}`"
-        ) from None
-    version = row[0] if row else None
-    if version == HEAD_REVISION:
-        return
-    if version is None or version in KNOWN_REVISIONS:
-        raise SchemaNotMigrated(
-            f"log schema {schema!r} is at revision {version}, this outbox needs "
-            f"{HEAD_REVISION}: run `outbox migrate --log-url URL --log-schema {schema}`"
-        )
-    raise SchemaTooNew(
-        f"log schema {schema!r} is at revision {version!r}, which this version of outbox does "
-        "not know: it was migrated by a newer outbox; upgrade this service's outbox"
-    )
+    LOG_MIGRATIONS.check_schema(conn, schema)
 
 
 def check_log(
@@ -191,22 +156,29 @@ def migrations_dir() -> Path:
     return Path(__file__).resolve().parent / "migrations"
 
 
+#: The log's migrations, run and checked as outbox's own are (`outbox.postgres.migrate`).
+LOG_MIGRATIONS = Migrations(
+    directory=migrations_dir,
+    kind="log schema",
+    where="the log database",
+    fix="outbox migrate --log-url URL --log-schema {schema}",
+    version_sql=lambda schema: queries(schema)["log_schema_version"],
+)
+
+
 def upgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> None:
     """Create or upgrade the log schema."""
-    cfg = alembic_config(migrations_dir(), url, schema)
-    run_upgrade(cfg, revision, f"log schema {schema!r}")
+    LOG_MIGRATIONS.upgrade(url, schema, revision)
 
 
 def downgrade(url: str, schema: str = DEFAULT_SCHEMA, revision: str = "base") -> None:
     """Take the log schema down to `revision` (default: drop every log table)."""
-    from alembic import command
-
-    command.downgrade(alembic_config(migrations_dir(), url, schema), revision)
+    LOG_MIGRATIONS.downgrade(url, schema, revision)
 
 
 def upgrade_sql(schema: str = DEFAULT_SCHEMA) -> str:
     """The SQL `upgrade` would run on an empty database, for a DBA to review."""
-    return offline_sql(migrations_dir(), schema)
+    return LOG_MIGRATIONS.upgrade_sql(schema)
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -419,17 +391,11 @@ class PgLog:
 
     def count(self, topic: str | None = None) -> int:
         """How many records the log keeps (of `topic`, or of all topics)."""
-        s = quote_ident(self.schema)
         with self._connect() as conn:
             if topic is None:
-                row = conn.execute(f"SELECT count(*) FROM {s}.log_records").fetchone()
+                row = conn.execute(self.sql["log_count"]).fetchone()
             else:
-                row = conn.execute(
-                    f"SELECT count(*) FROM {s}.log_records r JOIN {s}.log_partitions p "
-                    f"ON p.id = r.partition_id JOIN {s}.log_topics t ON t.id = p.topic_id "
-                    "WHERE t.name = %s",
-                    (topic,),
-                ).fetchone()
+                row = conn.execute(self.sql["log_count_topic"], {"topic": topic}).fetchone()
         return int(row[0]) if row else 0
 
     def committed(self, group: str, topic: str) -> dict[int, int]:

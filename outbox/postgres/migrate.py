@@ -1,7 +1,7 @@
 """Applies outbox's Alembic migrations and checks the version a database is at.
 
-Also what the log's migrations (outbox/pglog/migrations) share with outbox's own: the Alembic
-configuration (`alembic_config`), the offline SQL (`offline_sql`) and the env.py
+What the log's migrations (outbox/pglog/migrations) share with outbox's own: `Migrations` (upgrade,
+downgrade, offline SQL, the revision check) over either script directory, and the env.py
 (`run_environment`).
 """
 
@@ -11,6 +11,7 @@ import ast
 import io
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -166,43 +167,27 @@ def run_environment(
         engine.dispose()  # also when a migration failed: no pooled connection left open
 
 
-def upgrade(database_url: str, schema: str = "outbox", revision: str = "head") -> None:
-    """Bring the schema up to `revision` (default: the newest)."""
-    cfg = alembic_config(migrations_dir(), database_url, schema)
-    run_upgrade(cfg, revision, f"outbox schema {schema!r}")
-
-
-def downgrade(database_url: str, schema: str = "outbox", revision: str = "base") -> None:
-    """Take the schema down to `revision` (default: remove every outbox table)."""
-    from alembic import command
-
-    command.downgrade(alembic_config(migrations_dir(), database_url, schema), revision)
-
-
-def upgrade_sql(schema: str = "outbox", revision: str = "head") -> str:
-    """The SQL `upgrade` would run on an empty database, for a DBA to review and apply."""
-    return offline_sql(migrations_dir(), schema, revision)
-
-
 @cache
-def _revisions() -> dict[str, tuple[str, ...]]:
-    """Each revision this version of outbox ships, with the revisions it follows.
+def _revisions(directory: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """Each revision the scripts of `directory` (default: outbox's own) hold, with the
+    revisions it follows.
 
     Read from the scripts' `revision` and `down_revision` lines, without Alembic: importing
     Alembic costs every daemon about 0.4 s at start, and checking the schema needs nothing
     else from it. A script this cannot read falls back to Alembic's own reading.
     """
+    directory = directory or migrations_dir()
     revisions: dict[str, tuple[str, ...]] = {}
-    for path in sorted((migrations_dir() / "versions").glob("*.py")):
+    for path in sorted((directory / "versions").glob("*.py")):
         values = dict(_ASSIGNMENT.findall(path.read_text(encoding="utf-8")))
         try:
             revision = ast.literal_eval(values["revision"])
             down = ast.literal_eval(values.get("down_revision", "None"))
         except (KeyError, ValueError, SyntaxError):
-            return _alembic_revisions()
+            return _alembic_revisions(directory)
         downs = () if down is None else (down,) if isinstance(down, str) else tuple(down)
         if not isinstance(revision, str) or not all(isinstance(d, str) for d in downs):
-            return _alembic_revisions()
+            return _alembic_revisions(directory)
         revisions[revision] = downs
     return revisions
 
@@ -210,11 +195,12 @@ def _revisions() -> dict[str, tuple[str, ...]]:
 _ASSIGNMENT = re.compile(r"^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
 
 
-def _alembic_revisions() -> dict[str, tuple[str, ...]]:
+def _alembic_revisions(directory: Path | None = None) -> dict[str, tuple[str, ...]]:
     from alembic.script import ScriptDirectory
 
+    directory = directory or migrations_dir()
     revisions: dict[str, tuple[str, ...]] = {}
-    for script in ScriptDirectory(str(migrations_dir())).walk_revisions():
+    for script in ScriptDirectory(str(directory)).walk_revisions():
         down = script.down_revision
         revisions[script.revision] = (
             () if down is None else (down,) if isinstance(down, str) else tuple(down)
@@ -222,40 +208,113 @@ def _alembic_revisions() -> dict[str, tuple[str, ...]]:
     return revisions
 
 
+@dataclass(frozen=True)
+class Migrations:
+    """One Alembic script directory with one linear history: outbox's own (`OUTBOX`) or the
+    log's (`outbox.pglog.log.LOG_MIGRATIONS`). Upgrades, downgrades, offline SQL and the check
+    that a schema is at exactly the newest revision, with errors that name the schema and the
+    command that migrates it."""
+
+    #: The script directory, found when first needed.
+    directory: Callable[[], Path]
+    #: What a schema of these migrations is called: "outbox schema", "log schema".
+    kind: str
+    #: Where a missing schema is missing from: "database", "the log database".
+    where: str
+    #: The command that migrates a schema, with `{schema}` for its name.
+    fix: str
+    #: The statement that reads a schema's version table.
+    version_sql: Callable[[str], str]
+
+    def upgrade(self, url: str, schema: str, revision: str = "head") -> None:
+        """Bring `schema` up to `revision` (default: the newest)."""
+        cfg = alembic_config(self.directory(), url, schema)
+        run_upgrade(cfg, revision, f"{self.kind} {schema!r}")
+
+    def downgrade(self, url: str, schema: str, revision: str = "base") -> None:
+        """Take `schema` down to `revision` (default: remove every table of these scripts)."""
+        from alembic import command
+
+        command.downgrade(alembic_config(self.directory(), url, schema), revision)
+
+    def upgrade_sql(self, schema: str, revision: str = "head") -> str:
+        """The SQL `upgrade` would run on an empty database, for a DBA to review and apply."""
+        return offline_sql(self.directory(), schema, revision)
+
+    def known_revisions(self) -> frozenset[str]:
+        """Every revision the scripts hold."""
+        return frozenset(_revisions(self.directory()))
+
+    def head_revision(self) -> str:
+        """The newest revision the scripts hold."""
+        revisions = _revisions(self.directory())
+        followed = {down for downs in revisions.values() for down in downs}
+        heads = [revision for revision in revisions if revision not in followed]
+        assert len(heads) == 1, f"{self.kind} migrations have {len(heads)} heads: {heads}"
+        return heads[0]
+
+    def check_schema(self, conn: psycopg.Connection[Any], schema: str) -> None:
+        """Raise unless `schema` is migrated to exactly the newest revision."""
+        fix = self.fix.format(schema=schema)
+        try:
+            with conn.transaction():
+                row = conn.execute(self.version_sql(schema)).fetchone()
+        except psycopg.errors.UndefinedTable:
+            raise SchemaNotMigrated(
+                f"{self.where} has no {self.kind} {schema!r}: run `{fix}`"
+            ) from None
+        version = row[0] if row else None
+        head = self.head_revision()
+        if version == head:
+            return
+        if version is None or version in self.known_revisions():
+            raise SchemaNotMigrated(
+                f"{self.kind} {schema!r} is at revision {version}, this outbox needs "
+                f"{head}: run `{fix}`"
+            )
+        raise SchemaTooNew(
+            f"{self.kind} {schema!r} is at revision {version!r}, which this version of outbox "
+            "does not know: it was migrated by a newer outbox; upgrade this service's outbox"
+        )
+
+
+#: outbox's own migrations (migrations/, outbox/_migrations in the wheel).
+OUTBOX = Migrations(
+    directory=migrations_dir,
+    kind="outbox schema",
+    where="database",
+    fix="outbox migrate --schema {schema}",
+    version_sql=lambda schema: queries(schema)["schema_version"],
+)
+
+
+def upgrade(database_url: str, schema: str = "outbox", revision: str = "head") -> None:
+    """Bring the schema up to `revision` (default: the newest)."""
+    OUTBOX.upgrade(database_url, schema, revision)
+
+
+def downgrade(database_url: str, schema: str = "outbox", revision: str = "base") -> None:
+    """Take the schema down to `revision` (default: remove every outbox table)."""
+    OUTBOX.downgrade(database_url, schema, revision)
+
+
+def upgrade_sql(schema: str = "outbox", revision: str = "head") -> str:
+    """The SQL `upgrade` would run on an empty database, for a DBA to review and apply."""
+    return OUTBOX.upgrade_sql(schema, revision)
+
+
 @cache
 def known_revisions() -> frozenset[str]:
     """Every revision this version of outbox ships."""
-    return frozenset(_revisions())
+    return OUTBOX.known_revisions()
 
 
 @cache
 def head_revision() -> str:
     """The newest revision this version of outbox ships."""
-    revisions = _revisions()
-    followed = {down for downs in revisions.values() for down in downs}
-    heads = [revision for revision in revisions if revision not in followed]
-    assert len(heads) == 1, f"outbox migrations have {len(heads)} heads: {heads}"
-    return heads[0]
+    return OUTBOX.head_revision()
 
 
 def check_schema(conn: psycopg.Connection[Any], schema: str) -> None:
     """Raise unless `schema` is migrated to exactly the revision this code expects."""
-    try:
-        with conn.transaction():
-            row = conn.execute(queries(schema)["schema_version"]).fetchone()
-    except psycopg.errors.UndefinedTable:
-        raise SchemaNotMigrated(
-            f"database has no outbox schema {schema!r}: run `outbox migrate --schema {schema}`"
-        ) from None
-    version = row[0] if row else None
-    if version == head_revision():
-        return
-    if version is None or version in known_revisions():
-        raise SchemaNotMigrated(
-            f"outbox schema {schema!r} is at revision {version}, this outbox needs "
-            f"{head_revision()}: run `outbox migrate --schema {schema}`"
-        )
-    raise SchemaTooNew(
-        f"outbox schema {schema!r} is at revision {version!r}, which this version of outbox "
-        "does not know: it was migrated by a newer outbox; upgrade this service's outbox"
-    )
+    OUTBOX.check_schema(conn, schema)

@@ -1,4 +1,4 @@
-"""Loads the named statements of `sql/queries.sql` for one schema."""
+"""The one loader of named SQL statements (`.sql` files in a package), for one schema."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import hashlib
 import re
 from functools import cache
 from importlib import resources
+
+from psycopg import sql as psql
 
 from outbox.core.databases import validate_schema as validate_schema
 from outbox.core.errors import ConfigurationError
@@ -19,11 +21,12 @@ def quote_ident(name: str) -> str:
 
 
 @cache
-def _raw() -> dict[str, str]:
-    """Every named statement of every `sql/*.sql` file; a name may appear only once."""
+def named_statements(package: str, folder: str = "sql") -> dict[str, str]:
+    """Every named statement (`-- name: NAME` heading its body) of every `*.sql` file in
+    `folder` of `package`, with `{schema}` still in it; a name may appear only once."""
     statements: dict[str, str] = {}
-    folder = resources.files("outbox.postgres").joinpath("sql")
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+    directory = resources.files(package).joinpath(folder)
+    for entry in sorted(directory.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
             continue
         parts = _NAME.split(entry.read_text())
@@ -36,10 +39,29 @@ def _raw() -> dict[str, str]:
 
 
 @cache
-def queries(schema: str) -> dict[str, str]:
-    """All statements with `{schema}` replaced by the quoted, validated schema name."""
+def statements_for(schema: str, package: str, folder: str = "sql") -> dict[str, str]:
+    """The named statements of `package`'s `folder` with `{schema}` replaced by the quoted,
+    validated schema name: the one loader of outbox's SQL (outbox/postgres/sql/) and the
+    log's (outbox/pglog/sql/)."""
     quoted = quote_ident(validate_schema(schema))
-    return {name: body.replace("{schema}", quoted) for name, body in _raw().items()}
+    return {
+        name: body.replace("{schema}", quoted)
+        for name, body in named_statements(package, folder).items()
+    }
+
+
+def queries(schema: str) -> dict[str, str]:
+    """All statements of outbox/postgres/sql/ for `schema`."""
+    return statements_for(schema, "outbox.postgres")
+
+
+def compose(name: str, **identifiers: str) -> psql.Composed:
+    """The named statement `name` of outbox/postgres/sql/ (one without `{schema}`) with each
+    `{placeholder}` replaced by the quoted identifier given for it: for the statements that
+    take a database's name, which PostgreSQL does not accept as a parameter."""
+    return psql.SQL(named_statements("outbox.postgres")[name]).format(
+        **{key: psql.Identifier(value) for key, value in identifiers.items()}
+    )
 
 
 #: PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1): `pg_notify` refuses a longer

@@ -7,15 +7,16 @@ message id (`INSERT ... ON CONFLICT (message_id) DO NOTHING`), followed by the
 same NOTIFY when a Handler sleeps. The Handler cannot tell which relay stored a row.
 
 Each Spark task writes its own share on the executor, in transactions of at most
-`transaction_rows` records: COPY into a staging table, then one insert from it. A task that
-fails and runs again, a micro-batch that runs again after a restart, or a replay meet the
-unique message id and store nothing twice.
+`transaction_rows` records: COPY into a staging table, then one insert from it
+(`outbox.postgres.spark_inbox.store_rows`). A task that fails and runs again, a micro-batch
+that runs again after a restart, or a replay meet the unique message id and store nothing
+twice.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,27 +30,13 @@ from confluent_kafka import (
 )
 from pyspark.sql import DataFrame
 
-from outbox.core.batches import quarantined_row
 from outbox.core.errors import ConfigurationError
-from outbox.core.headers import to_json
 from outbox.kafka.subscriber import InboxRow, to_inbox_row
-from outbox.postgres.inbox_store import quarantine_params
-from outbox.postgres.queries import channel, queries, validate_schema
+from outbox.postgres.queries import validate_schema
+from outbox.postgres.spark_inbox import store_rows
 
 #: Schema of what each task reports back to the driver.
 COUNTS_SCHEMA = "received long, stored long"
-STAGE_TYPES = [
-    "uuid",
-    "text",
-    "bytea",
-    "bytea",
-    "jsonb",
-    "text",
-    "int2",
-    "timestamptz",
-    "int4",
-    "int8",
-]
 #: Spark's timestampType -> confluent-kafka's timestamp kind.
 _TIMESTAMP_KINDS = {0: TIMESTAMP_CREATE_TIME, 1: TIMESTAMP_LOG_APPEND_TIME}
 
@@ -104,46 +91,6 @@ def inbox_rows(batch: pa.RecordBatch) -> Iterator[InboxRow]:
             timestamp=(kind, micros // 1000) if micros is not None else (0, 0),
         )
         yield to_inbox_row(message)
-
-
-def store_rows(conn: psycopg.Connection[Any], schema: str, rows: Sequence[InboxRow]) -> int:
-    """Store rows in one transaction: COPY to a staging table, insert new ones, NOTIFY.
-
-    A row `to_inbox_row` marked for quarantine is stored dead with its reason and raw headers,
-    by the Consumer daemon's statement (`inbox_quarantine`). Returns how many rows were new,
-    quarantined ones included.
-    """
-    sql = queries(schema)
-    quarantined = [quarantined_row(r) for r in rows if r.quarantine is not None]
-    with conn.transaction(), conn.cursor() as cursor:
-        cursor.execute(sql["spark_inbox_stage"])
-        with cursor.copy(sql["spark_inbox_copy"]) as copy:
-            copy.set_types(STAGE_TYPES)
-            for r in rows:
-                if r.quarantine is not None:
-                    continue
-                copy.write_row(
-                    (
-                        r.message_id,
-                        r.topic,
-                        r.key,
-                        r.payload,
-                        to_json(r.headers),  # the jsonb dumper encodes it
-                        r.content_type,
-                        r.lane,
-                        r.created_at,
-                        r.partition,
-                        r.offset,
-                    )
-                )
-        cursor.execute(sql["spark_inbox_merge"], {"channel": channel(schema, "consumer_queue")})
-        found = cursor.fetchone()
-        stored = int(found[0]) if found else 0
-        if quarantined:
-            cursor.execute(sql["inbox_quarantine"], quarantine_params(quarantined))
-            dead = cursor.fetchone()
-            stored += sum(dead[0].values()) if dead and dead[0] else 0
-    return stored
 
 
 def store_batches(target: InboxTarget, batches: Iterable[pa.RecordBatch]) -> StoreCounts:

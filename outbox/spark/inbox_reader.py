@@ -22,7 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from outbox.core.errors import DatabaseUnavailable
 from outbox.postgres.migrate import check_schema
-from outbox.postgres.queries import queries
+from outbox.postgres.spark_inbox import audit_rows, id_bounds
 
 #: The columns the reader yields, as a Spark DDL schema.
 INBOX_SCHEMA = (
@@ -56,10 +56,7 @@ def inbox_bounds(url: str, schema: str, *, connect_timeout: float = 10.0) -> tup
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {first}") from None
     with conn:
         check_schema(conn, schema)
-        row = conn.execute(queries(schema)["audit_inbox_bounds"]).fetchone()
-    if row is None or row[0] is None:
-        return None
-    return int(row[0]), int(row[1])
+        return id_bounds(conn, schema)
 
 
 def split_ids(first_id: int, last_id: int, partitions: int) -> list[IdRange]:
@@ -135,13 +132,8 @@ class InboxReader(DataSourceReader):
             "since": self.since,
             "until": self.until,
         }
-        with (
-            psycopg.connect(self.url, application_name="outbox-spark-audit") as conn,
-            conn.cursor(name="outbox_audit_inbox") as cursor,
-        ):
-            cursor.itersize = FETCH_ROWS
-            cursor.execute(queries(self.schema)["audit_inbox_read"], params)
-            while rows := cursor.fetchmany(FETCH_ROWS):
+        with psycopg.connect(self.url, application_name="outbox-spark-audit") as conn:
+            for rows in audit_rows(conn, self.schema, params, FETCH_ROWS):
                 columns = list(zip(*rows, strict=True))
                 yield pa.RecordBatch.from_arrays(
                     [

@@ -35,9 +35,9 @@ from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.operations import error_summary
 from outbox.pglog import DEFAULT_PARTITIONS, PgLogPublisher, PgLogSubscriber, check_log
 from outbox.pglog.log import DEFAULT_SCHEMA as DEFAULT_LOG_SCHEMA
+from outbox.pglog.log import queries as log_queries
 from outbox.ports import (
     DeliveryFailure,
     Publisher,
@@ -45,7 +45,8 @@ from outbox.ports import (
     Subscriber,
     SubscriberFactory,
 )
-from outbox.postgres.queries import quote_ident, validate_schema
+from outbox.postgres.operations import error_summary
+from outbox.postgres.queries import queries, validate_schema
 from outbox.testing.memory import InMemoryTransport
 from outbox.transports import kafka_publishers, kafka_subscribers
 
@@ -229,64 +230,6 @@ class _Look:
         return "\n".join(lines) or "nothing (the daemons kept busy)"
 
 
-# Read-only statements of the drain (test support, so not in postgres/sql/). A row counts as
-# "now" when its relay would take it now: due, and not behind a retrying row of its key (as in
-# producer_fetch and handler_fetch); otherwise as "later".
-PRODUCER_STATE = """
-WITH retrying AS (
-    SELECT lane, key, min(id) AS first_id FROM {schema}.producer_queue
-    WHERE attempts > 0 AND dead_at IS NULL AND key IS NOT NULL
-    GROUP BY lane, key
-)
-SELECT count(*) FILTER (WHERE now_), count(*) FILTER (WHERE NOT now_)
-FROM (
-    SELECT q.next_attempt_at <= now() AND NOT COALESCE(r.first_id < q.id, false) AS now_
-    FROM {schema}.producer_queue q
-    LEFT JOIN retrying r ON r.lane = q.lane AND r.key = q.key
-    WHERE q.dead_at IS NULL
-) AS rows_
-"""
-CONSUMER_STATE = """
-WITH blocked AS (
-    SELECT DISTINCT lane, key FROM {schema}.consumer_queue
-    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL AND next_attempt_at > now()
-)
-SELECT count(*) FILTER (WHERE now_), count(*) FILTER (WHERE NOT now_)
-FROM (
-    SELECT q.next_attempt_at <= now() AND (b.lane IS NULL OR q.topic = ANY(%(unordered)s)) AS now_
-    FROM {schema}.consumer_queue q
-    LEFT JOIN blocked b ON b.lane = q.lane AND b.key = q.key
-    WHERE q.processed_at IS NULL AND q.dead_at IS NULL
-) AS rows_
-"""
-PENDING_SAMPLES = """
-SELECT message_id, topic, attempts, next_attempt_at <= now(), last_error
-FROM {schema}.consumer_queue WHERE processed_at IS NULL AND dead_at IS NULL
-ORDER BY id LIMIT %(limit)s
-"""
-#: The group's lag on the handled topics of the PostgreSQL log: records after its committed
-#: offset, or (a partition it has not read yet) after the earliest record retained, which is
-#: where it will start (log_start_position). As the readers do, records at or past a
-#: partition's counter (written by hand) are not counted, and a committed offset past the end
-#: or below 0 counts as the readers reset it (to the end, to 0).
-LOG_LAG = """
-SELECT COALESCE(sum(GREATEST(0, p.next_offset - GREATEST(0, COALESCE(
-    o.next_offset,
-    (SELECT min(r.log_offset) FROM {schema}.log_records r
-     WHERE r.partition_id = p.id AND r.log_offset < p.next_offset),
-    p.next_offset
-)))), 0)
-FROM {schema}.log_topics t
-JOIN {schema}.log_partitions p ON p.topic_id = t.id
-LEFT JOIN {schema}.log_groups g ON g.name = %(group)s
-LEFT JOIN {schema}.log_group_offsets o ON o.group_id = g.id AND o.partition_id = p.id
-WHERE t.name = ANY(%(topics)s)
-"""
-DEAD_ROWS = """
-SELECT message_id, topic, last_error FROM {schema}.{table} WHERE dead_at IS NOT NULL ORDER BY id
-"""
-
-
 class _Queues:
     """Autocommit connections that read the queues' state (never lock or change a row)."""
 
@@ -298,10 +241,11 @@ class _Queues:
         unordered_topics: list[str],
         log: PostgresLog | None = None,
     ) -> None:
-        self._schema = quote_ident(schema)
+        # The statements are postgres/sql/drain.sql's and pglog/sql/drain.sql's.
+        self._sql = queries(schema)
         self._unordered = unordered_topics
         self._stack = ExitStack()
-        self._log_schema = quote_ident(log.schema) if log is not None else ""
+        self._log_sql = log_queries(log.schema) if log is not None else {}
         self._log = (
             self._stack.enter_context(psycopg.connect(log.url, autocommit=True))
             if log is not None
@@ -323,7 +267,7 @@ class _Queues:
         samples: list[str] = []
         dead: list[DeadLetter] = []
         for conn in self._producers:
-            row = conn.execute(PRODUCER_STATE.format(schema=self._schema)).fetchone()
+            row = conn.execute(self._sql["drain_producer_state"]).fetchone()
             assert row is not None
             to_send[conn.info.dbname] = int(row[0])
             retrying += int(row[1])
@@ -333,7 +277,7 @@ class _Queues:
         if self._log is not None:
             unconsumed += self._log_lag(group, ledger.topics)
         row = self._consumer.execute(
-            CONSUMER_STATE.format(schema=self._schema), {"unordered": self._unordered}
+            self._sql["drain_consumer_state"], {"unordered": self._unordered}
         ).fetchone()
         assert row is not None
         due, retrying = int(row[0]), retrying + int(row[1])
@@ -345,13 +289,13 @@ class _Queues:
     def _log_lag(self, group: str, topics: frozenset[str]) -> int:
         assert self._log is not None
         row = self._log.execute(
-            LOG_LAG.format(schema=self._log_schema), {"group": group, "topics": sorted(topics)}
+            self._log_sql["log_drain_lag"], {"group": group, "topics": sorted(topics)}
         ).fetchone()
         return int(row[0]) if row else 0
 
     def _pending_samples(self, limit: int = 5) -> list[str]:
         rows = self._consumer.execute(
-            PENDING_SAMPLES.format(schema=self._schema), {"limit": limit}
+            self._sql["drain_pending_samples"], {"limit": limit}
         ).fetchall()
         return [
             f"consumer_queue: message {mid} topic {topic!r} attempts {attempts}"
@@ -364,7 +308,8 @@ class _Queues:
         self, conn: psycopg.Connection[Any], table: Literal["producer_dead", "consumer_queue"]
     ) -> list[DeadLetter]:
         """The dead rows of `table` (every row of producer_dead is dead)."""
-        rows = conn.execute(DEAD_ROWS.format(schema=self._schema, table=table)).fetchall()
+        statement = "drain_producer_dead" if table == "producer_dead" else "drain_consumer_dead"
+        rows = conn.execute(self._sql[statement]).fetchall()
         return [DeadLetter(table, mid, topic, error_summary(error)) for mid, topic, error in rows]
 
 

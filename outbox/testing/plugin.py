@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from outbox.testing.servers import (
     ENV_DATABASE_URL,
@@ -237,6 +236,7 @@ def outbox_template(outbox_postgres: PostgresHandle, outbox_admin_url: str) -> I
     dropped at session end.
     """
     from outbox.postgres.migrate import upgrade  # the package under test; imported late
+    from outbox.postgres.queries import compose
 
     name = f"outbox_template_{os.getpid()}"
     drop_database(outbox_admin_url, name)  # a leftover from a crashed run on an external server
@@ -244,17 +244,9 @@ def outbox_template(outbox_postgres: PostgresHandle, outbox_admin_url: str) -> I
     try:
         upgrade(outbox_postgres.url_for(name), schema="outbox")
         with psycopg.connect(outbox_admin_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
-                    sql.Identifier(name)
-                )
-            )
+            conn.execute(compose("admin_forbid_connections", database=name))
             # Connections the migration leaked would block every clone: end them now.
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = %s AND pid <> pg_backend_pid()",
-                (name,),
-            )
+            conn.execute(compose("admin_end_sessions"), {"database": name})
         yield name
     finally:
         drop_database(outbox_admin_url, name)

@@ -46,7 +46,6 @@ import psycopg
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # confluent_kafka.admin does not re-export it for mypy
-from psycopg import sql
 
 from outbox import settings
 
@@ -970,16 +969,19 @@ def create_database(admin_url: str, name: str, template: str | None = None) -> N
     open connections; PostgreSQL waits up to 5 s for them, and we retry for about 15 s more.
     Uses STRATEGY FILE_COPY on PostgreSQL >= 15 (fast for small databases).
     """
+    from outbox.postgres.queries import compose  # the package under test; imported late
+
     _check_database_name(name)
     if template is not None:
         _check_database_name(template)
-    query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-    if template is not None:
-        query += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
     deadline = time.monotonic() + 15
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-        if conn.info.server_version >= 150000:
-            query += sql.SQL(" STRATEGY FILE_COPY")
+        statement = (
+            "admin_create_database_file_copy"
+            if conn.info.server_version >= 150000
+            else "admin_create_database"
+        )
+        query = compose(statement, database=name, template=template or "template1")
         while True:
             try:
                 conn.execute(query)
@@ -992,10 +994,11 @@ def create_database(admin_url: str, name: str, template: str | None = None) -> N
 
 def drop_database(admin_url: str, name: str) -> None:
     """DROP DATABASE IF EXISTS `name` WITH (FORCE): open connections are terminated."""
+    from outbox.postgres.queries import compose  # the package under test; imported late
+
     _check_database_name(name)
-    query = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(query)
+        conn.execute(compose("admin_drop_database", database=name))
 
 
 def create_topic(

@@ -1,7 +1,7 @@
 """The operator commands: `outbox status` and `outbox dead-letters list|show|requeue|purge`.
 
 Rows are inserted with SQL in exactly the states each test needs; the commands run as the real
-CLI in a subprocess, except for the checks of the Python API in `outbox.operations`.
+CLI in a subprocess, except for the checks of the Python API in `outbox.postgres.operations`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outbox import operations as ops
 from outbox.core.errors import ConfigurationError
 from outbox.postgres import migrate
+from outbox.postgres import operations as ops
 from outbox.postgres.queries import channel, quote_ident
 
 CLI = [sys.executable, "-m", "outbox.cli"]
@@ -571,6 +571,36 @@ def test_requeue_inside_a_callers_transaction_commits_with_it(outbox_database_ur
             assert ops.requeue(conn, "outbox", "consumer", ops.Selection(everything=True)) == 1
         assert _notified(listener, "consumer_queue")
     assert row_of(url, "consumer", dead)["dead_at"] is None
+
+
+def test_a_row_locked_by_a_handler_is_waited_for_a_while_then_left_alone(
+    outbox_database_url: str,
+) -> None:
+    # The operator tools' session waits LOCK_TIMEOUT_SECONDS for a row lock, not as long as
+    # the handler holding it runs; then one line, and the row is as it was.
+    url = outbox_database_url
+    dead, _ = insert(url, "consumer", "dead")
+    with psycopg.connect(url) as handler:
+        handler.execute(
+            "SELECT 1 FROM outbox.consumer_queue WHERE id = %s FOR UPDATE", (dead,)
+        ).fetchone()
+        result = _cli("dead-letters", "requeue", str(dead), "--database-url", url)
+    _one_line_error(result, 1, f"waited {ops.LOCK_TIMEOUT_SECONDS} s")
+    assert row_of(url, "consumer", dead)["dead_at"] is not None
+    with psycopg.connect(url, autocommit=True) as conn:
+        ops.limit_lock_wait(conn, "outbox")
+        shown = conn.execute("SHOW lock_timeout").fetchone()
+    assert shown == (f"{ops.LOCK_TIMEOUT_SECONDS}s",)
+
+
+def test_a_statement_time_limit_cancels_a_slow_statement(outbox_database_url: str) -> None:
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        ops.limit_statement_time(conn, "outbox", 0.2)
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("200ms",)
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT pg_sleep(30)")
+        ops.limit_statement_time(conn, "outbox", 0.0001)  # at least a millisecond, not "none"
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("1ms",)
 
 
 def test_selection_and_error_summary() -> None:

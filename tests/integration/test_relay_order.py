@@ -146,7 +146,7 @@ def test_a_dead_row_does_not_hold_its_key_and_a_requeued_one_goes_after(
         assert count(url, "producer_dead", f"id = {dead}") == 1
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("UPDATE outbox.producer_dead SET headers = '{}' WHERE id = %s", (dead,))
-            from outbox import operations as ops
+            from outbox.postgres import operations as ops
 
             assert ops.requeue(conn, "outbox", "producer", ops.Selection(ids=(dead,))) == 1
         wait_for(lambda: count(url) == 0, 20, "the requeued row")

@@ -12,7 +12,7 @@ import pytest
 import outbox
 from outbox import _version, settings
 from outbox.cli import build_parser, main
-from outbox.cli import operations as cli_operations
+from outbox.cli import operator as cli_operator
 from outbox.cli.reference import walk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -316,7 +316,7 @@ def test_ctrl_c_outside_a_daemon_exits_130(monkeypatch: pytest.MonkeyPatch) -> N
     def interrupted(_args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_operations, "run_operator_command", interrupted)
+    monkeypatch.setattr(cli_operator, "run_operator_command", interrupted)
     assert main(["status", "--database-url", "postgresql://h/d"]) == 130
 
 

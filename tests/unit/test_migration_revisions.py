@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from outbox.pglog.log import HEAD_REVISION, LOG_MIGRATIONS
 from outbox.postgres import migrate
 
 
@@ -20,3 +21,11 @@ def test_checking_the_schema_version_does_not_import_alembic() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_logs_revisions_are_read_as_outboxs_are() -> None:
+    # The log's migrations go through the same Migrations as outbox's own (one Alembic setup).
+    directory = LOG_MIGRATIONS.directory()
+    assert migrate._revisions(directory) == migrate._alembic_revisions(directory)
+    assert LOG_MIGRATIONS.head_revision() == HEAD_REVISION
+    assert migrate.OUTBOX.head_revision() == migrate.head_revision()

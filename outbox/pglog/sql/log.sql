@@ -348,3 +348,13 @@ SELECT backend_pid FROM {schema}.log_members WHERE group_id = %(group_id)s ORDER
 -- Forget a consumer group: its offsets (and member rows) go with it, and no longer hold back
 -- retention.
 DELETE FROM {schema}.log_groups WHERE name = %(name)s RETURNING id;
+
+-- name: log_count
+-- How many records the log keeps, in all topics.
+SELECT count(*) FROM {schema}.log_records;
+
+-- name: log_count_topic
+-- How many records the log keeps of one topic.
+SELECT count(*) FROM {schema}.log_records r JOIN {schema}.log_partitions p
+ON p.id = r.partition_id JOIN {schema}.log_topics t ON t.id = p.topic_id
+WHERE t.name = %(topic)s;

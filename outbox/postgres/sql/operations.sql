@@ -65,6 +65,16 @@ SELECT r.relay_id,
 FROM {schema}.relay_state r
 ORDER BY r.queue, r.relay_id;
 
+-- name: ops_lock_timeout
+-- How long this session waits for a row lock before it fails (`SET lock_timeout`, for the
+-- session), e.g. '10s'.
+SELECT set_config('lock_timeout', %(timeout)s, false);
+
+-- name: ops_statement_timeout
+-- How long each statement of this session may run before it is cancelled (`SET
+-- statement_timeout`, for the session), in milliseconds, e.g. '1500'.
+SELECT set_config('statement_timeout', %(timeout)s, false);
+
 -- name: ops_now
 SELECT now();
 

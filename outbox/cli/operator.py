@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import psycopg
 
 from outbox import formatting as fmt
-from outbox import operations as ops
 from outbox import settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
@@ -80,6 +79,7 @@ from outbox.core.numbers import flag_type
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
+from outbox.postgres import operations as ops
 from outbox.postgres.connection import connect_or_raise
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
@@ -423,9 +423,9 @@ def _connected(
     with conn:
         try:
             # A row named by id may be locked by a running handler: wait a while, not forever.
-            conn.execute(f"SET lock_timeout = '{ops.LOCK_TIMEOUT_SECONDS}s'")
+            ops.limit_lock_wait(conn, schema)
             if timeout is not None:
-                conn.execute(f"SET statement_timeout = {max(1, round(timeout * 1000))}")
+                ops.limit_statement_time(conn, schema, timeout)
             check_schema(conn, schema)
             yield conn
         except psycopg.errors.LockNotAvailable:

@@ -52,6 +52,19 @@ _MAX_BIGINT = 2**63 - 1
 _MAX_PROBLEMS = 5
 
 
+def limit_lock_wait(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Make the operator tool's session on `conn` wait at most LOCK_TIMEOUT_SECONDS for a row
+    lock, then fail with `psycopg.errors.LockNotAvailable` (it changed nothing)."""
+    conn.execute(queries(schema)["ops_lock_timeout"], {"timeout": f"{LOCK_TIMEOUT_SECONDS}s"})
+
+
+def limit_statement_time(conn: psycopg.Connection[Any], schema: str, seconds: float) -> None:
+    """Make each statement of the session on `conn` fail (`psycopg.errors.QueryCanceled`) after
+    `seconds` (at least a millisecond), so that one slow database cannot hold a tool."""
+    milliseconds = max(1, round(seconds * 1000))
+    conn.execute(queries(schema)["ops_statement_timeout"], {"timeout": str(milliseconds)})
+
+
 class NoSuchDeadLetter(OutboxError, LookupError):
     """A row named by id is not in the queue, or (for requeue and purge) is not dead."""
 
