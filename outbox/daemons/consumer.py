@@ -20,10 +20,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from outbox.core.batches import InboxBatch, Quarantined
+from outbox.core.databases import parse_entry
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
 from outbox.core.retriable import sqlstate
@@ -38,6 +40,9 @@ from outbox.ports import SubscriberFactory, TransportProbe
 from outbox.postgres.connection import Connection, check_database, connect
 from outbox.postgres.inbox_store import InboxStore, Stored
 from outbox.postgres.queries import validate_schema
+
+if TYPE_CHECKING:
+    from outbox.daemons.routing import Routing
 
 log = logging.getLogger("outbox.consumer")
 
@@ -60,10 +65,23 @@ class ConsumerConfig:
     #: or None: given, the consumer warns at start about a consumed topic no handler reads and
     #: a registered topic it does not consume.
     handled_topics: Sequence[str] | None = None
+    #: The database's NAME in metrics and logs (default: its database name).
+    database: str = ""
+    #: Several databases, each record stored in its tenant's (outbox/daemons/routing.py), or
+    #: None: every record in `database_url`'s inbox. With it, `database_url` is the quarantine
+    #: database's.
+    routing: Routing | None = None
 
     def __post_init__(self) -> None:
+        if self.routing is not None:
+            home = self.routing.home(self.routing.databases)
+            object.__setattr__(self, "database_url", home.url)
+            object.__setattr__(self, "database", home.name)
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
+        if not self.database:
+            name = parse_entry(self.database_url, self.schema).name
+            object.__setattr__(self, "database", name)
         validate_schema(self.schema)
         if not self.topics:
             raise ConfigurationError("at least one --topic is required")
@@ -191,6 +209,9 @@ class Consumer:
     @observed
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
+        if self.config.routing is not None:
+            self._route()
+            return
         self.check()
         self._announce()
         subscriber = self._subscriber_factory()
@@ -238,6 +259,18 @@ class Consumer:
                 self.stored,
                 self.quarantined,
             )
+
+    def _route(self) -> None:
+        """Several databases: check the transport, then route (outbox/daemons/routing.py). A
+        database that fails is logged and retried, not fatal."""
+        from outbox.daemons.routing import Router
+
+        if self._transport is not None:
+            self._transport.check(self.config.connect_timeout)
+        self._announce()
+        router = Router(self, self._subscriber_factory)
+        router.check()
+        router.run()
 
     def _announce(self) -> None:
         """Say at start what is consumed, and what does not match the registry's topics."""
@@ -297,7 +330,9 @@ class Consumer:
         self.received += len(batch)
         self.stored += stored.total()
         self.quarantined += dead.total()
-        self.observability.consumer_batch(batch.topical(), stored, dead)
+        self.observability.consumer_batch(
+            batch.topical(), stored, dead, database=self.config.database
+        )
         return conn, following[0] if following else InboxBatch()
 
     def _execute(
