@@ -232,8 +232,11 @@ class Broker:
 
         Called from a handler callback, the message inherits the handled message's correlation
         id and gets its id as causation id; `correlation_id` overrides the inherited one.
+
+        `tenant` (else the broker's) names the tenant whose inbox receives the message (see
+        `Broker`); an invalid one raises `InvalidHeaders` before anything is written.
         """
-        message = self._compose(topic, payload, key, headers, message_id, correlation_id)
+        message = self._compose(topic, payload, key, headers, message_id, correlation_id, tenant)
         self._writer.write(tx, [message])
         return message.message_id
 

@@ -158,7 +158,9 @@ COMMAND_NOTES: dict[tuple[str, ...], str] = {
     "reports) and exits 0.",
     ("consumer",): "Several consumers in one `--group` share the topics' partitions (more "
     "consumers than partitions idle). Offsets are committed only after the inbox insert "
-    "committed.",
+    "committed. With several databases (or --databases-file, --route-header), each record is "
+    "stored in the database its --route-header names, and a record no database can be chosen "
+    "for is quarantined (docs/how-to/many-databases.md).",
     ("handler",): "`MODULE` is imported with the current directory first on `sys.path`. "
     "Several handler processes share the lanes like producers do; within a process a lane "
     "belongs to one of the `--concurrency` worker threads.",

@@ -20,29 +20,23 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import psycopg
 
 from outbox.core.batches import InboxBatch, Quarantined
 from outbox.core.databases import parse_entry
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
-from outbox.core.retriable import sqlstate
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import new_relay_id
 from outbox.daemons.outages import Outage
+from outbox.daemons.routing import Router, Routing, refused_for_data
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import SubscriberFactory, TransportProbe
 from outbox.postgres.connection import Connection, check_database, connect
 from outbox.postgres.inbox_store import InboxStore, Stored
 from outbox.postgres.queries import validate_schema
-
-if TYPE_CHECKING:
-    from outbox.daemons.routing import Routing
 
 log = logging.getLogger("outbox.consumer")
 
@@ -124,20 +118,6 @@ class _Stopped(Exception):
     """The consumer was stopped while it waited to retry a statement: nothing committed."""
 
 
-def _refused_for_data(exc: BaseException) -> bool:
-    """Whether PostgreSQL (or psycopg, binding the values) refused a statement for the data
-    of a record (a quarantine can help), not for the database's state or the role's rights."""
-    if isinstance(exc, UnicodeError | psycopg.DataError | psycopg.IntegrityError):
-        return True
-    code = sqlstate(exc)
-    return code is not None and code[:2] in _DATA_CLASSES
-
-
-#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
-#: program_limit_exceeded (a value too large for an index row, say).
-_DATA_CLASSES = frozenset({"22", "23", "54"})
-
-
 class Consumer:
     """Stores the records of a transport in `consumer_queue` until asked to stop.
 
@@ -210,7 +190,7 @@ class Consumer:
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
         if self.config.routing is not None:
-            self._route()
+            self._route(self.config.routing)
             return
         self.check()
         self._announce()
@@ -260,15 +240,13 @@ class Consumer:
                 self.quarantined,
             )
 
-    def _route(self) -> None:
+    def _route(self, routing: Routing) -> None:
         """Several databases: check the transport, then route (outbox/daemons/routing.py). A
         database that fails is logged and retried, not fatal."""
-        from outbox.daemons.routing import Router
-
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
         self._announce()
-        router = Router(self, self._subscriber_factory)
+        router = Router(self, routing, self._subscriber_factory)
         router.check()
         router.run()
 
@@ -358,7 +336,7 @@ class Consumer:
                         meanwhile()
                 stored = result()
             except Exception as exc:
-                if conn is not None and not conn.broken and _refused_for_data(exc):
+                if conn is not None and not conn.broken and refused_for_data(exc):
                     raise _Refused(exc, conn) from exc
                 delay = self._outage.failed(exc)  # raises what retrying cannot fix
                 if self.stopping:

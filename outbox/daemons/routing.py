@@ -25,13 +25,14 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
@@ -40,8 +41,8 @@ from outbox.core.databases import Database, check_distinct, read_file
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, OutboxError
 from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
+from outbox.core.retriable import sqlstate
 from outbox.core.text import first_line, storable
-from outbox.daemons.consumer import _refused_for_data
 from outbox.daemons.outages import Outage
 from outbox.observability.logs import LimitedLog
 from outbox.postgres.connection import Connection, connect
@@ -49,7 +50,10 @@ from outbox.postgres.inbox_store import InboxStore, Stored
 from outbox.postgres.migrate import check_schema
 
 if TYPE_CHECKING:
-    from outbox.daemons.consumer import Consumer
+    import threading
+
+    from outbox.observability.health import Heartbeat
+    from outbox.observability.runtime import Observability
     from outbox.ports import Subscriber
 
 log = logging.getLogger("outbox.consumer")
@@ -107,6 +111,51 @@ class Routing:
             f"header={self.header} quarantine={self.home(self.databases).name} "
             f"databases={names} file={self.databases_file}"
         )
+
+
+def refused_for_data(exc: BaseException) -> bool:
+    """Whether PostgreSQL (or psycopg, binding the values) refused a statement for the data
+    of a record (a quarantine can help), not for the database's state or the role's rights."""
+    if isinstance(exc, UnicodeError | psycopg.DataError | psycopg.IntegrityError):
+        return True
+    code = sqlstate(exc)
+    return code is not None and code[:2] in _DATA_CLASSES
+
+
+#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
+#: program_limit_exceeded (a value too large for an index row, say).
+_DATA_CLASSES = frozenset({"22", "23", "54"})
+
+
+class Settings(Protocol):
+    """The Consumer settings the router reads (`ConsumerConfig`)."""
+
+    @property
+    def schema(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def poll_timeout(self) -> float: ...
+    @property
+    def connect_timeout(self) -> float: ...
+
+
+class Host(Protocol):
+    """What the router needs of the Consumer it runs for: its settings, stop, heartbeat,
+    counters, observability and the reads' outage."""
+
+    received: int
+    stored: int
+    quarantined: int
+    heartbeat: Heartbeat
+    observability: Observability
+    _reading: Outage
+    _stop: threading.Event
+
+    @property
+    def config(self) -> Settings: ...
+    @property
+    def stopping(self) -> bool: ...
 
 
 class _Failing(DatabaseUnavailable):
@@ -182,7 +231,7 @@ def store_once(
         try:
             stored = _once(conn, lambda c: store.insert(c, batch))
         except Exception as exc:
-            if conn.broken or not _refused_for_data(exc):
+            if conn.broken or not refused_for_data(exc):
                 raise
             stored = _split(store, conn, batch, exc, quarantined)
     dead: Counter[str] = Counter()
@@ -210,9 +259,9 @@ def _split(
     for start, stop in ((0, half), (half, size)):
         part = batch.part(start, stop)
         try:
-            stored.update(_once(conn, lambda c, part=part: store.insert(c, part)))  # type: ignore[misc]
+            stored.update(_once(conn, functools.partial(store.insert, batch=part)))
         except Exception as exc:
-            if conn.broken or not _refused_for_data(exc):
+            if conn.broken or not refused_for_data(exc):
                 raise
             stored.update(_split(store, conn, part, exc, quarantined))
     return stored
@@ -221,9 +270,9 @@ def _split(
 class Router:
     """The routing loop of a `Consumer` whose config has `routing` (see the module)."""
 
-    def __init__(self, consumer: Consumer, subscriber_factory: Callable[[], Subscriber]) -> None:
-        routing = consumer.config.routing
-        assert routing is not None
+    def __init__(
+        self, consumer: Host, routing: Routing, subscriber_factory: Callable[[], Subscriber]
+    ) -> None:
         self.consumer = consumer
         self.config = consumer.config
         self.routing = routing
@@ -231,7 +280,6 @@ class Router:
         self.sinks: dict[str, _Sink] = {}
         self.home = ""
         self.held = 0
-        self._apply(list(routing.databases))
         #: Per partition: the offset after the last record polled, the oldest record not kept
         #: (beyond the memory bound), and the offset last committed.
         self._seen: dict[tuple[str, int], int] = {}
@@ -241,6 +289,7 @@ class Router:
         self._bad_file: str | None = None
         self._routing_log = LimitedLog(log)
         self._overflow_log = LimitedLog(log)
+        self._apply(list(routing.databases))
 
     # -- the databases --------------------------------------------------------------------
 

@@ -57,9 +57,7 @@ def _committed(transport: InMemoryTransport) -> dict[int, int]:
     return {p: transport.committed(GROUP, TOPIC, p) for p in range(3)}
 
 
-def _consumer(
-    transport: InMemoryTransport, databases: list[Database], **routing: Any
-) -> Consumer:
+def _consumer(transport: InMemoryTransport, databases: list[Database], **routing: Any) -> Consumer:
     config = ConsumerConfig(
         database_url="",
         kafka_bootstrap="",
@@ -172,9 +170,7 @@ def test_a_dropped_tenant_waits_until_removed_from_the_file_then_is_quarantined(
     file = tmp_path / "tenants.txt"
     file.write_text("".join(f"{name}={url}\n" for name, url in tenants.items()))
     databases = _databases(tenants)
-    consumer = _consumer(
-        transport, databases, databases_file=str(file), reread_interval=0.2
-    )
+    consumer = _consumer(transport, databases, databases_file=str(file), reread_interval=0.2)
     with running(consumer):
         for n in range(3):
             _send(transport, b"acme", b"acme-%d" % n, b"k")
@@ -205,9 +201,7 @@ def test_a_bad_databases_file_is_logged_once_and_the_last_good_list_kept(
     )
     with running(consumer):
         file.write_text("acme=postgresql://u:secret@h/db\nacme=postgresql://other/db\n")
-        wait_for(
-            lambda: any("databases file" in r.getMessage() for r in caplog.records), 10, "log"
-        )
+        wait_for(lambda: any("databases file" in r.getMessage() for r in caplog.records), 10, "log")
         _send(transport, b"initech", b"still-served", b"k")
         wait_for(lambda: _payloads(tenants["initech"]) == [b"still-served"], 30, "the record")
     lines = [r.getMessage() for r in caplog.records if "databases file" in r.getMessage()]
