@@ -162,6 +162,19 @@ class _Failing(DatabaseUnavailable):
     """A database's failure, retried for that database alone (the others keep flowing)."""
 
 
+@functools.cache
+def _failing(name: str) -> type[_Failing]:
+    """A `_Failing` named after the error it stands for, so that its log line says the
+    error's own name (`SchemaNotMigrated: ...`)."""
+    return type(name, (_Failing,), {})
+
+
+def _shown(value: object) -> str:
+    """A header value for an error and a log line: its repr, cut after 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
 @dataclass(eq=False)
 class _Piece:
     """Records of one batch for one database, not yet stored."""
@@ -365,9 +378,9 @@ class Router:
             try:
                 value = bytes(value).decode()
             except UnicodeDecodeError:
-                return None, f"tenant header {wanted!r} is not UTF-8 text: {bytes(value)!r}"
+                return None, f"tenant header {wanted!r} is not UTF-8 text: {_shown(bytes(value))}"
         if value is None or value not in self.sinks:
-            return None, f"unknown tenant {value!r}"
+            return None, f"unknown tenant {_shown(value)}"
         return value, None
 
     def _quarantined_tenant(self, record: Quarantined) -> tuple[str | None, str | None]:
@@ -479,7 +492,7 @@ class Router:
         if not _tenant_retriable(exc):
             raise exc
         sink.close()
-        failure = _Failing(redact_text(f"{type(exc).__name__}: {first_line(exc)}"))
+        failure = _failing(type(exc).__name__)(redact_text(first_line(exc)))
         sink.next_try = time.monotonic() + sink.outage.failed(failure)
 
     def _connection(self, sink: _Sink) -> Connection:
