@@ -17,6 +17,9 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
   new records are not kept (their partitions are not committed past them); the consumer keeps
   polling, and so keeps its group membership, and once nothing waits any more it joins the
   group again to read them anew from the committed offsets.
+- The loop polls every turn (Kafka evicts a member that does not poll within
+  max.poll.interval.ms): a turn stores every working database's records and retries at most one
+  failing database, so a database that does not answer costs a turn at most connect_timeout.
 - The databases file is re-read every `Routing.reread_interval` seconds: added databases are
   served, removed ones are closed (their waiting records become unknown tenants); a file that
   cannot be read or has a bad entry is logged once and the last good list kept.
@@ -209,6 +212,8 @@ class _Sink:
     conn: Connection | None = None
     next_try: float = 0.0
     last_used: float = 0.0
+    #: Its records are not kept (beyond the memory bound) until they are read again.
+    dropping: bool = False
 
     @property
     def failing(self) -> bool:
@@ -423,14 +428,20 @@ class Router:
             self._hold(self.sinks[name], _piece(part))
 
     def _hold(self, sink: _Sink, piece: _Piece) -> None:
+        """Keep `piece` until its database stores it; beyond the memory bound, a failing
+        database's piece is not kept, and from then on none of its pieces until the records not
+        kept are read again (a later record of a key stored before an earlier one would break
+        the key's order)."""
         # A failing database keeps its oldest records at least: retrying them tells when it
-        # works again (and then, once nothing waits, what was not kept is read again).
-        if sink.failing and sink.pending and self.held + piece.size > self.routing.held_bytes:
+        # works again.
+        over = self.held + piece.size > self.routing.held_bytes
+        if sink.dropping or (sink.failing and sink.pending and over):
+            sink.dropping = True
             for tp, offset in piece.oldest.items():
                 self._floor[tp] = min(self._floor.get(tp, offset), offset)
             self._overflow_log(
                 "%d MB of records wait for failing databases: the new records of database %r "
-                "are not kept but read again once they can be stored (offsets stay behind them)",
+                "are not kept but read again once it works (offsets stay behind them)",
                 self.held // (1024 * 1024),
                 sink.database.name,
                 extra={"event": "consumer.overflow", "database": sink.database.name},
@@ -524,6 +535,29 @@ class Router:
             batch.topical(), stored, dead, database=sink.database.name, routing=True
         )
 
+    def _recovered(self) -> bool:
+        """Whether a database whose records were not kept works again and has stored what it
+        kept (or none is left: no longer served): then its records are read again, whatever
+        the others' state."""
+        dropping = [s for s in self.sinks.values() if s.dropping]
+        return not dropping or any(not (s.pending or s.failing) for s in dropping)
+
+    def _read_again(self, subscriber: Subscriber) -> Subscriber:
+        """Join the group again, to read from the committed offsets (below every record not
+        stored): the records not kept, and those still waiting, which are forgotten here."""
+        log.info(
+            "reading again from the committed offsets the records not kept while databases failed",
+            extra={"event": "consumer.read_again"},
+        )
+        subscriber.close()
+        for sink in self.sinks.values():
+            sink.pending.clear()
+            sink.dropping = False
+        self.held = 0
+        self._seen.clear()
+        self._floor.clear()
+        return self._subscriber_factory()
+
     def _close_idle(self) -> None:
         limit = time.monotonic() - self.routing.idle_timeout
         for sink in self.sinks.values():
@@ -599,13 +633,8 @@ class Router:
                 self._commit(subscriber)
                 if consumer.stopping:
                     break
-                if self._floor and not self.held:
-                    # Records were not kept: read them again from the committed offsets.
-                    log.info("reading again the records not kept while databases failed")
-                    subscriber.close()
-                    self._seen.clear()
-                    self._floor.clear()
-                    subscriber = self._subscriber_factory()
+                if self._floor and self._recovered():
+                    subscriber = self._read_again(subscriber)
                 self._close_idle()
         finally:
             subscriber.close()

@@ -162,6 +162,35 @@ def test_beyond_the_memory_bound_records_are_read_again_and_stored_once(
     assert any("reading again" in r.getMessage() for r in caplog.records)
 
 
+def test_past_the_bound_a_tenant_keeps_its_keys_order_and_does_not_wait_for_another(
+    outbox_database_factory: Callable[..., str],
+) -> None:
+    # acme and beta fail, both beyond the bound; beta works again while acme still fails:
+    # beta's records not kept are read again at once, and every key keeps its order.
+    urls = {name: outbox_database_factory(migrated=False) for name in ("acme", "beta")}
+    good = outbox_database_factory()
+    transport = InMemoryTransport()
+    transport.create_topic(TOPIC, 1)
+    names = (b"good", b"acme", b"beta")
+    for n in range(240):
+        _send(transport, names[n % 3], b"%d" % n, b"k")  # one key, one partition
+    databases = [Database("good", good, "outbox")]
+    databases += [Database(name, url, "outbox") for name, url in urls.items()]
+    consumer = _consumer(transport, databases, held_bytes=5000)
+    with running(consumer):
+        wait_for(lambda: len(_payloads(good)) == 80, 30, "the good tenant's records")
+        migrate.upgrade(urls["beta"], "outbox")
+        wait_for(lambda: len(_payloads(urls["beta"])) == 80, 30, "beta's, acme still failing")
+        migrate.upgrade(urls["acme"], "outbox")
+        wait_for(lambda: len(_payloads(urls["acme"])) == 80, 30, "acme's")
+        wait_for(lambda: _committed(transport) == _end_offsets(transport), 30, "every commit")
+    for url in (good, *urls.values()):
+        with psycopg.connect(url) as conn:
+            rows = conn.execute("SELECT source_offset FROM outbox.consumer_queue ORDER BY id")
+            offsets = [r[0] for r in rows]
+        assert offsets == sorted(offsets) and len(offsets) == 80
+
+
 def test_a_dropped_tenant_waits_until_removed_from_the_file_then_is_quarantined(
     tenants: dict[str, str], outbox_admin_url: str, tmp_path: Path
 ) -> None:
