@@ -49,7 +49,13 @@ def parse_outbox(argv: Sequence[str], env: Mapping[str, str], where: str) -> arg
     stderr = io.StringIO()
     with environment(env), contextlib.redirect_stderr(stderr):
         try:
-            return build_parser().parse_args(list(argv))
+            args = build_parser().parse_args(list(argv))
+            if isinstance(getattr(args, "database_url", None), list):
+                # A command of many databases (`add_databases`): its flags, its file, or else
+                # the variable's one database.
+                env_url = os.environ.get(settings.DATABASE_URL)
+                args.database_url = args.database_url or args.databases_file or env_url
+            return args
         except SystemExit as exc:
             lines = stderr.getvalue().strip().splitlines() or [""]
             pytest.fail(
