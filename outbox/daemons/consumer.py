@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from outbox.core.batches import InboxBatch, Quarantined
-from outbox.core.databases import parse_entry
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
+from outbox.core.redact import parse_conninfo
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
@@ -74,8 +74,8 @@ class ConsumerConfig:
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
         if not self.database:
-            name = parse_entry(self.database_url, self.schema).name
-            object.__setattr__(self, "database", name)
+            params = parse_conninfo(self.database_url) or {}
+            object.__setattr__(self, "database", params.get("dbname") or "database")
         validate_schema(self.schema)
         if not self.topics:
             raise ConfigurationError("at least one --topic is required")
