@@ -8,8 +8,10 @@ from typing import Any, TypeVar, overload
 from uuid import UUID
 
 from outbox import tracing
+from outbox.core.databases import validate_name
 from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, OutgoingMessage, compose
-from outbox.core.errors import ConfigurationError, OutboxError
+from outbox.core.errors import ConfigurationError, InvalidHeaders, OutboxError
+from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.numbers import check
 from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.core.topics import Topic
@@ -32,6 +34,7 @@ class Message:
     headers: Mapping[str, str | bytes] | None = None
     message_id: UUID | str | None = None
     correlation_id: UUID | str | None = None
+    tenant: str | None = None
 
 
 class Broker:
@@ -50,6 +53,12 @@ class Broker:
     raise it only together with `message.max.bytes` (`--kafka-config`) and the topic's
     `max.message.bytes`. `max_payload_bytes` is the old name of the same limit, kept as an
     alias: it now bounds the whole record, not only the payload.
+
+    `tenant` names the tenant (the database NAME of `outbox consumer --database-url
+    NAME=URL`) whose inbox receives every message of this broker: it is sent in the header
+    `tenant_header` (default `outbox-tenant`, the consumer's `--route-header`); `send(...,
+    tenant=...)` overrides it for one message. A tenant that is not a valid database name
+    raises before anything is written.
     """
 
     def __init__(
@@ -59,8 +68,12 @@ class Broker:
         serializer: Serializer | None = None,
         max_message_bytes: int | None = None,
         max_payload_bytes: int | None = None,
+        tenant: str | None = None,
+        tenant_header: str = TENANT_HEADER,
     ) -> None:
         self.schema = validate_schema(schema)
+        self.tenant_header: str = validate_tenant_header(tenant_header)
+        self.tenant: str | None = None if tenant is None else _tenant(tenant, ConfigurationError)
         self.serializer: Serializer = serializer or JsonSerializer()
         if max_message_bytes is not None and max_payload_bytes is not None:
             raise ConfigurationError(
@@ -88,8 +101,10 @@ class Broker:
         headers: object,
         message_id: object,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> OutgoingMessage:
-        """Validate and encode; add the trace context and, inside a handler, the causation.
+        """Validate and encode; add the trace context, the tenant header (`tenant`, else the
+        broker's) and, inside a handler, the causation.
 
         With a `Topic`: the payload must be of its type, and the key is the one it derives
         unless `key` is given."""
@@ -106,6 +121,9 @@ class Broker:
                 key = topic.key_of(payload)
             topic = topic.name
         correlation, causation = tracing.inherited_ids(correlation_id)
+        context = tracing.context_headers(headers)
+        if tenant is not None or self.tenant is not None:
+            context = self._with_tenant(tenant, headers, context)
         return compose(
             topic,
             payload,
@@ -116,8 +134,22 @@ class Broker:
             max_message_bytes=self.max_message_bytes,
             correlation_id=correlation,
             causation_id=causation,
-            context_headers=tracing.context_headers(headers),
+            context_headers=context,
         )
+
+    def _with_tenant(
+        self, tenant: str | None, headers: object, context: dict[str, str] | None
+    ) -> dict[str, str]:
+        """`context` with the tenant header: `tenant` (checked) else the broker's. The user's
+        headers may not name it too (which one would route?)."""
+        name = self.tenant_header
+        chosen = self.tenant if tenant is None else _tenant(tenant, InvalidHeaders)
+        assert chosen is not None
+        if isinstance(headers, Mapping) and name in headers:
+            raise InvalidHeaders(
+                f"header {name!r} carries the tenant: give the tenant as tenant=..., not in headers"
+            )
+        return {**(context or {}), name: chosen}
 
     def _compose_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
         result = []
@@ -129,7 +161,13 @@ class Broker:
             try:
                 result.append(
                     self._compose(
-                        m.topic, m.payload, m.key, m.headers, m.message_id, m.correlation_id
+                        m.topic,
+                        m.payload,
+                        m.key,
+                        m.headers,
+                        m.message_id,
+                        m.correlation_id,
+                        m.tenant,
                     )
                 )
             except OutboxError as exc:
@@ -150,6 +188,7 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> UUID: ...
 
     @overload
@@ -163,6 +202,7 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> UUID: ...
 
     def send(
@@ -175,6 +215,7 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> UUID:
         """Write one message in `tx`'s transaction and return its id.
 
@@ -191,8 +232,11 @@ class Broker:
 
         Called from a handler callback, the message inherits the handled message's correlation
         id and gets its id as causation id; `correlation_id` overrides the inherited one.
+
+        `tenant` (else the broker's) names the tenant whose inbox receives the message (see
+        `Broker`); an invalid one raises `InvalidHeaders` before anything is written.
         """
-        message = self._compose(topic, payload, key, headers, message_id, correlation_id)
+        message = self._compose(topic, payload, key, headers, message_id, correlation_id, tenant)
         self._writer.write(tx, [message])
         return message.message_id
 
@@ -213,6 +257,7 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> UUID: ...
 
     @overload
@@ -226,6 +271,7 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> UUID: ...
 
     async def send_async(
@@ -238,9 +284,10 @@ class Broker:
         headers: Mapping[str, str | bytes] | None = None,
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
+        tenant: str | None = None,
     ) -> UUID:
         """`send` for psycopg `AsyncConnection` and SQLAlchemy `AsyncConnection`/`AsyncSession`."""
-        message = self._compose(topic, payload, key, headers, message_id, correlation_id)
+        message = self._compose(topic, payload, key, headers, message_id, correlation_id, tenant)
         await self._writer.write_async(tx, [message])
         return message.message_id
 
@@ -249,3 +296,14 @@ class Broker:
         batch = self._compose_many(messages)
         await self._writer.write_async(tx, batch)
         return [m.message_id for m in batch]
+
+
+def _tenant(tenant: object, error: type[OutboxError]) -> str:
+    """`tenant` if it is a valid database NAME, else `error` saying why."""
+    try:
+        return validate_name(tenant)
+    except ConfigurationError:
+        raise error(
+            f"tenant {tenant!r} is not valid: a tenant is a database NAME (1-63 letters, "
+            "digits, '_', '.' or '-', starting with a letter or digit); nothing was written"
+        ) from None

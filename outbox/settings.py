@@ -31,6 +31,8 @@ KAFKA_CONFIG_FILE = "OUTBOX_KAFKA_CONFIG_FILE"
 CONSUMER_START = "OUTBOX_CONSUMER_START"
 TOPICS = "OUTBOX_TOPICS"
 GROUP = "OUTBOX_GROUP"
+ROUTE_HEADER = "OUTBOX_ROUTE_HEADER"
+QUARANTINE_DATABASE = "OUTBOX_QUARANTINE_DATABASE"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
@@ -135,6 +137,19 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         GROUP,
         "consumer group id; the default of `--group` (one of them is required)",
+        "`outbox consumer`",
+    ),
+    EnvironmentVariable(
+        ROUTE_HEADER,
+        "the header naming the database (tenant) that stores a record, for a consumer of "
+        "several databases; set, it turns routing on; the default of `--route-header` (else "
+        "`outbox-tenant`)",
+        "`outbox consumer`",
+    ),
+    EnvironmentVariable(
+        QUARANTINE_DATABASE,
+        "the database (by NAME) that stores the records a routing consumer cannot route; set, "
+        "it turns routing on; the default of `--quarantine-database` (else the first database)",
         "`outbox consumer`",
     ),
     EnvironmentVariable(

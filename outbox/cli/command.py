@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from outbox import __version__, settings
 from outbox.cli.arguments import (
@@ -39,6 +40,10 @@ from outbox.cli.arguments import (
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import Rule, flag_type
 from outbox.core.text import first_line
+
+if TYPE_CHECKING:
+    from outbox.core.databases import Database
+    from outbox.daemons.routing import Routing
 
 #: What `outbox demo` says: the demo runs the example services, which the package does not ship.
 DEMO_ELSEWHERE = (
@@ -135,7 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Handlers registry whose topics are consumed, e.g. svc.handlers:h (imported "
         "as `outbox handler` does); optional with --topic",
     )
-    add_database(consumer)
+    add_databases(consumer)
+    consumer.add_argument(
+        "--route-header",
+        default=os.environ.get(settings.ROUTE_HEADER) or None,
+        metavar="NAME",
+        help="with several databases (or --databases-file): the header whose value is the NAME "
+        "of the database that stores a record; a record without it, or naming no database "
+        "served, is quarantined in --quarantine-database. Given with one database, routing is "
+        f"on too (env {settings.ROUTE_HEADER}; default outbox-tenant, which Broker(tenant=...) "
+        "sets)",
+    )
+    consumer.add_argument(
+        "--quarantine-database",
+        default=os.environ.get(settings.QUARANTINE_DATABASE) or None,
+        metavar="NAME",
+        help="when routing: the database (by NAME) that stores, dead, the records no database "
+        f"can be chosen for (env {settings.QUARANTINE_DATABASE}; default the first database "
+        "given)",
+    )
     add_kafka(consumer)
     add_transport(consumer)
     add_runtime(consumer)
@@ -424,7 +447,7 @@ def _consumer(args: argparse.Namespace) -> int:
 
     topics, handled = _consumed(args)
     group = require(args.group, "--group", settings.GROUP)
-    database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    routing, database = _routing(args)
     if args.transport == "postgres" and args.start not in (None, "earliest"):
         raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
     if args.transport == "postgres":
@@ -445,7 +468,7 @@ def _consumer(args: argparse.Namespace) -> int:
     else:
         bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
     config = ConsumerConfig(
-        database_url=database_url,
+        database_url=database.url if routing is None else "",
         kafka_bootstrap=bootstrap,
         topics=topics,
         group=group,
@@ -454,6 +477,8 @@ def _consumer(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         observability=runtime_config(args),
         handled_topics=handled,
+        database=database.name,
+        routing=routing,
     )
     relay = (
         Consumer(config, subscriber_factory=factory)
@@ -463,6 +488,38 @@ def _consumer(args: argparse.Namespace) -> int:
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
+
+
+def _routing(args: argparse.Namespace) -> tuple[Routing | None, Database]:
+    """The consumer's routing over its databases (None: one database, no routing) and its
+    first database. Routing is on with several databases, a databases file, --route-header or
+    --quarantine-database (docs/how-to/many-databases.md)."""
+    from outbox.cli.arguments import databases_of
+    from outbox.core.databases import gather
+    from outbox.core.headers import TENANT_HEADER
+    from outbox.core.redact import remember_secrets, secrets_of_url
+    from outbox.daemons.routing import Routing
+
+    databases = databases_of(args)
+    for database in databases:
+        remember_secrets(secrets_of_url(database.url))
+    routed = (
+        len(databases) > 1
+        or args.databases_file
+        or args.route_header is not None
+        or args.quarantine_database is not None
+    )
+    if not routed:
+        return None, databases[0]
+    fixed = gather(list(args.database_url), args.schema) if args.databases_file else databases
+    routing = Routing(
+        databases=tuple(databases),
+        header=args.route_header or TENANT_HEADER,
+        quarantine=args.quarantine_database,
+        fixed=tuple(fixed),
+        databases_file=args.databases_file or None,
+    )
+    return routing, databases[0]
 
 
 def _handler(args: argparse.Namespace) -> int:

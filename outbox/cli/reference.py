@@ -97,6 +97,11 @@ PARAMETER_MEANINGS: dict[str, dict[str, str]] = {
         "librdkafka's default `message.max.bytes` less a 128-byte margin for Kafka's framing",
         "max_payload_bytes": "old name of `max_message_bytes` (it now bounds the whole record); "
         "give one or the other",
+        "tenant": "the tenant whose inbox receives this broker's messages: a database NAME, sent "
+        "in the `tenant_header` header for `outbox consumer --route-header` to route by; "
+        "`send(..., tenant=...)` overrides it per message. An invalid name raises before "
+        "anything is written",
+        "tenant_header": "the header that carries the tenant (the consumer's `--route-header`)",
     },
     "Handlers": {
         "transaction": 'what callbacks receive: `"psycopg"` (a `Connection`, `AsyncConnection` '
@@ -153,7 +158,9 @@ COMMAND_NOTES: dict[tuple[str, ...], str] = {
     "reports) and exits 0.",
     ("consumer",): "Several consumers in one `--group` share the topics' partitions (more "
     "consumers than partitions idle). Offsets are committed only after the inbox insert "
-    "committed.",
+    "committed. With several databases (or --databases-file, --route-header), each record is "
+    "stored in the database its --route-header names, and a record no database can be chosen "
+    "for is quarantined (docs/how-to/many-databases.md).",
     ("handler",): "`MODULE` is imported with the current directory first on `sys.path`. "
     "Several handler processes share the lanes like producers do; within a process a lane "
     "belongs to one of the `--concurrency` worker threads.",

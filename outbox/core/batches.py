@@ -40,6 +40,7 @@ from outbox.core.wire import (
 __all__ = [
     "InboxBatch",
     "OutgoingRecord",
+    "Positions",
     "Quarantined",
     "outgoing",
     "quarantined_row",
@@ -326,6 +327,16 @@ class InboxBatch:
                 setattr(part, name, getattr(self, name)[start:stop])
         return part
 
+    def pick(self, indices: Sequence[int]) -> InboxBatch:
+        """The ordinary records at `indices`, in that order, as a batch of their own (nothing
+        quarantined)."""
+        picked = InboxBatch(self.timestamp_of)
+        for name in InboxBatch.__slots__:
+            if name not in ("quarantined", "timestamp_of"):
+                column = getattr(self, name)
+                setattr(picked, name, [column[i] for i in indices])
+        return picked
+
     def quarantine(self, index: int, reason: str) -> Quarantined:
         """The ordinary record at `index`, to be stored dead for `reason`."""
         return Quarantined(
@@ -357,6 +368,21 @@ class InboxBatch:
         ):
             last[topic, partition] = max(last.get((topic, partition), -1), offset)
         return {tp: offset + 1 for tp, offset in sorted(last.items())}
+
+
+class Positions(InboxBatch):
+    """No records: only where a group resumes in each partition, for `Subscriber.commit` (which
+    reads `next_offsets`). A consumer that stores a batch's records in several databases
+    commits a partition only up to its oldest record not yet stored."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: dict[tuple[str, int], int]) -> None:
+        super().__init__()
+        self.positions = dict(sorted(positions.items()))
+
+    def next_offsets(self) -> dict[tuple[str, int], int]:
+        return dict(self.positions)
 
 
 def quarantined_row(row: InboxRow, reason: str | None = None) -> Quarantined:

@@ -6,7 +6,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from outbox.core.errors import InvalidHeaders
+from outbox.core.errors import ConfigurationError, InvalidHeaders
 from outbox.core.text import is_storable
 
 #: Header names starting with this prefix are set by outbox itself.
@@ -22,6 +22,10 @@ CAUSATION_ID = "outbox-causation-id"
 #: OpenTelemetry is installed; ordinary (not reserved) headers, so a user-supplied one wins.
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
+#: The tenant a message is for: the NAME of the database whose inbox stores it, when a consumer
+#: serves several (`outbox consumer --route-header`). Set by `Broker(tenant=...)` or
+#: `send(..., tenant=...)`; the consumer reads it under its `--route-header` name.
+TENANT_HEADER = "outbox-tenant"
 
 Headers = Mapping[str, str | bytes]
 
@@ -60,6 +64,31 @@ def validate_headers(headers: object) -> dict[str, str | bytes]:
             )
         result[name] = value
     return result
+
+
+#: outbox's own headers, which no tenant header may be named after.
+_OWN = frozenset({MESSAGE_ID, CREATED_AT, CONTENT_TYPE, CORRELATION_ID, CAUSATION_ID})
+
+
+def validate_tenant_header(name: object) -> str:
+    """Return `name` if it can name the header that carries a message's tenant, else raise
+    `ConfigurationError`: `TENANT_HEADER`, or a non-empty storable name that is not reserved
+    by outbox (`outbox-...`, `content-type`)."""
+    if name == TENANT_HEADER:
+        return TENANT_HEADER
+    if (
+        not isinstance(name, str)
+        or not name
+        or not is_storable(name)
+        or name.lower() in _OWN
+        or name.lower().startswith(RESERVED_PREFIX)
+        or name.lower() == CONTENT_TYPE
+    ):
+        raise ConfigurationError(
+            f"tenant header name {name!r} is not valid: use {TENANT_HEADER!r} or a non-empty "
+            f"text name that does not start with {RESERVED_PREFIX!r} and is not {CONTENT_TYPE!r}"
+        )
+    return name
 
 
 def to_json(headers: Mapping[str, str | bytes]) -> dict[str, Any]:

@@ -21,17 +21,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import psycopg
-
 from outbox.core.batches import InboxBatch, Quarantined
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
-from outbox.core.retriable import sqlstate
+from outbox.core.redact import parse_conninfo
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.lanes import new_relay_id
 from outbox.daemons.outages import Outage
+from outbox.daemons.routing import Router, Routing, refused_for_data
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import SubscriberFactory, TransportProbe
@@ -60,10 +59,23 @@ class ConsumerConfig:
     #: or None: given, the consumer warns at start about a consumed topic no handler reads and
     #: a registered topic it does not consume.
     handled_topics: Sequence[str] | None = None
+    #: The database's NAME in metrics and logs (default: its database name).
+    database: str = ""
+    #: Several databases, each record stored in its tenant's (outbox/daemons/routing.py), or
+    #: None: every record in `database_url`'s inbox. With it, `database_url` is the quarantine
+    #: database's.
+    routing: Routing | None = None
 
     def __post_init__(self) -> None:
+        if self.routing is not None:
+            home = self.routing.home(self.routing.databases)
+            object.__setattr__(self, "database_url", home.url)
+            object.__setattr__(self, "database", home.name)
         if not self.database_url:
             raise ConfigurationError("database URL is not set (--database-url)")
+        if not self.database:
+            params = parse_conninfo(self.database_url) or {}
+            object.__setattr__(self, "database", params.get("dbname") or "database")
         validate_schema(self.schema)
         if not self.topics:
             raise ConfigurationError("at least one --topic is required")
@@ -104,20 +116,6 @@ class _Refused(Exception):
 
 class _Stopped(Exception):
     """The consumer was stopped while it waited to retry a statement: nothing committed."""
-
-
-def _refused_for_data(exc: BaseException) -> bool:
-    """Whether PostgreSQL (or psycopg, binding the values) refused a statement for the data
-    of a record (a quarantine can help), not for the database's state or the role's rights."""
-    if isinstance(exc, UnicodeError | psycopg.DataError | psycopg.IntegrityError):
-        return True
-    code = sqlstate(exc)
-    return code is not None and code[:2] in _DATA_CLASSES
-
-
-#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
-#: program_limit_exceeded (a value too large for an index row, say).
-_DATA_CLASSES = frozenset({"22", "23", "54"})
 
 
 class Consumer:
@@ -191,6 +189,9 @@ class Consumer:
     @observed
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
+        if self.config.routing is not None:
+            self._route(self.config.routing)
+            return
         self.check()
         self._announce()
         subscriber = self._subscriber_factory()
@@ -238,6 +239,16 @@ class Consumer:
                 self.stored,
                 self.quarantined,
             )
+
+    def _route(self, routing: Routing) -> None:
+        """Several databases: check the transport, then route (outbox/daemons/routing.py). A
+        database that fails is logged and retried, not fatal."""
+        if self._transport is not None:
+            self._transport.check(self.config.connect_timeout)
+        self._announce()
+        router = Router(self, routing, self._subscriber_factory)
+        router.check()
+        router.run()
 
     def _announce(self) -> None:
         """Say at start what is consumed, and what does not match the registry's topics."""
@@ -297,7 +308,9 @@ class Consumer:
         self.received += len(batch)
         self.stored += stored.total()
         self.quarantined += dead.total()
-        self.observability.consumer_batch(batch.topical(), stored, dead)
+        self.observability.consumer_batch(
+            batch.topical(), stored, dead, database=self.config.database
+        )
         return conn, following[0] if following else InboxBatch()
 
     def _execute(
@@ -323,7 +336,7 @@ class Consumer:
                         meanwhile()
                 stored = result()
             except Exception as exc:
-                if conn is not None and not conn.broken and _refused_for_data(exc):
+                if conn is not None and not conn.broken and refused_for_data(exc):
                     raise _Refused(exc, conn) from exc
                 delay = self._outage.failed(exc)  # raises what retrying cannot fix
                 if self.stopping:

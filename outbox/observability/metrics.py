@@ -118,21 +118,21 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo(
         "outbox_consumer_messages_received_total",
         "counter",
-        ("topic",),
+        ("database", "topic"),
         "Kafka records read (redeliveries included)",
         ("consumer",),
     ),
     MetricInfo(
         "outbox_consumer_messages_stored_total",
         "counter",
-        ("topic",),
+        ("database", "topic"),
         "new rows stored in consumer_queue (records already stored are not counted)",
         ("consumer",),
     ),
     MetricInfo(
         "outbox_consumer_messages_quarantined_total",
         "counter",
-        ("topic",),
+        ("database", "topic"),
         "records stored dead because they cannot be ordinary rows (a header name or content "
         "type PostgreSQL cannot hold, data it refused); see `outbox dead-letters`",
         ("consumer",),
@@ -140,7 +140,7 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo(
         "outbox_consumer_batch_size",
         "histogram",
-        (),
+        ("database",),
         "records per batch stored in one transaction",
         ("consumer",),
     ),
@@ -256,9 +256,10 @@ class Metrics:
         received: Mapping[str, int],
         stored: Mapping[str, int],
         quarantined: Mapping[str, int],
+        database: str = "",
     ) -> None:
-        """One Consumer batch: records read, new rows stored and new rows quarantined, per
-        topic."""
+        """One Consumer batch of one database (its NAME): records read, new rows stored and new
+        rows quarantined, per topic."""
 
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         """One Handler batch: what its workers did."""
@@ -347,11 +348,12 @@ class PrometheusMetrics(Metrics):
                 registry, prometheus, "outbox_handler_duration_seconds", HANDLER_BUCKETS
             )
 
-    def _add(self, name: str, per_topic: Mapping[str, int]) -> None:
+    def _add(self, name: str, per_topic: Mapping[str, int], *database: str) -> None:
+        """Count per topic (after the `database` label, for the series that have it)."""
         counter = self._counts[name]
         for topic, n in per_topic.items():
             if n:
-                counter.labels(topic).inc(n)
+                counter.labels(*database, topic).inc(n)
 
     def producer_batch(
         self,
@@ -373,11 +375,12 @@ class PrometheusMetrics(Metrics):
         received: Mapping[str, int],
         stored: Mapping[str, int],
         quarantined: Mapping[str, int],
+        database: str = "",
     ) -> None:
-        self._batch.observe(size)
-        self._add("messages_received", received)
-        self._add("messages_stored", stored)
-        self._add("messages_quarantined", quarantined)
+        self._batch.labels(database).observe(size)
+        self._add("messages_received", received, database)
+        self._add("messages_stored", stored, database)
+        self._add("messages_quarantined", quarantined, database)
 
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         self._batch.observe(size)

@@ -354,23 +354,29 @@ class Observability:
         rows: Sequence[Topical],
         stored: Mapping[str, int],
         quarantined: Mapping[str, int] | None = None,
+        *,
+        database: str = "",
+        routing: bool = False,
     ) -> None:
-        """Report one Consumer batch (stored: new rows per topic; quarantined: new rows stored
-        dead per topic): metrics, and its INFO line."""
+        """Report one Consumer batch of `database` (stored: new rows per topic; quarantined:
+        new rows stored dead per topic): metrics, and its INFO line (naming the database when
+        `routing` over several)."""
         received = Counter(row.topic for row in rows)
         quarantined = quarantined or {}
-        self.metrics.consumer_batch(len(rows), received, stored, quarantined)
+        self.metrics.consumer_batch(len(rows), received, stored, quarantined, database)
         total = sum(stored.values())
         dead = sum(quarantined.values())
         self._log.info(
-            "stored %d of %d records (%s)%s%s",
+            "stored %d of %d records%s (%s)%s%s",
             total,
             len(rows),
+            f" in database {database!r}" if routing else "",
             topic_summary(dict(stored)) or "none",
             f"; {dead} quarantined" if dead else "",
             f"; {len(rows) - total - dead} already stored" if total + dead < len(rows) else "",
             extra={
                 "event": "consumer.batch",
+                "database": database,
                 "batch_size": len(rows),
                 "received": dict(received),
                 "stored": dict(stored),

@@ -64,7 +64,7 @@ def parse_outbox(argv: Sequence[str], env: Mapping[str, str], where: str) -> arg
 
             with contextlib.suppress(ConfigurationError):
                 args.database_url = [d.url for d in databases_of(args)]
-        return args
+    return args
 
 
 def check_required(args: argparse.Namespace, where: str) -> None:

@@ -365,3 +365,33 @@ def test_a_reserved_schema_name_is_refused() -> None:
     for name in ("pg_catalog", "pg_temp", "information_schema"):
         with pytest.raises(ConfigurationError, match="PostgreSQL's own"):
             Broker(schema=name)
+
+
+def test_a_routing_consumers_bad_settings_are_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refused before any connection: the databases here do not exist.
+    monkeypatch.delenv(settings.ROUTE_HEADER, raising=False)
+    monkeypatch.delenv(settings.QUARANTINE_DATABASE, raising=False)
+    base = ["consumer", "--topic", "t", "--group", "g", "--kafka-bootstrap", "nowhere:1"]
+    two = [
+        "--database-url",
+        "a=postgresql://u:pw@nowhere/a",
+        "--database-url",
+        "b=postgresql://nowhere/b",
+    ]
+    for extra, said in [
+        (
+            ["--quarantine-database", "c"],
+            "--quarantine-database 'c' is not one of the databases served (a, b)",
+        ),
+        (["--route-header", "content-type"], "tenant header name 'content-type' is not valid"),
+        (
+            ["--route-header", "outbox-message-id"],
+            "tenant header name 'outbox-message-id' is not valid",
+        ),
+    ]:
+        assert main([*base, *two, *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("outbox: error: ") and said in err, err
+        assert "pw" not in err

@@ -87,8 +87,11 @@ def test_every_daemon_waits_for_the_migration_of_its_database(
         args = parse_outbox(argv, _env(services[name]), name)
         if args.command not in DAEMONS:
             continue
-        migrate = migrations.get(args.database_url)
-        assert migrate, f"{name}: no migrate service for {args.database_url}"
+        url = args.database_url
+        if isinstance(url, list):  # a command of many databases; each here serves one
+            (url,) = url
+        migrate = migrations.get(url)
+        assert migrate, f"{name}: no migrate service for {url}"
         assert _depends(services[name]).get(migrate) == "service_completed_successfully", (
             f"{name} must depend on {migrate} with condition service_completed_successfully"
         )

@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from outbox.core.batches import InboxBatch, quarantined_row
+from outbox.core.batches import InboxBatch, Positions, quarantined_row
 from outbox.core.wire import decode_record
 from outbox.postgres.inbox_store import insert_params, quarantine_params
 
@@ -167,3 +167,16 @@ def test_a_header_name_that_comes_twice_quarantines_the_record_with_every_header
         assert kept == headers
     fine = _decoded([("trace", b"1"), ("Trace", b"2")])
     assert fine.quarantine is None and fine.headers == {"trace": "1", "Trace": "2"}
+
+
+def test_pick_takes_the_ordinary_records_at_indices_and_positions_only_commit() -> None:
+    batch = InboxBatch()
+    for offset in range(4):
+        batch.add("t", offset % 2, offset, b"k", b"v%d" % offset, [("h", b"%d" % offset)], 1)
+    picked = batch.pick([3, 0])
+    assert [r.payload for r in picked.rows()] == [b"v3", b"v0"]
+    assert picked.raw_headers == [[("h", b"3")], [("h", b"0")]]
+    assert picked.quarantined == [] and batch.ordinary == 4
+    positions = Positions({("t", 1): 7, ("a", 0): 2})
+    assert len(positions) == 0
+    assert positions.next_offsets() == {("a", 0): 2, ("t", 1): 7}

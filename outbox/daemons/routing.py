@@ -1,0 +1,650 @@
+"""The Consumer over several databases: each record stored in its tenant's inbox.
+
+Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
+
+- A record goes to the inbox of the database whose NAME is the value of its routing header
+  (`Routing.header`, exact match). A record with no such header, one that comes twice, a value
+  that is not UTF-8, or a NAME this consumer does not serve is quarantined, with that reason,
+  in the quarantine database (`Routing.quarantine`); never dropped, never stored live in
+  another tenant's inbox. A record quarantined for its own data (outbox/daemons/consumer.py)
+  is stored dead in its tenant's inbox, as with one database.
+- A database that fails (down, dropped, not migrated, a role without rights) holds back only
+  its own records: they wait in memory and are retried with backoff (one log line per
+  interval, per database); the other databases' records are stored as they come.
+- A partition's offset is committed only up to its oldest record not yet stored, so a crash
+  loses nothing; what is delivered again is absorbed by the inbox's dedup.
+- Memory is bounded: beyond `Routing.held_bytes` of waiting records, the failing databases'
+  new records are not kept (their partitions are not committed past them); the consumer keeps
+  polling, and so keeps its group membership, and once nothing waits any more it joins the
+  group again to read them anew from the committed offsets.
+- The loop polls every turn (Kafka evicts a member that does not poll within
+  max.poll.interval.ms): a turn stores every working database's records and retries at most one
+  failing database, so a database that does not answer costs a turn at most connect_timeout.
+- The databases file is re-read every `Routing.reread_interval` seconds: added databases are
+  served, removed ones are closed (their waiting records become unknown tenants); a file that
+  cannot be read or has a bad entry is logged once and the last good list kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+
+from outbox.core.batches import InboxBatch, Positions, Quarantined
+from outbox.core.databases import Database, check_distinct, read_file
+from outbox.core.errors import ConfigurationError, DatabaseUnavailable, OutboxError
+from outbox.core.headers import TENANT_HEADER, validate_tenant_header
+from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
+from outbox.core.retriable import sqlstate
+from outbox.core.text import first_line, storable
+from outbox.daemons.outages import Outage
+from outbox.observability.logs import LimitedLog
+from outbox.postgres.connection import Connection, connect
+from outbox.postgres.inbox_store import InboxStore, Stored
+from outbox.postgres.migrate import check_schema
+
+if TYPE_CHECKING:
+    import threading
+
+    from outbox.observability.health import Heartbeat
+    from outbox.observability.runtime import Observability
+    from outbox.ports import Subscriber
+
+log = logging.getLogger("outbox.consumer")
+
+#: Records held for failing databases, at most (payload and key bytes, plus a row's share).
+HELD_BYTES = 64 * 1024 * 1024
+#: What a held record costs besides its payload and key (its columns as Python objects).
+RECORD_OVERHEAD = 400
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a Consumer serving several databases chooses each record's inbox."""
+
+    #: The databases served: flags first, then the file's entries (names are tenants).
+    databases: tuple[Database, ...]
+    #: The header whose value is the NAME of the record's database.
+    header: str = TENANT_HEADER
+    #: The database that stores the records no tenant can be chosen for; None: the first.
+    quarantine: str | None = None
+    #: The databases given by flags (kept when the file is re-read).
+    fixed: tuple[Database, ...] = ()
+    #: The databases file re-read while running, or None.
+    databases_file: str | None = None
+    #: Seconds between two reads of the databases file.
+    reread_interval: float = 5.0
+    #: Bytes of records held for failing databases before their new ones are read again later.
+    held_bytes: int = HELD_BYTES
+    #: Seconds a database's connection may stay unused before it is closed.
+    idle_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        validate_tenant_header(self.header)
+        if not self.databases:
+            raise ConfigurationError("routing needs at least one database")
+        check_distinct(self.databases)
+        if self.quarantine is not None:
+            self.home(self.databases)
+
+    def home(self, databases: Sequence[Database]) -> Database:
+        """The quarantine database among `databases`; a ConfigurationError if it is not there."""
+        if self.quarantine is None:
+            return databases[0]
+        for database in databases:
+            if database.name == self.quarantine:
+                return database
+        raise ConfigurationError(
+            f"--quarantine-database {self.quarantine!r} is not one of the databases served "
+            f"({', '.join(d.name for d in databases)})"
+        )
+
+    def __repr__(self) -> str:  # no URLs: the start-up line shows this
+        names = ",".join(d.name for d in self.databases)
+        return (
+            f"header={self.header} quarantine={self.home(self.databases).name} "
+            f"databases={names} file={self.databases_file}"
+        )
+
+
+def refused_for_data(exc: BaseException) -> bool:
+    """Whether PostgreSQL (or psycopg, binding the values) refused a statement for the data
+    of a record (a quarantine can help), not for the database's state or the role's rights."""
+    if isinstance(exc, UnicodeError | psycopg.DataError | psycopg.IntegrityError):
+        return True
+    code = sqlstate(exc)
+    return code is not None and code[:2] in _DATA_CLASSES
+
+
+#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
+#: program_limit_exceeded (a value too large for an index row, say).
+_DATA_CLASSES = frozenset({"22", "23", "54"})
+
+
+class Settings(Protocol):
+    """The Consumer settings the router reads (`ConsumerConfig`)."""
+
+    @property
+    def schema(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def poll_timeout(self) -> float: ...
+    @property
+    def connect_timeout(self) -> float: ...
+
+
+class Host(Protocol):
+    """What the router needs of the Consumer it runs for: its settings, stop, heartbeat,
+    counters, observability and the reads' outage."""
+
+    received: int
+    stored: int
+    quarantined: int
+    heartbeat: Heartbeat
+    observability: Observability
+    _reading: Outage
+    _stop: threading.Event
+
+    @property
+    def config(self) -> Settings: ...
+    @property
+    def stopping(self) -> bool: ...
+
+
+class _Failing(DatabaseUnavailable):
+    """A database's failure, retried for that database alone (the others keep flowing)."""
+
+
+@functools.cache
+def _failing(name: str) -> type[_Failing]:
+    """A `_Failing` named after the error it stands for, so that its log line says the
+    error's own name (`SchemaNotMigrated: ...`)."""
+    return type(name, (_Failing,), {})
+
+
+def _shown(value: object) -> str:
+    """A header value for an error and a log line: its repr, cut after 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+@dataclass(eq=False)
+class _Piece:
+    """Records of one batch for one database, not yet stored."""
+
+    batch: InboxBatch
+    #: Its oldest offset per (topic, partition).
+    oldest: dict[tuple[str, int], int]
+    size: int
+
+
+def _piece(batch: InboxBatch) -> _Piece:
+    oldest: dict[tuple[str, int], int] = {}
+    for tp_offset in (
+        *zip(batch.topics, batch.partitions, batch.offsets, strict=True),
+        *((q.topic, q.partition, q.offset) for q in batch.quarantined),
+    ):
+        tp = (tp_offset[0], tp_offset[1])
+        if tp_offset[2] < oldest.get(tp, tp_offset[2] + 1):
+            oldest[tp] = tp_offset[2]
+    size = sum(map(len, batch.payloads)) + sum(len(q.payload) for q in batch.quarantined)
+    return _Piece(batch, oldest, size + RECORD_OVERHEAD * len(batch))
+
+
+@dataclass(eq=False)
+class _Sink:
+    """One database: its connection, its waiting records and its run of failures."""
+
+    database: Database
+    store: InboxStore
+    outage: Outage
+    pending: list[_Piece] = field(default_factory=list)
+    conn: Connection | None = None
+    next_try: float = 0.0
+    last_used: float = 0.0
+    #: Its records are not kept (beyond the memory bound) until they are read again.
+    dropping: bool = False
+
+    @property
+    def failing(self) -> bool:
+        return self.outage.failures > 0
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _tenant_retriable(exc: BaseException) -> bool:
+    """What a database's failure can be waited out (or fixed by its operator) without stopping
+    the others: the database's errors, outbox's (not migrated, unreachable) and the network's."""
+    return isinstance(exc, psycopg.Error | OutboxError | OSError)
+
+
+def _once(conn: Connection, statement: Callable[[Connection], Stored]) -> Counter[str]:
+    """Run one statement of the inbox store (autocommit: atomic on its own), once."""
+    with conn.pipeline():
+        result = statement(conn)
+    return result()
+
+
+def store_once(
+    store: InboxStore, conn: Connection, batch: InboxBatch, quarantined: list[Quarantined]
+) -> tuple[Counter[str], Counter[str]]:
+    """Store `batch` with `conn`, trying once: its ordinary records, then `quarantined` (its
+    quarantined ones, to which a record PostgreSQL refuses is added, found by bisection as in
+    `Consumer._bisect`). Rows stored and stored dead, per topic; any other failure is raised."""
+    stored: Counter[str] = Counter()
+    if batch.ordinary:
+        try:
+            stored = _once(conn, lambda c: store.insert(c, batch))
+        except Exception as exc:
+            if conn.broken or not refused_for_data(exc):
+                raise
+            stored = _split(store, conn, batch, exc, quarantined)
+    dead: Counter[str] = Counter()
+    if quarantined:
+        dead = _once(conn, lambda c: store.quarantine(c, quarantined))
+    return stored, dead
+
+
+def _split(
+    store: InboxStore,
+    conn: Connection,
+    batch: InboxBatch,
+    error: BaseException,
+    quarantined: list[Quarantined],
+) -> Counter[str]:
+    """The ordinary records of a batch PostgreSQL refused (`error`), stored by halves; a record
+    refused alone is appended to `quarantined` with the refusal as its reason."""
+    size = batch.ordinary
+    if size == 1:
+        reason = f"PostgreSQL refused the record: {first_line(error)}"
+        quarantined.append(batch.quarantine(0, reason))
+        return Counter()
+    stored: Counter[str] = Counter()
+    half = size // 2
+    for start, stop in ((0, half), (half, size)):
+        part = batch.part(start, stop)
+        try:
+            stored.update(_once(conn, functools.partial(store.insert, batch=part)))
+        except Exception as exc:
+            if conn.broken or not refused_for_data(exc):
+                raise
+            stored.update(_split(store, conn, part, exc, quarantined))
+    return stored
+
+
+class Router:
+    """The routing loop of a `Consumer` whose config has `routing` (see the module)."""
+
+    def __init__(
+        self, consumer: Host, routing: Routing, subscriber_factory: Callable[[], Subscriber]
+    ) -> None:
+        self.consumer = consumer
+        self.config = consumer.config
+        self.routing = routing
+        self._subscriber_factory = subscriber_factory
+        self.sinks: dict[str, _Sink] = {}
+        self.home = ""
+        self.held = 0
+        #: Per partition: the offset after the last record polled, the oldest record not kept
+        #: (beyond the memory bound), and the offset last committed.
+        self._seen: dict[tuple[str, int], int] = {}
+        self._floor: dict[tuple[str, int], int] = {}
+        self._committed: dict[tuple[str, int], int] = {}
+        self._next_read = time.monotonic() + routing.reread_interval
+        self._bad_file: str | None = None
+        self._routing_log = LimitedLog(log)
+        self._overflow_log = LimitedLog(log)
+        self._apply(list(routing.databases))
+
+    # -- the databases --------------------------------------------------------------------
+
+    def _apply(self, databases: list[Database]) -> None:
+        """Serve `databases` (checked: distinct, quarantine database among them); the waiting
+        records of a database no longer served are routed again (unknown tenants now)."""
+        names = {d.name for d in databases}
+        removed = [self.sinks.pop(n) for n in list(self.sinks) if n not in names]
+        for database in databases:
+            current = self.sinks.pop(database.name, None)
+            if current is not None and current.database == database:
+                self.sinks[database.name] = current  # kept, in the order of the list
+                continue
+            if current is not None:
+                current.close()
+            remember_secrets(secrets_of_url(database.url))
+            self.sinks[database.name] = _Sink(
+                database,
+                InboxStore(database.schema),
+                Outage(f"cannot store records in database {database.name!r}", log),
+                pending=current.pending if current is not None else [],
+            )
+            if current is None and self.home:
+                log.info("database %r is now served", database.name)
+        self.home = self.routing.home(databases).name
+        for sink in removed:
+            sink.close()
+            log.info("database %r is no longer served", sink.database.name)
+            for piece in sink.pending:
+                self.held -= piece.size
+                self._route(piece.batch)
+
+    def _reread(self) -> None:
+        """Re-read the databases file when it is time (see the module)."""
+        routing = self.routing
+        if routing.databases_file is None or time.monotonic() < self._next_read:
+            return
+        self._next_read = time.monotonic() + routing.reread_interval
+        try:
+            listed = check_distinct(
+                [*routing.fixed, *read_file(routing.databases_file, self.config.schema)]
+            )
+            if not listed:
+                raise ConfigurationError("it lists no database")
+            routing.home(listed)
+        except ConfigurationError as exc:
+            problem = redact_text(str(exc))
+            if problem != self._bad_file:
+                self._bad_file = problem
+                log.warning(
+                    "databases file %s not applied, the last good list is kept: %s",
+                    routing.databases_file,
+                    problem,
+                    extra={"event": "consumer.databases_file"},
+                )
+            return
+        self._bad_file = None
+        if [self.sinks[n].database for n in self.sinks] != listed:
+            self._apply(listed)
+
+    # -- routing --------------------------------------------------------------------------
+
+    def _tenant(self, headers: Any) -> tuple[str | None, str | None]:
+        """(database NAME, None) of a record's headers as received, or (None, why not)."""
+        wanted = self.routing.header
+        values = [value for name, value in headers if name == wanted]
+        if not values:
+            return None, f"no tenant header ({wanted!r})"
+        if len(values) > 1:
+            return None, f"tenant header {wanted!r} comes {len(values)} times"
+        value = values[0]
+        if isinstance(value, bytes | bytearray):
+            try:
+                value = bytes(value).decode()
+            except UnicodeDecodeError:
+                return None, f"tenant header {wanted!r} is not UTF-8 text: {_shown(bytes(value))}"
+        if value is None or value not in self.sinks:
+            return None, f"unknown tenant {_shown(value)}"
+        return value, None
+
+    def _quarantined_tenant(self, record: Quarantined) -> tuple[str | None, str | None]:
+        """`_tenant` of a record quarantined for its data (its headers as stored JSON)."""
+        try:
+            pairs = [
+                (
+                    base64.b64decode(name).decode("utf-8", "surrogateescape"),
+                    None if value is None else base64.b64decode(value),
+                )
+                for name, value in json.loads(record.raw_headers)
+            ]
+        except (ValueError, TypeError):
+            return None, "headers unreadable"
+        return self._tenant(pairs)
+
+    def _route(self, batch: InboxBatch) -> None:
+        """Split `batch` into one piece per database and hold each; beyond the memory bound a
+        failing database's piece is not kept (its partitions are read again later)."""
+        chosen: dict[str, list[int]] = {}
+        quarantined: dict[str, list[Quarantined]] = {}
+        home = self.home
+        for index, headers in enumerate(batch.raw_headers):
+            name, problem = self._tenant(headers)
+            if name is None:
+                reason = storable(problem or "no tenant")
+                quarantined.setdefault(home, []).append(batch.quarantine(index, reason))
+            else:
+                chosen.setdefault(name, []).append(index)
+        for record in batch.quarantined:
+            name, problem = self._quarantined_tenant(record)
+            if name is None:
+                if problem and not record.reason.startswith(problem):
+                    record = record._replace(reason=storable(f"{problem}; {record.reason}"))
+                name = home
+            quarantined.setdefault(name, []).append(record)
+        for name in {*chosen, *quarantined}:
+            part = batch.pick(chosen.get(name, []))
+            part.quarantined = quarantined.get(name, [])
+            self._hold(self.sinks[name], _piece(part))
+
+    def _hold(self, sink: _Sink, piece: _Piece) -> None:
+        """Keep `piece` until its database stores it; beyond the memory bound, a failing
+        database's piece is not kept, and from then on none of its pieces until the records not
+        kept are read again (a later record of a key stored before an earlier one would break
+        the key's order)."""
+        # A failing database keeps its oldest records at least: retrying them tells when it
+        # works again.
+        over = self.held + piece.size > self.routing.held_bytes
+        if sink.dropping or (sink.failing and sink.pending and over):
+            sink.dropping = True
+            for tp, offset in piece.oldest.items():
+                self._floor[tp] = min(self._floor.get(tp, offset), offset)
+            self._overflow_log(
+                "%d MB of records wait for failing databases: the new records of database %r "
+                "are not kept but read again once it works (offsets stay behind them)",
+                self.held // (1024 * 1024),
+                sink.database.name,
+                extra={"event": "consumer.overflow", "database": sink.database.name},
+            )
+            return
+        sink.pending.append(piece)
+        self.held += piece.size
+
+    # -- storing --------------------------------------------------------------------------
+
+    def _store_due(self) -> None:
+        """Store the waiting records of every database that is due: every working one, and at
+        most one failing one per turn (its connection attempt may take connect_timeout)."""
+        now = time.monotonic()
+        due = [s for s in self.sinks.values() if s.pending and s.next_try <= now]
+        retried = False
+        for sink in sorted(due, key=lambda s: (s.failing, s.next_try)):
+            if self.consumer.stopping:
+                return
+            if sink.failing:
+                if retried:
+                    continue
+                retried = True
+            self._attempt(sink)
+
+    def _attempt(self, sink: _Sink) -> None:
+        """Store a database's waiting records; on failure, schedule its next try."""
+        try:
+            conn = self._connection(sink)
+            while sink.pending:
+                piece = sink.pending[0]
+                self.consumer.heartbeat.beat()
+                quarantined = list(piece.batch.quarantined)
+                stored, dead = store_once(sink.store, conn, piece.batch, quarantined)
+                sink.pending.pop(0)
+                self.held -= piece.size
+                self._report(sink, piece.batch, stored, dead)
+                for record in quarantined:
+                    self._routing_log(
+                        "record topic %r partition %d offset %d quarantined (stored dead in "
+                        "database %r): %s",
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                        sink.database.name,
+                        record.reason,
+                        extra={"event": "consumer.quarantined", "topic": record.topic},
+                    )
+            sink.last_used = time.monotonic()
+        except Exception as exc:
+            self._failed(sink, exc)
+            return
+        sink.outage.recovered()
+
+    @staticmethod
+    def _failed(sink: _Sink, exc: Exception) -> None:
+        """A database failed: close its connection and schedule its next try (logged through
+        its `Outage`); raise what is not the database's (a bug)."""
+        if not _tenant_retriable(exc):
+            raise exc
+        sink.close()
+        failure = _failing(type(exc).__name__)(redact_text(first_line(exc)))
+        sink.next_try = time.monotonic() + sink.outage.failed(failure)
+
+    def _connection(self, sink: _Sink) -> Connection:
+        conn = sink.conn
+        if conn is None or conn.closed or conn.broken:
+            sink.close()
+            self.consumer.heartbeat.beat()
+            conn = connect(
+                sink.database.url,
+                timeout=self.config.connect_timeout,
+                application_name="outbox-consumer",
+            )
+            try:
+                check_schema(conn, sink.database.schema)
+            except BaseException:
+                conn.close()
+                raise
+            sink.conn = conn
+        return conn
+
+    def _report(
+        self, sink: _Sink, batch: InboxBatch, stored: Counter[str], dead: Counter[str]
+    ) -> None:
+        consumer = self.consumer
+        consumer.received += len(batch)
+        consumer.stored += stored.total()
+        consumer.quarantined += dead.total()
+        consumer.observability.consumer_batch(
+            batch.topical(), stored, dead, database=sink.database.name, routing=True
+        )
+
+    def _recovered(self) -> bool:
+        """Whether a database whose records were not kept works again and has stored what it
+        kept (or none is left: no longer served): then its records are read again, whatever
+        the others' state."""
+        dropping = [s for s in self.sinks.values() if s.dropping]
+        return not dropping or any(not (s.pending or s.failing) for s in dropping)
+
+    def _read_again(self, subscriber: Subscriber) -> Subscriber:
+        """Join the group again, to read from the committed offsets (below every record not
+        stored): the records not kept, and those still waiting, which are forgotten here."""
+        log.info(
+            "reading again from the committed offsets the records not kept while databases failed",
+            extra={"event": "consumer.read_again"},
+        )
+        subscriber.close()
+        for sink in self.sinks.values():
+            sink.pending.clear()
+            sink.dropping = False
+        self.held = 0
+        self._seen.clear()
+        self._floor.clear()
+        return self._subscriber_factory()
+
+    def _close_idle(self) -> None:
+        limit = time.monotonic() - self.routing.idle_timeout
+        for sink in self.sinks.values():
+            if sink.conn is not None and not sink.pending and sink.last_used < limit:
+                sink.close()
+
+    # -- offsets --------------------------------------------------------------------------
+
+    def _positions(self) -> dict[tuple[str, int], int]:
+        """Per partition polled: where the group may resume (nothing unstored below it)."""
+        positions = dict(self._seen)
+        for tp, offset in self._floor.items():
+            positions[tp] = min(positions.get(tp, offset), offset)
+        for sink in self.sinks.values():
+            for piece in sink.pending:
+                for tp, offset in piece.oldest.items():
+                    positions[tp] = min(positions.get(tp, offset), offset)
+        return positions
+
+    def _commit(self, subscriber: Subscriber) -> None:
+        moved = {
+            tp: offset
+            for tp, offset in self._positions().items()
+            if offset > self._committed.get(tp, -1)
+        }
+        if moved:
+            subscriber.commit(Positions(moved))
+            self._committed.update(moved)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Connect to every database once at start: one that fails is logged (and retried when
+        it has records to store), not fatal."""
+        for sink in self.sinks.values():
+            if self.consumer.stopping:
+                return
+            try:
+                self._connection(sink)
+                sink.last_used = time.monotonic()
+            except Exception as exc:
+                self._failed(sink, exc)
+
+    def run(self) -> None:
+        """Poll, route, store and commit until the consumer is stopped."""
+        consumer = self.consumer
+        config = self.config
+        subscriber = self._subscriber_factory()
+        try:
+            while not consumer.stopping:
+                consumer.heartbeat.beat()
+                self._reread()
+                timeout = config.poll_timeout
+                waiting = [s.next_try for s in self.sinks.values() if s.pending]
+                if waiting:
+                    timeout = max(0.0, min(timeout, min(waiting) - time.monotonic()))
+                try:
+                    batch = subscriber.poll(config.batch_size, timeout)
+                except Exception as exc:
+                    delay = consumer._reading.failed(exc)  # raises what retrying cannot fix
+                    consumer._reading.pause(delay, consumer._stop, consumer.heartbeat.beat)
+                    continue
+                consumer._reading.recovered()
+                if batch:
+                    for t, p, o in (
+                        *zip(batch.topics, batch.partitions, batch.offsets, strict=True),
+                        *((q.topic, q.partition, q.offset) for q in batch.quarantined),
+                    ):
+                        if o >= self._seen.get((t, p), 0):
+                            self._seen[t, p] = o + 1
+                    self._route(batch)
+                self._store_due()
+                self._commit(subscriber)
+                if consumer.stopping:
+                    break
+                if self._floor and self._recovered():
+                    subscriber = self._read_again(subscriber)
+                self._close_idle()
+        finally:
+            subscriber.close()
+            for sink in self.sinks.values():
+                sink.close()
+            unstored = sum(len(p.batch) for s in self.sinks.values() for p in s.pending)
+            log.info(
+                "consumer stopped: received=%d stored=%d quarantined=%d%s",
+                consumer.received,
+                consumer.stored,
+                consumer.quarantined,
+                f" ({unstored} records not stored are delivered again)" if unstored else "",
+            )
