@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import tenacity
 from psycopg.rows import tuple_row
 
 from outbox.core.errors import DatabaseUnavailable
@@ -97,32 +97,48 @@ def check_database(
     backoff, a WARNING each time, for up to `wait` seconds or until `stopping()`; a wrong
     schema version is never waited for.
     """
-    deadline = time.monotonic() + wait
-    delay = 0.2
-    attempt = 0
-    while True:
-        attempt += 1
+
+    def attempt() -> None:
         try:
             conn = open_connection()
         except psycopg.Error as exc:
-            error = unavailable(exc, what)
-        else:
-            try:
-                with conn:
-                    check(conn, schema)
-                return
-            except psycopg.OperationalError as exc:
-                # Lost while checking the schema (PostgreSQL shutting down): the same outage as
-                # a refused connection, the same one-line error, and waited for alike.
-                error = unavailable(exc, what)
-        left = deadline - time.monotonic()
-        if left <= 0 or stopping():
-            raise error from None
+            raise unavailable(exc, what) from None
+        try:
+            with conn:
+                check(conn, schema)
+        except psycopg.OperationalError as exc:
+            # Lost while checking the schema (PostgreSQL shutting down): the same outage as a
+            # refused connection, the same one-line error, and waited for alike.
+            raise unavailable(exc, what) from None
+
+    def warn(state: tenacity.RetryCallState) -> None:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
         log.warning(
             "%s (attempt %d; waiting up to %.0fs more, --wait-for-database)",
             error,
-            attempt,
-            left,
+            state.attempt_number,
+            max(0.0, wait - (state.seconds_since_start or 0.0)),
         )
-        time.sleep(min(delay, left))
-        delay = min(delay * 2, 5.0)
+
+    backoff = tenacity.wait_exponential(multiplier=0.2, max=5.0)  # 0.2 s, 0.4 s, ... 5 s
+    retrying = tenacity.Retrying(
+        # Only an unreachable database is waited for; a wrong schema version never is.
+        retry=tenacity.retry_if_exception_type(DatabaseUnavailable),
+        # Give up after `wait` (the last wait is cut to end there), or when the daemon stops.
+        stop=tenacity.stop_after_delay(wait) | _StopWhen(stopping),
+        wait=lambda state: min(backoff(state), max(0.0, wait - (state.seconds_since_start or 0))),
+        before_sleep=warn,
+        reraise=True,
+    )
+    retrying(attempt)
+
+
+class _StopWhen(tenacity.stop.stop_base):
+    """Stop retrying as soon as `stopping()` (SIGTERM during a wait for the database)."""
+
+    def __init__(self, stopping: Callable[[], bool]) -> None:
+        self.stopping = stopping
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.stopping()
