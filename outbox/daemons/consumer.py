@@ -30,8 +30,8 @@ from outbox.core.retriable import sqlstate
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import new_relay_id
 from outbox.daemons.outages import Outage
+from outbox.daemons.relay import new_relay_id
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import SubscriberFactory, TransportProbe

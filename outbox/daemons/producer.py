@@ -23,7 +23,7 @@ from outbox.core.retry import Backoff
 from outbox.core.text import storable
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
+from outbox.daemons.relay import Connection, LaneRelay, new_relay_id
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import DeliveryFailure, Publisher, PublisherFactory, TransportProbe
 from outbox.postgres.outbox_store import OutboxStore

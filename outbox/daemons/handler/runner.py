@@ -26,8 +26,8 @@ from outbox.daemons.handler.config import HandlerConfig, check_async_support
 from outbox.daemons.handler.failures import ConnectionLost, described
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.daemons.handler.worker import Worker
-from outbox.daemons.lanes import Connection, LaneRelay
 from outbox.daemons.outages import Outage
+from outbox.daemons.relay import Connection, LaneRelay
 from outbox.observability.runtime import Observability, observed
 from outbox.postgres.inbox_store import InboxStore
 

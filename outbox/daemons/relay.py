@@ -1,4 +1,4 @@
-"""The loop both queue relays share: own lanes, fetch, process, and sleep without the NOTIFY trap.
+"""The relay loop of both queue relays: own lanes, fetch, process, sleep without the NOTIFY trap.
 
 A relay (the Producer on `producer_queue`, the Handler on `consumer_queue`) owns a fair share of
 the lanes through PostgreSQL session advisory locks, which die with its connection; within a lane
