@@ -388,6 +388,7 @@ def _add_many(parser: argparse.ArgumentParser) -> None:
         "--database-turns",
         type=flag_type("threads"),
         default=2,
+        metavar="N",
         help="with several databases: how many of them process a batch at the same time; "
         "the others wait their turn, first come first served, so a busy database cannot "
         "starve a quiet one (default 2)",
@@ -396,6 +397,7 @@ def _add_many(parser: argparse.ArgumentParser) -> None:
         "--idle-disconnect",
         type=flag_type("seconds_or_zero"),
         default=60.0,
+        metavar="SECONDS",
         help="with several databases: seconds without rows after which a database's relay "
         "leaves its lanes and closes its connections; it then looks for rows every "
         "--poll-interval on a short-lived connection (no NOTIFY wake-up meanwhile). 0: never "
