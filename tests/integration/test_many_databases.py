@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,25 +23,48 @@ from psycopg.conninfo import conninfo_to_dict
 
 from outbox import Broker, Message
 from outbox.testing.plugin import DatabaseFactory
+from outbox.testing.servers import free_port
 
 from . import inbox_app
 from .relay_helpers import Daemon, consume, count, wait_for
 from .test_inbox import put
+from .test_observability import scrape, value
 
 HANDLERS = "tests.integration.inbox_app:handlers"
 
 
-def _send(url: str, topic: str, tenant: str, n: int) -> list[uuid.UUID]:
+def _send(url: str, topic: str, tenant: str, n: int, start: int = 0) -> list[uuid.UUID]:
     with psycopg.connect(url) as conn, conn.transaction():
         return Broker().send_many(
             conn,
-            [Message(topic, {"tenant": tenant, "n": i}, key=f"k{i % 3}") for i in range(n)],
+            [
+                Message(topic, {"tenant": tenant, "n": i}, key=f"k{i % 3}")
+                for i in range(start, start + n)
+            ],
         )
 
 
 def _effects(url: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute("SELECT message_id, body FROM effects ORDER BY seq").fetchall()
+
+
+def _connections(url: str) -> int:
+    """Connections of the producer to the database of `url` (not counting this one)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'outbox-producer'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _health(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 def _file(path: Path, entries: dict[str, str]) -> None:
@@ -60,6 +85,7 @@ def test_one_producer_relays_several_databases_each_once_in_order_per_key(
     file = tmp_path / "databases.txt"
     _file(file, {**tenants, "bare": unmigrated})
     sent = {name: _send(url, outbox_topic, name, 30) for name, url in tenants.items()}
+    metrics, health = free_port(), free_port()
     with Daemon(
         "producer",
         "--databases-file",
@@ -68,9 +94,26 @@ def test_one_producer_relays_several_databases_each_once_in_order_per_key(
         outbox_kafka_bootstrap,
         "--poll-interval",
         "0.2",
+        "--idle-disconnect",
+        "1",
+        *("--metrics-port", str(metrics), "--metrics-host", "127.0.0.1"),
+        *("--health-port", str(health), "--health-host", "127.0.0.1"),
     ) as producer:
         for url in tenants.values():
             wait_for(lambda url=url: count(url) == 0, 60, "every tenant relayed", 0.1)
+        samples = scrape(metrics)
+        for name in tenants:
+            relayed = value(
+                samples, "outbox_producer_messages_relayed_total", database=name, topic=outbox_topic
+            )
+            assert relayed == 30, (name, samples)
+        status, reason = _health(health, "/readyz")
+        assert status == 200, reason
+        assert "t0 " in reason and "bare failing" in reason, reason
+        # Idle for a second: parked, no connection held; new rows still found by polling.
+        wait_for(lambda: _connections(tenants["t1"]) == 0, 20, "t1 parked", 0.1)
+        sent["t1"] += _send(tenants["t1"], outbox_topic, "t1", 5, start=30)
+        wait_for(lambda: count(tenants["t1"]) == 0, 20, "a parked tenant relayed", 0.1)
         late = outbox_database_factory()
         sent["late"] = _send(late, outbox_topic, "late", 10)
         _file(file, {**tenants, "bare": unmigrated, "late": late})
