@@ -45,6 +45,8 @@ log = logging.getLogger("outbox.supervisor")
 #: The backoff between attempts at a database that failed in a way retrying may not fix (not
 #: migrated, dropped, no privilege): it may be fixed while the process runs.
 DATABASE_BACKOFF = Backoff(initial=1.0, maximum=60.0, jitter=0.2)
+#: The backoff between a relay's reconnection attempts to one of several databases.
+RECONNECT_BACKOFF = Backoff(initial=0.1, maximum=60.0, jitter=0.2)
 #: At most one log line per this many seconds about one database's failures.
 DATABASE_LOG_INTERVAL = 60.0
 #: Seconds between looks at the databases file.
@@ -133,6 +135,8 @@ class Supervisor(Generic[R]):
         self.fixed = list(fixed)
         self.default_schema = default_schema
         self._initial = list(databases)
+        #: The databases to serve: the initial ones, then the last good file's (and flags').
+        self._listed = list(databases)
         self._served: dict[str, Served[R]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -152,9 +156,9 @@ class Supervisor(Generic[R]):
         observability.health.report = self.report
 
     def databases(self) -> list[Database]:
-        """The databases served now."""
+        """The databases to serve (each served, or failing and retried)."""
         with self._lock:
-            return [served.database for served in self._served.values()]
+            return list(self._listed)
 
     def relays(self) -> list[R]:
         """The relays running now (for tests and benchmarks)."""
@@ -205,6 +209,12 @@ class Supervisor(Generic[R]):
         relay.turns = self.turns
         relay.idle_disconnect = self.idle_disconnect
         relay.outage.what = f"{self.kind} of database {database.name} lost its connection"
+        for outage in (relay.outage, getattr(relay, "workers_outage", None)):
+            if isinstance(outage, Outage):
+                # A database gone for good (dropped, say) must not log every few seconds for
+                # as long as it is listed: one line a minute, attempts at most a minute apart.
+                outage.backoff = RECONNECT_BACKOFF
+                outage.log.interval = DATABASE_LOG_INTERVAL
         if self.observability is not None:
             self.observability.for_database(relay.observability, database.name)
         outage = Outage(
@@ -300,6 +310,7 @@ class Supervisor(Generic[R]):
         database whose URL or schema changed restarts)."""
         wanted = {database.name: database for database in listed}
         with self._lock:
+            self._listed = list(listed)
             current = {name: served.database for name, served in self._served.items()}
         for name, database in current.items():
             if wanted.get(name) != database:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -49,12 +50,13 @@ def _effects(url: str) -> list[tuple[Any, ...]]:
         return conn.execute("SELECT message_id, body FROM effects ORDER BY seq").fetchall()
 
 
-def _connections(url: str) -> int:
-    """Connections of the producer to the database of `url` (not counting this one)."""
+def _connections(url: str, daemon: str = "producer") -> int:
+    """Connections of a daemon to the database of `url`."""
     with psycopg.connect(url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'outbox-producer'"
+            "AND application_name = %s",
+            (f"outbox-{daemon}",),
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -173,8 +175,12 @@ def test_one_handler_over_several_databases_a_dropped_one_and_a_kill(
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         more = put(tenants["h0"], topic, [{"tenant": "h0", "n": 60}], ["k0"])
         wait_for(lambda: len(_effects(tenants["h0"])) == 61, 30, "h0 after the drop", 0.1)
-        _file(file, {"h0": tenants["h0"]})  # h1 removed
+        more += put(tenants["h0"], topic, [{"tenant": "h0", "n": 61}], ["k1"])
+        wait_for(lambda: len(_effects(tenants["h0"])) == 62, 30, "h0 after the drop", 0.1)
+        time.sleep(3)  # h2 keeps failing meanwhile: its relay retries
+        _file(file, {"h0": tenants["h0"], "h2": dropped})  # h1 removed
         wait_for(lambda: "database h1 removed" in handler.output(), 20, "h1 removed", 0.2)
+        wait_for(lambda: _connections(tenants["h1"], "handler") == 0, 20, "h1 let go", 0.1)
         put(tenants["h1"], topic, [{"tenant": "h1", "n": 60}], ["k0"])
         handler.terminate()
         assert handler.wait(30) == 0, handler.output()
@@ -190,5 +196,5 @@ def test_one_handler_over_several_databases_a_dropped_one_and_a_kill(
         for key in range(4):  # the key of message n is k{n % 4}
             ns = [b["n"] for b in bodies if b["n"] % 4 == key]
             assert ns == sorted(ns), f"{name} key k{key} out of order"
-    dropped_lines = [line for line in output.splitlines() if "h2" in line]
-    assert 1 <= len(dropped_lines) <= 6, output
+    failures = [line for line in output.splitlines() if "WARNING" in line and "h2" in line]
+    assert 1 <= len(failures) <= 3, output  # once-ish, not a line per attempt
