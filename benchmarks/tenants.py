@@ -8,7 +8,8 @@ Two questions, each with the real daemons as separate processes:
    `--database-turns` 2 (the default) and 1.
 2. Idle cost. N idle databases (default 50) served by one producer and one handler: the
    connections they hold (pg_stat_activity) and the CPU of both processes, with the databases
-   kept connected (`--idle-disconnect 0`) and parked (`--idle-disconnect 2`, after they parked).
+   kept connected (`--idle-disconnect 0`) and parked (`--idle-disconnect 2`, after they parked;
+   looking for rows every second, and every 5 seconds).
 
 `python -m benchmarks.tenants [--backlog N] [--databases N] [--seconds S]` starts its own
 PostgreSQL and broker (the test harness) and prints a Markdown table.
@@ -30,7 +31,8 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.harness import Context, Result, markdown, percentiles
-from outbox import Broker, Message
+from outbox import Broker
+from outbox.core.lanes import lane_for
 
 #: Seconds between two messages of the quiet tenant.
 QUIET_EVERY = 0.05
@@ -68,17 +70,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _backlog(url: str, topic: str, n: int) -> None:
-    broker = Broker()
+    """`n` rows in `producer_queue` over 64 keys, inserted in bulk (as `send` would store
+    them: a key's lane is the crc32 of the key)."""
+    lanes = [lane_for(f"k{i}".encode(), uuid.uuid4()) for i in range(64)]
     with psycopg.connect(url) as conn:
-        for start in range(0, n, 5000):
-            with conn.transaction():
-                broker.send_many(
-                    conn,
-                    [
-                        Message(topic, {"n": i}, key=f"k{i % 64}")
-                        for i in range(start, start + 5000)
-                    ],
-                )
+        conn.execute(
+            "INSERT INTO outbox.producer_queue (message_id, topic, key, payload, content_type, lane) "
+            "SELECT gen_random_uuid(), %(topic)s, convert_to('k' || (i % 64), 'UTF8'), "
+            "convert_to('{\"n\": ' || i || '}', 'UTF8'), 'application/json', "
+            "(%(lanes)s::smallint[])[i % 64 + 1] FROM generate_series(0, %(n)s - 1) AS i",
+            {"topic": topic, "lanes": lanes, "n": n},
+        )
 
 
 def _quiet(url: str, topic: str, seconds: float) -> dict[int, float]:
@@ -146,26 +148,40 @@ def fairness(ctx: Context, backlog: int, seconds: float) -> list[Result]:
             "--database-turns", str(turns),
             log=log,
         )  # fmt: skip
+        launched = time.time()
+        drained: list[float] = []
         try:
-            time.sleep(2.0)  # started, both relays sleeping or busy
-            started = time.monotonic()
-            committed = _quiet(quiet_url, quiet_topic, seconds)
-            drained = None
+            time.sleep(1.5)  # started: the busy relay is draining, the quiet one sleeping
+            watcher = threading.Thread(target=_watch, args=(busy_url, drained), daemon=True)
             if load:
-                while _pending(busy_url) and time.monotonic() - started < 600:
-                    time.sleep(0.2)
-                drained = time.monotonic() - started
+                watcher.start()
+            committed = _quiet(quiet_url, quiet_topic, seconds)
+            if load:
+                watcher.join(600)
         finally:
             _stop(producer)
         created = _create_times(ctx.bootstrap, quiet_topic, len(committed))
-        delays = [(created[n] - committed[n]) * 1000 for n in committed if n in created]
+        # Beside a backlog, only the messages committed while it was being drained count.
+        until = drained[0] if drained else float("inf")
+        delays = [
+            (created[n] - committed[n]) * 1000
+            for n in committed
+            if n in created and committed[n] < until
+        ]
         metrics = {f"{k} ms": v for k, v in percentiles(delays).items()}
         metrics["quiet messages"] = len(delays)
-        if drained is not None:
+        if drained:
             metrics["busy backlog"] = load
-            metrics["busy drained after s"] = drained
+            metrics["busy drained /s"] = load / (drained[0] - launched)
         results.append(Result("tenants fairness", variant, metrics, samples=delays))
     return results
+
+
+def _watch(url: str, drained: list[float]) -> None:
+    """Append the time (time.time()) at which `producer_queue` of `url` was first empty."""
+    while _pending(url):
+        time.sleep(0.05)
+    drained.append(time.time())
 
 
 def _pending(url: str) -> int:
@@ -194,11 +210,12 @@ def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
     file = ctx.out_dir / "tenants.txt"
     file.write_text("".join(f"t{i}={url}\n" for i, url in enumerate(urls)))
     results = []
-    for variant, idle in (
-        ("connected (--idle-disconnect 0)", "0"),
-        ("parked (--idle-disconnect 2)", "2"),
+    for variant, idle, poll in (
+        ("connected (--idle-disconnect 0)", "0", "1"),
+        ("parked (--idle-disconnect 2)", "2", "1"),
+        ("parked, --poll-interval 5", "2", "5"),
     ):
-        common = ("--databases-file", str(file), "--idle-disconnect", idle)
+        common = ("--databases-file", str(file), "--idle-disconnect", idle, "--poll-interval", poll)
         log = ctx.out_dir / "tenants-idle.log"
         processes = [
             _daemon("producer", *common, "--kafka-bootstrap", ctx.bootstrap, log=log),
@@ -237,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     from outbox.testing.servers import start_servers
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tenants", description=main.__doc__)
-    parser.add_argument("--backlog", type=int, default=100_000, help="the busy tenant's rows")
+    parser.add_argument("--backlog", type=int, default=1_000_000, help="the busy tenant's rows")
     parser.add_argument("--databases", type=int, default=50, help="idle databases")
     parser.add_argument("--seconds", type=float, default=10.0, help="each measurement's length")
     parser.add_argument("--only", choices=("fairness", "idle"), default=None)

@@ -128,7 +128,8 @@ class SharedPublisher:
     def __init__(self, publisher: Publisher, on_fatal: Callable[[BaseException], None]) -> None:
         self.publisher = publisher
         self._on_fatal = on_fatal
-        self._turns = Turns(1)
+        #: The publisher's turns, first come first served.
+        self.turns = Turns(1)
 
     def publish(
         self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
@@ -144,7 +145,7 @@ class SharedPublisher:
                     failed.append(exc)
                     raise
 
-        with self._turns.turn():
+        with self.turns.turn():
             try:
                 return self.publisher.publish(records, meanwhile)
             except Exception as exc:
@@ -258,13 +259,19 @@ class Producer(LaneRelay[OutgoingRecord]):
         self._resize(len(rows), limit)
         return one_topic_per_key(rows)
 
+    def shared_turns(self) -> list[Turns]:
+        turns = super().shared_turns()
+        if isinstance(self._publisher, SharedPublisher):
+            turns.append(self._publisher.turns)
+        return turns
+
     def peek(self, conn: Connection) -> bool:
         return self.store.fetch(conn, list(range(LANES)), 1, exclude=[]).fetchone() is not None
 
     def _resize(self, fetched: int, limit: int) -> None:
         """The next fetch's size: doubled after a full batch, `batch_size` after a short one."""
         batch_size = self.config.batch_size
-        if fetched >= limit:
+        if fetched >= limit and not self.contended():
             self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size)
         else:
             self._limit = batch_size

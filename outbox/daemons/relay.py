@@ -110,6 +110,7 @@ class LaneRelay(Generic[Row]):
         self.idle_disconnect: float | None = None
         #: Whether the relay is parked: no connection, looking for rows every poll interval.
         self.parked = False
+        self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
 
@@ -199,6 +200,18 @@ class LaneRelay(Generic[Row]):
             waiting = self.peek(conn)
         self.outage.recovered()
         return waiting
+
+    def shared_turns(self) -> list[Turns]:
+        """The turns this relay shares with the relays of other databases."""
+        return [] if self.turns is None else [self.turns]
+
+    def contended(self) -> bool:
+        """Whether a relay (of any database of the process) waited for a turn since the last
+        call: then a busy relay's batches do not grow past `batch_size`, so that a quiet
+        database waits for a batch of that size at most, not for one of several times it."""
+        waits = sum(turns.waited for turns in self.shared_turns())
+        contended, self._waits_seen = waits != self._waits_seen, waits
+        return contended
 
     def _turn(self) -> AbstractContextManager[None]:
         """The turn a batch is processed in (none when the relay serves its database alone)."""

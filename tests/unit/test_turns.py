@@ -224,3 +224,30 @@ def test_the_databases_file_is_re_read_and_a_bad_one_keeps_the_last_list(
     finally:
         supervisor.stop()
         thread.join(10)
+
+
+def test_a_relay_stops_growing_its_batches_while_others_wait_for_turns() -> None:
+    """Busy relays double their batches (up to 8 times --batch-size); beside a database that
+    waited for a turn they keep to --batch-size, so a quiet one waits one such batch at most."""
+    from outbox.daemons.producer import Producer, ProducerConfig
+
+    from outbox.memory import InMemoryTransport
+
+    transport = InMemoryTransport()
+    config = ProducerConfig(database_url="postgresql://h/db", batch_size=10)
+    relay = Producer(config, transport.publisher)
+    relay._resize(10, 10)
+    assert relay._limit == 20  # alone (no turns): grows as it always did
+    relay.turns = Turns(1)
+    relay._resize(20, 20)
+    assert relay._limit == 40  # nobody waited
+    relay.turns.acquire()
+    waiter = threading.Thread(target=relay.turns.acquire)
+    waiter.start()
+    _wait(lambda: relay.turns is not None and relay.turns.queued() == 1, "a waiter")
+    relay.turns.release()
+    waiter.join(5)
+    relay._resize(40, 40)
+    assert relay._limit == 10  # another database waited: back to --batch-size
+    relay._resize(10, 10)
+    assert relay._limit == 20  # no wait since

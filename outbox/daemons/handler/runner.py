@@ -152,9 +152,8 @@ class HandlerRunner(LaneRelay[Pending]):
         rows = self.store.fetch(conn, lanes, limit, self._unordered)
         self._short = len(rows) < limit
         batch_size = self.config.batch_size
-        self._limit = (
-            min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if len(rows) >= limit else batch_size
-        )
+        grow = len(rows) >= limit and not self.contended()
+        self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if grow else batch_size
         return rows
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
