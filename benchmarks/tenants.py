@@ -76,9 +76,9 @@ def _backlog(url: str, topic: str, n: int) -> None:
     with psycopg.connect(url) as conn:
         conn.execute(
             "INSERT INTO outbox.producer_queue (message_id, topic, key, payload, content_type, lane) "
-            "SELECT gen_random_uuid(), %(topic)s, convert_to('k' || (i % 64), 'UTF8'), "
+            "SELECT gen_random_uuid(), %(topic)s, convert_to('k' || (i %% 64), 'UTF8'), "
             "convert_to('{\"n\": ' || i || '}', 'UTF8'), 'application/json', "
-            "(%(lanes)s::smallint[])[i % 64 + 1] FROM generate_series(0, %(n)s - 1) AS i",
+            "(%(lanes)s::smallint[])[i %% 64 + 1] FROM generate_series(0, %(n)s - 1) AS i",
             {"topic": topic, "lanes": lanes, "n": n},
         )
 
