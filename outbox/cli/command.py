@@ -12,9 +12,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from outbox import __version__, settings
 from outbox.cli.arguments import (
@@ -43,7 +43,14 @@ from outbox.core.text import first_line
 
 if TYPE_CHECKING:
     from outbox.core.databases import Database
+    from outbox.core.handlers import Handlers
+    from outbox.daemons.handler import HandlerConfig
+    from outbox.daemons.producer import ProducerConfig
     from outbox.daemons.routing import Routing
+    from outbox.daemons.supervisor import DatabaseRelay, Supervisor
+    from outbox.ports import PublisherFactory, TransportProbe
+
+R = TypeVar("R", bound="DatabaseRelay")
 
 #: What `outbox demo` says: the demo runs the example services, which the package does not ship.
 DEMO_ELSEWHERE = (
@@ -90,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     producer = commands.add_parser(
         "producer", help="relay producer_queue to Kafka (or to the PostgreSQL log)"
     )
-    add_database(producer)
+    add_databases(producer)
     add_kafka(producer)
     add_transport(producer)
     producer.add_argument(
@@ -121,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
+    _add_many(producer)
 
     consumer = commands.add_parser(
         "consumer",
@@ -189,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     handler.add_argument(
         "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
     )
-    add_database(handler)
+    add_databases(handler)
     add_runtime(handler)
     handler.add_argument(
         "--concurrency",
@@ -230,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a callback may run before its transaction is terminated and the "
         "message retried (default 300)",
     )
+    _add_many(handler)
 
     _add_run_command(commands)
 
@@ -390,9 +399,10 @@ def _producer(args: argparse.Namespace) -> int:
     from outbox import transports
     from outbox.daemons.producer import Producer, ProducerConfig
 
-    database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
+    databases = databases_of(args)
     log_url = _log_url(args)
     factory = None
+    probe = None
     if log_url is not None:
         factory = transports.log_publishers(
             log_url,
@@ -404,14 +414,18 @@ def _producer(args: argparse.Namespace) -> int:
     else:
         bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
     config = ProducerConfig(
-        database_url=database_url,
+        database_url=databases[0].url,
         kafka_bootstrap=bootstrap,
-        schema=args.schema,
+        schema=databases[0].schema,
         kafka_config=dict(args.kafka_config),
         batch_size=args.batch_size,
         poll_interval=args.poll_interval,
         observability=runtime_config(args),
     )
+    if _several(args, databases):
+        if factory is None:
+            factory, probe = transports.kafka_publishers(bootstrap, config.kafka_config)
+        return _many_producers(args, databases, config, factory, probe)
     relay = (
         Producer(config, publisher_factory=factory)
         if factory is not None
@@ -420,6 +434,107 @@ def _producer(args: argparse.Namespace) -> int:
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
+
+
+def _add_many(parser: argparse.ArgumentParser) -> None:
+    """The flags of a relay serving several databases (`outbox producer`, `outbox handler`)."""
+    parser.add_argument(
+        "--database-turns",
+        type=flag_type("threads"),
+        default=2,
+        metavar="N",
+        help="with several databases: how many of them process a batch at the same time; "
+        "the others wait their turn, first come first served, so a busy database cannot "
+        "starve a quiet one (default 2)",
+    )
+    parser.add_argument(
+        "--idle-disconnect",
+        type=flag_type("seconds_or_zero"),
+        default=60.0,
+        metavar="SECONDS",
+        help="with several databases: seconds without rows after which a database's relay "
+        "leaves its lanes and closes its connections; it then looks for rows every "
+        "--poll-interval on a short-lived connection (no NOTIFY wake-up meanwhile). 0: never "
+        "(default 60)",
+    )
+
+
+def _several(args: argparse.Namespace, databases: Sequence[object]) -> bool:
+    """Whether a relay serves several databases (or a databases file, which may grow): one
+    relay per database under a supervisor. One database alone runs as it always did."""
+    return len(databases) > 1 or bool(args.databases_file)
+
+
+def _many_producers(
+    args: argparse.Namespace,
+    databases: Sequence[Database],
+    config: ProducerConfig,
+    factory: PublisherFactory,
+    probe: TransportProbe | None,
+) -> int:
+    """One Producer relay per database, one transport publisher for all (see supervisor.py)."""
+    import dataclasses
+
+    from outbox.daemons.producer import Producer, SharedPublisher
+    from outbox.observability.runtime import Observability, ObservabilityConfig
+
+    if probe is not None:
+        probe.check(config.connect_timeout)  # the transport is the process's: exit 1 if down
+
+    def make(database: Database) -> Producer:
+        one = dataclasses.replace(
+            config,
+            database_url=database.url,
+            schema=database.schema,
+            observability=ObservabilityConfig(),
+        )
+        return Producer(one, factory)
+
+    # A publisher failure that retrying cannot fix is the process's: the supervisor stops.
+    publisher = SharedPublisher(factory(), lambda exc: supervisor.fail(exc))
+    supervisor = _supervisor(
+        "producer", args, databases, make, lambda relay: relay.serve_database(publisher)
+    )
+    supervisor.observe(
+        Observability(
+            "producer",
+            config,
+            heartbeat=supervisor.heartbeat,
+            relay_id=config.relay_id,
+            transport=probe,
+            databases=supervisor.databases,
+        )
+    )
+    _install_stop_handlers(supervisor.stop)
+    try:
+        supervisor.run()
+    finally:
+        publisher.close()
+    return 0
+
+
+def _supervisor(
+    kind: str,
+    args: argparse.Namespace,
+    databases: Sequence[Database],
+    make: Callable[[Database], R],
+    serve: Callable[[R], None],
+) -> Supervisor[R]:
+    from outbox.core.databases import gather
+    from outbox.daemons.supervisor import Supervisor
+    from outbox.daemons.turns import Turns
+
+    return Supervisor(
+        kind,
+        databases,
+        make,
+        serve,
+        turns=Turns(args.database_turns),
+        idle_disconnect=args.idle_disconnect or None,
+        file=args.databases_file or None,
+        fixed=gather(list(args.database_url or []), args.schema),
+        default_schema=args.schema,
+    )
 
 
 def _consumed(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
@@ -525,9 +640,10 @@ def _routing(args: argparse.Namespace) -> tuple[Routing | None, Database]:
 def _handler(args: argparse.Namespace) -> int:
     from outbox.daemons.handler import HandlerConfig, HandlerRunner, load_handlers
 
+    databases = databases_of(args)
     config = HandlerConfig(
-        database_url=require(args.database_url, "--database-url", ENV_DATABASE_URL),
-        schema=args.schema,
+        database_url=databases[0].url,
+        schema=databases[0].schema,
         concurrency=args.concurrency,
         batch_size=args.batch_size,
         poll_interval=args.poll_interval,
@@ -536,9 +652,51 @@ def _handler(args: argparse.Namespace) -> int:
         transaction_size=args.transaction_size,
         observability=runtime_config(args),
     )
-    runner = HandlerRunner(config, load_handlers(args.handlers))
+    handlers = load_handlers(args.handlers)
+    if _several(args, databases):
+        return _many_handlers(args, databases, config, handlers)
+    runner = HandlerRunner(config, handlers)
     _install_stop_handlers(runner.stop)
     runner.run()
+    return 0
+
+
+def _many_handlers(
+    args: argparse.Namespace,
+    databases: Sequence[Database],
+    config: HandlerConfig,
+    handlers: Handlers,
+) -> int:
+    """One Handler relay (and its workers) per database (see supervisor.py)."""
+    import dataclasses
+
+    from outbox.daemons.handler import HandlerRunner
+    from outbox.daemons.handler.config import check_async_support
+    from outbox.observability.runtime import Observability, ObservabilityConfig
+
+    check_async_support(handlers)  # the registry is the process's: exit 1
+
+    def make(database: Database) -> HandlerRunner:
+        one = dataclasses.replace(
+            config,
+            database_url=database.url,
+            schema=database.schema,
+            observability=ObservabilityConfig(),
+        )
+        return HandlerRunner(one, handlers)
+
+    supervisor = _supervisor("handler", args, databases, make, lambda relay: relay.serve_database())
+    supervisor.observe(
+        Observability(
+            "handler",
+            config,
+            heartbeat=supervisor.heartbeat,
+            relay_id=config.relay_id,
+            databases=supervisor.databases,
+        )
+    )
+    _install_stop_handlers(supervisor.stop)
+    supervisor.run()
     return 0
 
 

@@ -80,6 +80,10 @@ def parse_entry(text: str, default_schema: str, *, index: int = 0, source: str =
             name = f"database{index + 1}"
         return Database(name, text, validate_schema(default_schema))
     label, sep, url = text.partition("=")
+    if not sep and "://" in text:
+        # A URL libpq's parser refuses (a bad %-escape, say): unnamed, and left to the
+        # connection to refuse with libpq's own words, as with a single --database-url.
+        return Database(f"database{index + 1}", text, validate_schema(default_schema))
     found = _ENTRY.fullmatch(label)
     if not sep or found is None or not url.strip():
         shown = redact_url(text) if parse_conninfo(text) else "an unparseable string"

@@ -22,14 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from outbox.core.batches import InboxBatch, Quarantined
+from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
 from outbox.core.redact import parse_conninfo
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import new_relay_id
 from outbox.daemons.outages import Outage
+from outbox.daemons.relay import new_relay_id
 from outbox.daemons.routing import Router, Routing, refused_for_data
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
@@ -154,6 +155,10 @@ class Consumer:
             heartbeat=self.heartbeat,
             relay_id=new_relay_id(),
             transport=transport,
+            # Routing over several databases: its series labelled by database, all listed.
+            databases=None
+            if config.routing is None
+            else functools.partial(_databases, config.routing),
         )
         self.observability.health.watch(self._outage.trouble)
         self.observability.health.watch(self._reading.trouble)
@@ -377,3 +382,8 @@ class Consumer:
                 conn, more = self._bisect(refused.conn, part, refused.error, quarantined)
                 stored.update(more)
         return conn, stored
+
+
+def _databases(routing: Routing) -> Sequence[Database]:
+    """The databases a routing consumer serves (for its start-up line)."""
+    return routing.databases

@@ -32,11 +32,24 @@ class Outage:
     work in its log lines ("handler worker", "cannot store a batch in PostgreSQL")."""
 
     def __init__(
-        self, what: str, logger: logging.Logger, backoff: Backoff = OUTAGE_BACKOFF
+        self,
+        what: str,
+        logger: logging.Logger,
+        backoff: Backoff = OUTAGE_BACKOFF,
+        *,
+        retry_all: bool = False,
+        log_interval: float | None = None,
     ) -> None:
         self.what = what
         self.backoff = backoff
-        self.log = LimitedLog(logger)
+        #: Retry whatever fails (a database of several: its failure is its own, not the
+        #: process's), not only what `retriable()` says retrying can fix.
+        self.retry_all = retry_all
+        self.log = (
+            LimitedLog(logger)
+            if log_interval is None
+            else LimitedLog(logger, interval=log_interval)
+        )
         self._logger = logger
         self._lock = threading.Lock()
         self.failures = 0
@@ -46,7 +59,7 @@ class Outage:
     def failed(self, exc: BaseException) -> float:
         """Count `exc` and return the seconds to wait before trying again; re-raise it if
         retrying cannot fix it. Call it inside the `except` block that caught `exc`."""
-        if not retriable(exc):
+        if not self.retry_all and not retriable(exc):
             raise exc
         with self._lock:
             self.failures += 1

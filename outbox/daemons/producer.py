@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from psycopg import Cursor
@@ -18,12 +18,15 @@ from outbox import tracing
 from outbox.core.batches import OutgoingRecord, stored_message
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
+from outbox.core.lanes import LANES
 from outbox.core.numbers import check_fields
+from outbox.core.retriable import retriable
 from outbox.core.retry import Backoff
 from outbox.core.text import storable
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.lanes import Connection, LaneRelay, new_relay_id
+from outbox.daemons.relay import Connection, LaneRelay, new_relay_id
+from outbox.daemons.turns import Turns
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
 from outbox.ports import DeliveryFailure, Publisher, PublisherFactory, TransportProbe
 from outbox.postgres.outbox_store import OutboxStore
@@ -112,6 +115,48 @@ def one_topic_per_key(rows: list[OutgoingRecord]) -> list[OutgoingRecord]:
     return kept
 
 
+class SharedPublisher:
+    """One transport publisher for the Producer relays of several databases in one process.
+
+    The publishers are not made for concurrent calls (a Kafka publisher keeps one batch's
+    delivery slots; the log's holds one connection), so `publish` calls take turns, first come
+    first served. A failure of the publisher that retrying cannot fix is the process's: it goes
+    to `on_fatal` (the supervisor stops), and is raised to the caller too. A failure of the
+    caller's own `meanwhile` (its database) is only raised.
+    """
+
+    def __init__(self, publisher: Publisher, on_fatal: Callable[[BaseException], None]) -> None:
+        self.publisher = publisher
+        self._on_fatal = on_fatal
+        #: The publisher's turns, first come first served.
+        self.turns = Turns(1)
+
+    def publish(
+        self, records: Sequence[OutgoingRecord], meanwhile: Callable[[], None] | None = None
+    ) -> list[DeliveryFailure | None]:
+        failed: list[BaseException] = []
+        if meanwhile is not None:
+            inner = meanwhile
+
+            def meanwhile() -> None:
+                try:
+                    inner()
+                except BaseException as exc:
+                    failed.append(exc)
+                    raise
+
+        with self.turns.turn():
+            try:
+                return self.publisher.publish(records, meanwhile)
+            except Exception as exc:
+                if not failed and not retriable(exc):
+                    self._on_fatal(exc)
+                raise
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
 class Producer(LaneRelay[OutgoingRecord]):
     """Relays committed rows of `producer_queue` to a transport until asked to stop.
 
@@ -180,12 +225,24 @@ class Producer(LaneRelay[OutgoingRecord]):
             self.serve_forever()
         finally:
             self._publisher.close()
-            log.info(
-                "producer stopped: relayed=%d failed=%d dead=%d",
-                self.relayed,
-                self.failed,
-                self.dead,
-            )
+            self._log_stopped()
+
+    def serve_database(self, publisher: Publisher) -> None:
+        """Relay through `publisher` (shared, not closed here) until `stop()`, the database
+        checked: what a supervisor of several databases runs in each database's thread."""
+        self._publisher = publisher
+        try:
+            self.serve_forever()
+        finally:
+            self._log_stopped()
+
+    def _log_stopped(self) -> None:
+        log.info(
+            "producer stopped: relayed=%d failed=%d dead=%d",
+            self.relayed,
+            self.failed,
+            self.dead,
+        )
 
     def _serve(self, conn: Connection) -> None:
         # A new connection: a batch fetched on the previous one may have been sent meanwhile
@@ -202,10 +259,19 @@ class Producer(LaneRelay[OutgoingRecord]):
         self._resize(len(rows), limit)
         return one_topic_per_key(rows)
 
+    def shared_turns(self) -> list[Turns]:
+        turns = super().shared_turns()
+        if isinstance(self._publisher, SharedPublisher):
+            turns.append(self._publisher.turns)
+        return turns
+
+    def peek(self, conn: Connection) -> bool:
+        return self.store.fetch(conn, list(range(LANES)), 1, exclude=[]).fetchone() is not None
+
     def _resize(self, fetched: int, limit: int) -> None:
         """The next fetch's size: doubled after a full batch, `batch_size` after a short one."""
         batch_size = self.config.batch_size
-        if fetched >= limit:
+        if fetched >= limit and not self.contended():
             self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size)
         else:
             self._limit = batch_size

@@ -60,6 +60,8 @@ class HealthState:
     checked_at: float | None = None
     #: Each says why a loop of the daemon keeps failing, or None (see `watch`).
     troubles: list[Callable[[], str | None]] = field(default_factory=list)
+    #: A daemon of several databases: the state of each, added to `/readyz`'s reason.
+    report: Callable[[], str] | None = None
 
     def watch(self, trouble: Callable[[], str | None]) -> None:
         """Make `/readyz` fail whenever `trouble()` gives a reason (a loop in a retry backoff
@@ -95,9 +97,10 @@ class HealthState:
                 problems.append(f"dependency checks have not completed for {age:.0f}s")
             else:
                 problems.extend(reason for reason in self.failures.values() if reason)
+        report = "" if self.report is None else f"; {self.report()}"
         if problems:
-            return False, "; ".join(problems)
-        return True, "ok"
+            return False, "; ".join(problems) + report
+        return True, "ok" + report
 
     def record(self, failures: dict[str, str | None]) -> None:
         """Store the outcome of one round of dependency checks."""

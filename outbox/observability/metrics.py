@@ -3,15 +3,19 @@
 The daemons report once per batch, never per message: counts come aggregated per topic. `Metrics`
 itself records nothing (metrics off); `PrometheusMetrics` keeps the series in its own
 `CollectorRegistry`, so several daemons can run in one process, and needs `prometheus-client`
-(the `metrics` extra) only when it is created. Every metric name is listed in `METRICS`, which
+(the `metrics` extra) only when it is created. A daemon serving several databases labels every
+per-database series (`MetricInfo.per_database`) with `database`, the database's NAME
+(`PrometheusMetrics.for_database`). Every metric name is listed in `METRICS`, which
 the docs (docs/how-to/observability.md) and the Grafana dashboard are checked against.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,6 +38,12 @@ class MetricInfo:
     help: str
     #: The daemons that export it.
     daemons: tuple[Kind, ...] = ("producer", "consumer", "handler")
+    #: Whether a daemon serving several databases labels it `database` (first label).
+    per_database: bool = True
+
+
+#: The label of a database's NAME on the series of a daemon serving several databases.
+DATABASE_LABEL = "database"
 
 
 _LANE_RELAYS: tuple[Kind, ...] = ("producer", "handler")
@@ -45,6 +55,7 @@ METRICS: tuple[MetricInfo, ...] = (
         "info",
         ("daemon", "relay_id", "schema", "version"),
         "the daemon process: which daemon, its relay id, schema and outbox version",
+        per_database=False,
     ),
     MetricInfo(
         "outbox_lanes_owned",
@@ -58,6 +69,7 @@ METRICS: tuple[MetricInfo, ...] = (
         "gauge",
         (),
         "seconds since the main loop last made progress (what /livez compares with its timeout)",
+        per_database=False,
     ),
     MetricInfo(
         "outbox_queue_depth",
@@ -118,21 +130,21 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo(
         "outbox_consumer_messages_received_total",
         "counter",
-        ("database", "topic"),
+        ("topic",),
         "Kafka records read (redeliveries included)",
         ("consumer",),
     ),
     MetricInfo(
         "outbox_consumer_messages_stored_total",
         "counter",
-        ("database", "topic"),
+        ("topic",),
         "new rows stored in consumer_queue (records already stored are not counted)",
         ("consumer",),
     ),
     MetricInfo(
         "outbox_consumer_messages_quarantined_total",
         "counter",
-        ("database", "topic"),
+        ("topic",),
         "records stored dead because they cannot be ordinary rows (a header name or content "
         "type PostgreSQL cannot hold, data it refused); see `outbox dead-letters`",
         ("consumer",),
@@ -140,7 +152,7 @@ METRICS: tuple[MetricInfo, ...] = (
     MetricInfo(
         "outbox_consumer_batch_size",
         "histogram",
-        ("database",),
+        (),
         "records per batch stored in one transaction",
         ("consumer",),
     ),
@@ -256,10 +268,9 @@ class Metrics:
         received: Mapping[str, int],
         stored: Mapping[str, int],
         quarantined: Mapping[str, int],
-        database: str = "",
     ) -> None:
-        """One Consumer batch of one database (its NAME): records read, new rows stored and new
-        rows quarantined, per topic."""
+        """One Consumer batch: records read, new rows stored and new rows quarantined, per
+        topic."""
 
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         """One Handler batch: what its workers did."""
@@ -278,25 +289,34 @@ class Metrics:
         """Stop serving."""
 
 
+def _labels(info: MetricInfo, registry: Any) -> tuple[str, ...]:
+    """`info`'s labels, after `database` in a registry of a daemon of several databases."""
+    if info.per_database and getattr(registry, "outbox_per_database", False):
+        return (DATABASE_LABEL, *info.labels)
+    return info.labels
+
+
 def _counters(registry: Any, prometheus: Any, prefix: str, *names: str) -> dict[str, Any]:
     by_name = {m.name: m for m in METRICS}
     result = {}
     for name in names:
         info = by_name[f"{prefix}_{name}_total"]
         result[name] = prometheus.Counter(
-            info.name.removesuffix("_total"), info.help, info.labels, registry=registry
+            info.name.removesuffix("_total"), info.help, _labels(info, registry), registry=registry
         )
     return result
 
 
 def _histogram(registry: Any, prometheus: Any, name: str, buckets: tuple[float, ...]) -> Any:
     info = next(m for m in METRICS if m.name == name)
-    return prometheus.Histogram(name, info.help, info.labels, buckets=buckets, registry=registry)
+    return prometheus.Histogram(
+        name, info.help, _labels(info, registry), buckets=buckets, registry=registry
+    )
 
 
 def _gauge(registry: Any, prometheus: Any, name: str) -> Any:
     info = next(m for m in METRICS if m.name == name)
-    return prometheus.Gauge(name, info.help, info.labels, registry=registry)
+    return prometheus.Gauge(name, info.help, _labels(info, registry), registry=registry)
 
 
 class PrometheusMetrics(Metrics):
@@ -309,18 +329,26 @@ class PrometheusMetrics(Metrics):
         *,
         progress_age: Callable[[], float],
         lanes: Callable[[], int] | None = None,
+        per_database: bool = False,
     ) -> None:
         prometheus = _import_prometheus()
         self.kind = kind
+        #: The label values in front of every per-database series: (the database's NAME,) in
+        #: a view of `for_database`, else none.
+        self.values: tuple[str, ...] = ()
         self.registry = prometheus.CollectorRegistry(auto_describe=True)
+        self.registry.outbox_per_database = per_database
         self._prometheus = prometheus
         self._server: Any = None
         self._thread: Any = None
         registry = self.registry
         prometheus.Info("outbox", METRICS[0].help, registry=registry).info(dict(info))
         _gauge(registry, prometheus, "outbox_seconds_since_progress").set_function(progress_age)
+        self._lanes: Any = None
         if lanes is not None:
-            _gauge(registry, prometheus, "outbox_lanes_owned").set_function(lanes)
+            self._lanes = _gauge(registry, prometheus, "outbox_lanes_owned")
+            if not per_database:
+                self._lanes.set_function(lanes)
         self._depth = _gauge(registry, prometheus, "outbox_queue_depth")
         self._oldest = _gauge(registry, prometheus, "outbox_queue_oldest_age_seconds")
         prefix = f"outbox_{kind}"
@@ -348,12 +376,31 @@ class PrometheusMetrics(Metrics):
                 registry, prometheus, "outbox_handler_duration_seconds", HANDLER_BUCKETS
             )
 
-    def _add(self, name: str, per_topic: Mapping[str, int], *database: str) -> None:
-        """Count per topic (after the `database` label, for the series that have it)."""
+    def for_database(self, name: str, lanes: Callable[[], int] | None = None) -> Metrics:
+        """The metrics of database `name` of a daemon serving several: its series labelled
+        `database=name`; `lanes` gives the lanes its relay owns."""
+        view = copy.copy(self)
+        view.values = (name,)
+        if lanes is not None and self._lanes is not None:
+            self._lanes.labels(name).set_function(lanes)
+        return view
+
+    def forget_database(self, name: str) -> None:
+        """A database no longer served: its lanes gauge goes (its counters stay, as counters
+        do)."""
+        if self._lanes is not None:
+            with suppress(KeyError):
+                self._lanes.remove(name)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        values = (*self.values, *labels)
+        return metric.labels(*values) if values else metric
+
+    def _add(self, name: str, per_topic: Mapping[str, int]) -> None:
         counter = self._counts[name]
         for topic, n in per_topic.items():
             if n:
-                counter.labels(*database, topic).inc(n)
+                self._child(counter, topic).inc(n)
 
     def producer_batch(
         self,
@@ -363,8 +410,8 @@ class PrometheusMetrics(Metrics):
         dead: Mapping[str, int],
         seconds: float,
     ) -> None:
-        self._batch.observe(size)
-        self._delivery.observe(seconds)
+        self._child(self._batch).observe(size)
+        self._child(self._delivery).observe(seconds)
         self._add("messages_relayed", relayed)
         self._add("messages_failed", failed)
         self._add("messages_dead", dead)
@@ -375,31 +422,30 @@ class PrometheusMetrics(Metrics):
         received: Mapping[str, int],
         stored: Mapping[str, int],
         quarantined: Mapping[str, int],
-        database: str = "",
     ) -> None:
-        self._batch.labels(database).observe(size)
-        self._add("messages_received", received, database)
-        self._add("messages_stored", stored, database)
-        self._add("messages_quarantined", quarantined, database)
+        self._child(self._batch).observe(size)
+        self._add("messages_received", received)
+        self._add("messages_stored", stored)
+        self._add("messages_quarantined", quarantined)
 
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
-        self._batch.observe(size)
+        self._child(self._batch).observe(size)
         self._add("messages_handled", tally.handled)
         self._add("messages_failed", tally.failed)
         self._add("messages_dead", tally.dead)
         self._add("lease_expired", tally.lease_expired)
         for topic, durations in tally.durations.items():
-            histogram = self._duration.labels(topic)
+            histogram = self._child(self._duration, topic)
             for seconds in durations:
                 histogram.observe(seconds)
 
     def queue_stats(
         self, queue: str, depth: int, oldest_age: float, dead: int | None = None
     ) -> None:
-        self._depth.labels(queue).set(depth)
-        self._oldest.labels(queue).set(oldest_age)
+        self._child(self._depth, queue).set(depth)
+        self._child(self._oldest, queue).set(oldest_age)
         if dead is not None and self.kind == "producer":
-            self._dead.set(dead)
+            self._child(self._dead).set(dead)
 
     def serve(self, host: str, port: int) -> int:
         try:

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
+from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check_fields
 from outbox.core.redact import (
@@ -214,12 +215,20 @@ class Observability:
         relay_id: str,
         transport: TransportProbe | None = None,
         lanes: Callable[[], int] | None = None,
+        databases: Callable[[], Sequence[Database]] | None = None,
     ) -> None:
         self.kind = kind
+        #: A daemon serving several databases: the databases it serves now. Its metrics label
+        #: each database's series (`for_database`), its start-up line lists them, and its
+        #: probes check the transport only (each database's state is watched, see `health`).
+        self.databases = databases
+        #: The NAME of the database of one relay among several: its batch lines say it.
+        self.database: str | None = None
         self.daemon_config = config
         self.config = config.observability
         self.heartbeat = heartbeat
         self.relay_id = relay_id
+        self.metrics_lanes = lanes
         self._transport = transport
         self._log = logging.getLogger(f"outbox.{kind}")
         remember_secrets(secrets_of_url(config.database_url))
@@ -232,7 +241,15 @@ class Observability:
                 "schema": config.schema,
                 "version": _version(),
             }
-            self.metrics = PrometheusMetrics(kind, info, progress_age=heartbeat.age, lanes=lanes)
+            if databases is not None and lanes is None and kind != "consumer":
+                lanes = _no_lanes
+            self.metrics = PrometheusMetrics(
+                kind,
+                info,
+                progress_age=heartbeat.age,
+                lanes=lanes,
+                per_database=databases is not None,
+            )
         self.health = HealthState(
             heartbeat=heartbeat,
             liveness_timeout=self.config.liveness_timeout,
@@ -240,6 +257,14 @@ class Observability:
         )
         self.health_server: HealthServer | None = None
         self._probes: _Probes | None = None
+
+    def for_database(self, observability: Observability, name: str) -> None:
+        """Make `observability` (of one relay among several) report into this one's metrics
+        as database `name`, and name it in its batch lines."""
+        observability.database = name
+        if isinstance(self.metrics, PrometheusMetrics):
+            lanes = observability.metrics_lanes
+            observability.metrics = self.metrics.for_database(name, lanes)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -287,6 +312,10 @@ class Observability:
             **describe_transport(self.config.transport),  # first in the line
             **describe(self.daemon_config),
         }
+        if self.databases is not None:
+            described.pop("database_url", None)
+            described.pop("schema", None)
+            described["databases"] = [database.describe() for database in self.databases()]
         kafka = kafka_in_force(self.kind, self.daemon_config)
         if kafka is not None:
             from outbox.kafka.start import START_KEY
@@ -333,7 +362,8 @@ class Observability:
                         dead[row.topic] += 1
         self.metrics.producer_batch(len(rows), relayed, failed, dead, seconds)
         self._log.info(
-            "relayed %d of %d messages in %.3fs (%s)%s",
+            "%srelayed %d of %d messages in %.3fs (%s)%s",
+            self._where(),
             relayed.total(),
             len(rows),
             seconds,
@@ -341,6 +371,7 @@ class Observability:
             _failures(failed, dead),
             extra={
                 "event": "producer.batch",
+                **self._database(),
                 "batch_size": len(rows),
                 "relayed": dict(relayed),
                 "failed": dict(failed),
@@ -363,7 +394,10 @@ class Observability:
         `routing` over several)."""
         received = Counter(row.topic for row in rows)
         quarantined = quarantined or {}
-        self.metrics.consumer_batch(len(rows), received, stored, quarantined, database)
+        metrics = self.metrics
+        if routing and database and isinstance(metrics, PrometheusMetrics):
+            metrics = metrics.for_database(database)
+        metrics.consumer_batch(len(rows), received, stored, quarantined)
         total = sum(stored.values())
         dead = sum(quarantined.values())
         self._log.info(
@@ -389,7 +423,8 @@ class Observability:
         self.metrics.handler_batch(size, tally)
         expired = tally.lease_expired.total()
         self._log.info(
-            "handled %d of %d messages (%s)%s%s",
+            "%shandled %d of %d messages (%s)%s%s",
+            self._where(),
             tally.handled.total(),
             size,
             topic_summary(tally.handled) or "none",
@@ -397,6 +432,7 @@ class Observability:
             f"; {expired} past their lease" if expired else "",
             extra={
                 "event": "handler.batch",
+                **self._database(),
                 "batch_size": size,
                 "handled": dict(tally.handled),
                 "failed": dict(tally.failed),
@@ -404,6 +440,16 @@ class Observability:
                 "lease_expired": dict(tally.lease_expired),
             },
         )
+
+    def _where(self) -> str:
+        return "" if self.database is None else f"database {self.database}: "
+
+    def _database(self) -> dict[str, str]:
+        return {} if self.database is None else {"database": self.database}
+
+
+def _no_lanes() -> int:
+    return 0
 
 
 def _failures(failed: Counter[str], dead: Counter[str]) -> str:
@@ -454,7 +500,9 @@ class _Probes:
 
     def check(self) -> dict[str, str | None]:
         """One round of dependency checks: name -> None, or why it failed."""
-        failures: dict[str, str | None] = {"postgres": self._check_postgres()}
+        failures: dict[str, str | None] = {}
+        if self.owner.databases is None:  # else each database's relay reports (supervisor)
+            failures["postgres"] = self._check_postgres()
         transport = self.owner._transport
         if transport is not None:
             failures[transport.name] = self._check_transport(transport)
@@ -488,7 +536,11 @@ class _Probes:
 
     def refresh_stats(self) -> None:
         """Set the queue depth, oldest-age (and the producer's dead-rows) gauges from one
-        query."""
+        query (per database, each on a short-lived connection, for several)."""
+        if self.owner.databases is not None:
+            for database in self.owner.databases():
+                self._refresh_database(database)
+            return
         try:
             queue = QUEUE_OF[self.owner.kind]
             stats = self._statements.queue_stats(self._connection(), queue)
@@ -498,6 +550,28 @@ class _Probes:
             return
         if stats is not None:
             self.owner.metrics.queue_stats(queue, *stats)
+
+    def _refresh_database(self, database: Database) -> None:
+        queue = QUEUE_OF[self.owner.kind]
+        metrics = self.owner.metrics
+        if not isinstance(metrics, PrometheusMetrics):
+            return
+        try:
+            with connect(
+                database.url,
+                timeout=self.config.probe_timeout,
+                application_name=f"outbox-{self.owner.kind}-probe",
+            ) as conn:
+                stats = ProbeStatements(database.schema).queue_stats(conn, queue)
+        except psycopg.Error as exc:
+            log.debug(
+                "queue statistics of database %s not refreshed: %s",
+                database.name,
+                redact_text(first_line(exc)),
+            )
+            return
+        if stats is not None:
+            metrics.for_database(database.name).queue_stats(queue, *stats)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -78,7 +78,7 @@ class PgLogSubscriber:
     Partitions are shared among the group's live members through session advisory locks on
     the log database, one per (group, partition): each member holds a fair share of each
     topic's partitions, ceil(partitions / members reading the topic), as the relays share
-    lanes (outbox/daemons/lanes.py). A lock dies with its session, so a killed member's
+    lanes (outbox/daemons/relay.py). A lock dies with its session, so a killed member's
     partitions are taken over at the others' next look (every `rebalance_interval`). A member
     gives a partition up only once it committed everything it read from it (it stops reading
     it first), so no record is read by two members of a group unless one of them died or was

@@ -1,7 +1,7 @@
 """Lane ownership in PostgreSQL: the relays' registry and the advisory locks of the lanes.
 
 A relay owns a lane by holding the session advisory lock (lock class of its queue table, lane),
-which dies with its connection. `daemons/lanes.py` keeps the loop and the policy (how many lanes
+which dies with its connection. `daemons/relay.py` keeps the loop and the policy (how many lanes
 to hold, when to sleep); this module runs the statements.
 """
 

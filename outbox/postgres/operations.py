@@ -131,7 +131,7 @@ class Process:
 
 
 def _relay_id_parts(relay_id: str) -> tuple[str | None, int | None]:
-    """(host, pid) of a relay_id `host:pid:random` (see outbox.daemons.lanes.new_relay_id)."""
+    """(host, pid) of a relay_id `host:pid:random` (see outbox.daemons.relay.new_relay_id)."""
     parts = relay_id.rsplit(":", 2)
     if len(parts) != 3 or not parts[1].isdigit():
         return None, None

@@ -193,7 +193,9 @@ def test_cli_malformed_database_url_is_one_line() -> None:
 def test_cli_missing_settings_name_the_flag_and_env_var() -> None:
     env = {"PATH": "/usr/bin:/bin"}
     result = _cli("producer", "--kafka-bootstrap", "127.0.0.1:1", env=env)
-    _one_line_error(result, "--database-url is required (or set OUTBOX_DATABASE_URL)")
+    _one_line_error(
+        result, "--database-url is required (or --databases-file, or set OUTBOX_DATABASE_URL)"
+    )
     result = _cli("producer", "--database-url", "postgresql://x/y", env=env)
     _one_line_error(result, "--kafka-bootstrap is required (or set OUTBOX_KAFKA_BOOTSTRAP)")
 

@@ -62,7 +62,8 @@ def test_every_command_and_nested_command_has_a_section() -> None:
 def test_flags_show_the_variable_they_default_from() -> None:
     text = cli_reference.render()
     producer = text.split("## `outbox producer`")[1].split("\n## ")[0]
-    assert "| `--database-url DATABASE_URL` | `OUTBOX_DATABASE_URL` |" in producer
+    assert "| `--database-url [NAME[/SCHEMA]=]URL` | `OUTBOX_DATABASE_URL` |" in producer
+    assert "| `--databases-file PATH` | `OUTBOX_DATABASES_FILE` |" in producer
     assert "| `--schema SCHEMA` | `OUTBOX_SCHEMA` | `outbox` |" in producer
     assert "| `--kafka-bootstrap KAFKA_BOOTSTRAP` | `OUTBOX_KAFKA_BOOTSTRAP` |" in producer
     assert "| `--batch-size BATCH_SIZE` |  | `1000` |" in producer

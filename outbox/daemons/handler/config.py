@@ -9,7 +9,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
 from outbox.core.numbers import check_fields
 from outbox.core.text import first_line
-from outbox.daemons.lanes import new_relay_id
+from outbox.daemons.relay import new_relay_id
 from outbox.observability.runtime import ObservabilityConfig
 from outbox.postgres.queries import validate_schema
 

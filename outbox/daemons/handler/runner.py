@@ -22,12 +22,13 @@ from collections.abc import Sequence
 
 from outbox.core.handlers import Handlers
 from outbox.core.inbox_rows import Pending
+from outbox.core.lanes import LANES
 from outbox.daemons.handler.config import HandlerConfig, check_async_support
 from outbox.daemons.handler.failures import ConnectionLost, described
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.daemons.handler.worker import Worker
-from outbox.daemons.lanes import Connection, LaneRelay
 from outbox.daemons.outages import Outage
+from outbox.daemons.relay import Connection, LaneRelay
 from outbox.observability.runtime import Observability, observed
 from outbox.postgres.inbox_store import InboxStore
 
@@ -86,21 +87,39 @@ class HandlerRunner(LaneRelay[Pending]):
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
         self.check_database(self.config.observability.wait_for_database)
         check_async_support(self.handlers)
+        self.serve_database()
+
+    def serve_database(self) -> None:
+        """Handle messages until `stop()`, its database checked (what a supervisor of several
+        databases runs in each database's thread)."""
         self._warn_unhandled_topics()
-        self._workers = [self._worker(i) for i in range(self.config.concurrency)]
+        self._start_workers()
         try:
             self.serve_forever()
         finally:
-            for worker in self._workers:
-                worker.jobs.put(None)
-            for worker in self._workers:
-                worker.thread.join(30)
+            self._stop_workers()
             log.info(
                 "handler stopped: handled=%d failed=%d dead=%d",
                 self.outcomes.handled,
                 self.outcomes.failed,
                 self.outcomes.dead,
             )
+
+    def _start_workers(self) -> None:
+        if not self._workers:
+            self._workers = [self._worker(i) for i in range(self.config.concurrency)]
+
+    def _stop_workers(self) -> None:
+        """Let the workers finish their group and close their sessions."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.jobs.put(None)
+        for worker in workers:
+            worker.thread.join(30)
+
+    def park(self) -> None:
+        """Parked: the workers and their sessions go too (they come back with the rows)."""
+        self._stop_workers()
 
     def _warn_unhandled_topics(self) -> None:
         """A WARNING per topic among the last rows stored that no handler of the registry
@@ -133,9 +152,8 @@ class HandlerRunner(LaneRelay[Pending]):
         rows = self.store.fetch(conn, lanes, limit, self._unordered)
         self._short = len(rows) < limit
         batch_size = self.config.batch_size
-        self._limit = (
-            min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if len(rows) >= limit else batch_size
-        )
+        grow = len(rows) >= limit and not self.contended()
+        self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if grow else batch_size
         return rows
 
     def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
@@ -147,7 +165,11 @@ class HandlerRunner(LaneRelay[Pending]):
     def fetched_all(self) -> bool:
         return self._short
 
+    def peek(self, conn: Connection) -> bool:
+        return bool(self.store.fetch(conn, list(range(LANES)), 1, self._unordered))
+
     def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
+        self._start_workers()
         groups: list[list[Pending]] = [[] for _ in self._workers]
         for row in rows:
             groups[row.lane % len(self._workers)].append(row)

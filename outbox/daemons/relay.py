@@ -1,4 +1,4 @@
-"""The loop both queue relays share: own lanes, fetch, process, and sleep without the NOTIFY trap.
+"""The relay loop of both queue relays: own lanes, fetch, process, sleep without the NOTIFY trap.
 
 A relay (the Producer on `producer_queue`, the Handler on `consumer_queue`) owns a fair share of
 the lanes through PostgreSQL session advisory locks, which die with its connection; within a lane
@@ -6,6 +6,11 @@ rows are processed in id order, so several relays keep per-key order. When it ha
 do it sets its `relay_state.sleeping` flag, so writers NOTIFY only then, and polls on a
 geometric schedule so a missed notification delays a row but never strands it. A woken relay
 keeps the flag until it has found rows at every look for `AWAKE_AFTER` (decision 12).
+
+Serving one of several databases (`outbox.daemons.supervisor`), a relay processes each batch in
+a turn (`turns`), and after `idle_disconnect` seconds without rows it parks: it leaves its
+lanes, closes its connection and looks for rows every `poll_interval` on a short-lived one
+(no LISTEN while parked: a row waits up to `poll_interval`).
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Generic, TypeVar
 
 from outbox.core.ids import process_id
 from outbox.core.lanes import LANES
 from outbox.core.naps import AWAKE_AFTER
 from outbox.daemons.outages import Outage
+from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
 from outbox.postgres.connection import (
     Connection,
@@ -97,6 +104,13 @@ class LaneRelay(Generic[Row]):
         self.heartbeat = Heartbeat()
         #: The main loop's run of failures that retrying can fix (for its logs and /readyz).
         self.outage = Outage(f"{self.kind} lost the database connection", log)
+        #: Serving one of several databases: the process's turns (a batch is processed in a
+        #: turn) and the seconds without rows after which the relay parks (None: never).
+        self.turns: Turns | None = None
+        self.idle_disconnect: float | None = None
+        #: Whether the relay is parked: no connection, looking for rows every poll interval.
+        self.parked = False
+        self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
 
@@ -128,6 +142,13 @@ class LaneRelay(Generic[Row]):
     def housekeeping(self, conn: Connection, *, busy: bool) -> None:
         """Periodic work between batches (retention, for example); keep it short when `busy`."""
 
+    def peek(self, conn: Connection) -> bool:
+        """Whether any lane of the queue has a row to process now (a parked relay's look)."""
+        return bool(self.fetch(conn, list(range(LANES))))
+
+    def park(self) -> None:
+        """The relay parked: release what it holds besides its connection (workers' sessions)."""
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -157,13 +178,44 @@ class LaneRelay(Generic[Row]):
         seconds; anything else is raised (decision 15)."""
         while not self.stopping:
             try:
+                if self.parked:
+                    self.outage.pause(self.poll_interval, self._stop, self.heartbeat.beat)
+                    if self.stopping or not self._rows_waiting():
+                        continue
+                    self.parked = False
+                    log.debug("%s found rows: back to its lanes", self.kind)
                 conn = self.connect()
                 with conn:
                     self._serve(conn)
+                if self.parked:
+                    self.park()
             except Exception as exc:
                 self.lanes.clear()
                 delay = self.outage.failed(exc)  # raises what retrying cannot fix
                 self.outage.pause(delay, self._stop, self.heartbeat.beat)
+
+    def _rows_waiting(self) -> bool:
+        """A parked relay's look, on a connection of its own that it closes."""
+        with self.connect() as conn:
+            waiting = self.peek(conn)
+        self.outage.recovered()
+        return waiting
+
+    def shared_turns(self) -> list[Turns]:
+        """The turns this relay shares with the relays of other databases."""
+        return [] if self.turns is None else [self.turns]
+
+    def contended(self) -> bool:
+        """Whether a relay (of any database of the process) waited for a turn since the last
+        call: then a busy relay's batches do not grow past `batch_size`, so that a quiet
+        database waits for a batch of that size at most, not for one of several times it."""
+        waits = sum(turns.waited for turns in self.shared_turns())
+        contended, self._waits_seen = waits != self._waits_seen, waits
+        return contended
+
+    def _turn(self) -> AbstractContextManager[None]:
+        """The turn a batch is processed in (none when the relay serves its database alone)."""
+        return nullcontext() if self.turns is None else self.turns.turn(self.heartbeat.beat)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -184,6 +236,7 @@ class LaneRelay(Generic[Row]):
         sleeping = False
         idle_step = 0
         busy_since: float | None = None  # since when every look found rows
+        idle_since = time.monotonic()  # since when no look found rows
         try:
             while not self.stopping:
                 self.heartbeat.beat()
@@ -193,7 +246,9 @@ class LaneRelay(Generic[Row]):
                 if rows:
                     if busy_since is None:
                         busy_since = time.monotonic()
-                    self.process(conn, rows)
+                    with self._turn():
+                        self.process(conn, rows)
+                    idle_since = time.monotonic()
                     if sleeping and time.monotonic() - busy_since >= AWAKE_AFTER:
                         # Sustained load (outbox/core/naps.py): writers stop notifying. After
                         # the rows, not before: the flag only spares writers a NOTIFY, and a
@@ -222,11 +277,20 @@ class LaneRelay(Generic[Row]):
                     idle_step = 0
                     self.housekeeping(conn, busy=False)
                     continue
+                if (
+                    self.idle_disconnect is not None
+                    and time.monotonic() - idle_since >= self.idle_disconnect
+                ):
+                    self.parked = True  # serve_forever looks for rows without a connection
+                    log.debug("%s idle for %.0fs: parked", self.kind, self.idle_disconnect)
+                    return
                 self._wait(conn, self._idle_timeout(conn, idle_step))
                 idle_step += 1
         finally:
             if not conn.closed:
                 lanes.leave(conn)
+            if self.parked:
+                self.lanes.clear()
 
     def _nothing_left(self) -> bool:
         """After a batch: no row of the owned lanes can be due that the fetch did not take (see

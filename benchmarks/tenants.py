@@ -1,0 +1,276 @@
+"""Tenants: one `outbox producer` and one `outbox handler` over many databases.
+
+Two questions, each with the real daemons as separate processes:
+
+1. Fairness. A quiet tenant sends one message every 50 ms while the same producer process
+   drains another tenant's backlog; its delay (sender's commit -> the record's Kafka
+   CreateTime) is compared with the same quiet tenant alone (its neighbour empty), for
+   `--database-turns` 2 (the default) and 1.
+2. Idle cost. N idle databases (default 50) served by one producer and one handler: the
+   connections they hold (pg_stat_activity) and the CPU of both processes, with the databases
+   kept connected (`--idle-disconnect 0`) and parked (`--idle-disconnect 2`, after they parked;
+   looking for rows every second, and every 5 seconds).
+
+`python -m benchmarks.tenants [--backlog N] [--databases N] [--seconds S]` starts its own
+PostgreSQL and broker (the test harness) and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+
+from benchmarks.harness import Context, Result, markdown, percentiles
+from outbox import Broker
+from outbox.core.lanes import lane_for
+
+#: Seconds between two messages of the quiet tenant.
+QUIET_EVERY = 0.05
+
+
+def _template(ctx: Context) -> str:
+    """A migrated database to copy (CREATE DATABASE ... TEMPLATE): its name."""
+    url = ctx.new_database()
+    return url.rsplit("/", 1)[1]
+
+
+def _copy(ctx: Context, template: str) -> str:
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(ctx.admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return ctx.servers.postgres.url_for(name)
+
+
+def _daemon(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "outbox.cli", *args],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def _backlog(url: str, topic: str, n: int) -> None:
+    """`n` rows in `producer_queue` over 64 keys, inserted in bulk (as `send` would store
+    them: a key's lane is the crc32 of the key)."""
+    lanes = [lane_for(f"k{i}".encode(), uuid.uuid4()) for i in range(64)]
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO outbox.producer_queue (message_id, topic, key, payload, content_type, lane) "
+            "SELECT gen_random_uuid(), %(topic)s, convert_to('k' || (i %% 64), 'UTF8'), "
+            "convert_to('{\"n\": ' || i || '}', 'UTF8'), 'application/json', "
+            "(%(lanes)s::smallint[])[i %% 64 + 1] FROM generate_series(0, %(n)s - 1) AS i",
+            {"topic": topic, "lanes": lanes, "n": n},
+        )
+
+
+def _quiet(url: str, topic: str, seconds: float) -> dict[int, float]:
+    """Send one message every QUIET_EVERY seconds; the commit time of each, by its number."""
+    broker = Broker()
+    committed: dict[int, float] = {}
+    deadline = time.monotonic() + seconds
+    n = 0
+    with psycopg.connect(url) as conn:
+        while time.monotonic() < deadline:
+            with conn.transaction():
+                broker.send(conn, topic, {"n": n}, key=f"q{n % 4}")
+            committed[n] = time.time()
+            n += 1
+            time.sleep(QUIET_EVERY)
+    return committed
+
+
+def _create_times(
+    bootstrap: str, topic: str, expected: int, timeout: float = 60
+) -> dict[int, float]:
+    """The Kafka CreateTime (seconds) of each record of `topic`, by its payload's number."""
+    import json
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    times: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(times) < expected and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None or message.error():
+            continue
+        times[json.loads(message.value())["n"]] = message.timestamp()[1] / 1000.0
+    consumer.close()
+    return times
+
+
+def fairness(ctx: Context, backlog: int, seconds: float) -> list[Result]:
+    """The quiet tenant's delay alone and beside a backlog, for turns 2 and 1."""
+    template = _template(ctx)
+    results: list[Result] = []
+    for variant, load, turns in (
+        ("alone", 0, 2),
+        ("beside a backlog, --database-turns 2", backlog, 2),
+        ("beside a backlog, --database-turns 1", backlog, 1),
+    ):
+        quiet_url, busy_url = _copy(ctx, template), _copy(ctx, template)
+        quiet_topic, busy_topic = ctx.new_topic("quiet"), ctx.new_topic("busy", 8)
+        if load:
+            _backlog(busy_url, busy_topic, load)
+        log = ctx.out_dir / "tenants-producer.log"
+        producer = _daemon(
+            "producer",
+            "--database-url", f"quiet={quiet_url}",
+            "--database-url", f"busy={busy_url}",
+            "--kafka-bootstrap", ctx.bootstrap,
+            "--kafka-config", "linger.ms=0",
+            "--database-turns", str(turns),
+            log=log,
+        )  # fmt: skip
+        launched = time.time()
+        drained: list[float] = []
+        try:
+            time.sleep(1.5)  # started: the busy relay is draining, the quiet one sleeping
+            watcher = threading.Thread(target=_watch, args=(busy_url, drained), daemon=True)
+            if load:
+                watcher.start()
+            committed = _quiet(quiet_url, quiet_topic, seconds)
+            if load:
+                watcher.join(600)
+        finally:
+            _stop(producer)
+        created = _create_times(ctx.bootstrap, quiet_topic, len(committed))
+        # Beside a backlog, only the messages committed while it was being drained count.
+        until = drained[0] if drained else float("inf")
+        delays = [
+            (created[n] - committed[n]) * 1000
+            for n in committed
+            if n in created and committed[n] < until
+        ]
+        metrics = {f"{k} ms": v for k, v in percentiles(delays).items()}
+        metrics["quiet messages"] = len(delays)
+        if drained:
+            metrics["busy backlog"] = load
+            metrics["busy drained /s"] = load / (drained[0] - launched)
+        results.append(Result("tenants fairness", variant, metrics, samples=delays))
+    return results
+
+
+def _watch(url: str, drained: list[float]) -> None:
+    """Append the time (time.time()) at which `producer_queue` of `url` was first empty."""
+    while _pending(url):
+        time.sleep(0.05)
+    drained.append(time.time())
+
+
+def _pending(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox.producer_queue").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _connections(admin_url: str) -> int:
+    with psycopg.connect(admin_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'outbox-%'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
+    """Connections and CPU of one producer + one handler over `databases` idle databases."""
+    template = _template(ctx)
+    urls = [_copy(ctx, template) for _ in range(databases)]
+    file = ctx.out_dir / "tenants.txt"
+    file.write_text("".join(f"t{i}={url}\n" for i, url in enumerate(urls)))
+    results = []
+    for variant, idle, poll in (
+        ("connected (--idle-disconnect 0)", "0", "1"),
+        ("parked (--idle-disconnect 2)", "2", "1"),
+        ("parked, --poll-interval 5", "2", "5"),
+    ):
+        common = ("--databases-file", str(file), "--idle-disconnect", idle, "--poll-interval", poll)
+        log = ctx.out_dir / "tenants-idle.log"
+        processes = [
+            _daemon("producer", *common, "--kafka-bootstrap", ctx.bootstrap, log=log),
+            _daemon("handler", "benchmarks.latency_handlers:handlers", *common, log=log),
+        ]
+        try:
+            time.sleep(8.0)  # every database joined (and, parked, left again)
+            before = [_cpu_seconds(p.pid) for p in processes]
+            peak = 0
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                peak = max(peak, _connections(ctx.admin_url))
+                time.sleep(0.25)
+            after = [_cpu_seconds(p.pid) for p in processes]
+        finally:
+            for process in processes:
+                _stop(process)
+        cpu = [(a - b) / seconds * 100 for a, b in zip(after, before, strict=True)]
+        results.append(
+            Result(
+                "tenants idle cost",
+                f"{databases} databases, {variant}",
+                {
+                    "connections (peak)": peak,
+                    "producer CPU %": cpu[0],
+                    "handler CPU %": cpu[1],
+                },
+            )
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fairness and idle cost of one producer and one handler over many databases."""
+    from benchmarks.harness import machine
+    from outbox.testing.servers import start_servers
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tenants", description=main.__doc__)
+    parser.add_argument("--backlog", type=int, default=1_000_000, help="the busy tenant's rows")
+    parser.add_argument("--databases", type=int, default=50, help="idle databases")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each measurement's length")
+    parser.add_argument("--only", choices=("fairness", "idle"), default=None)
+    args = parser.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="outbox-tenants-"))
+    with start_servers(base) as servers:
+        ctx = Context(servers=servers, smoke=False, out_dir=base)
+        results: list[Result] = []
+        if args.only in (None, "fairness"):
+            results += fairness(ctx, args.backlog, args.seconds)
+        if args.only in (None, "idle"):
+            results += idle_cost(ctx, args.databases, args.seconds)
+        print(markdown(results, machine(servers), False))
+    return 0
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "tenants"
+    sys.exit(main())
