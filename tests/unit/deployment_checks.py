@@ -49,7 +49,12 @@ def parse_outbox(argv: Sequence[str], env: Mapping[str, str], where: str) -> arg
     stderr = io.StringIO()
     with environment(env), contextlib.redirect_stderr(stderr):
         try:
-            return build_parser().parse_args(list(argv))
+            args = build_parser().parse_args(list(argv))
+            if isinstance(getattr(args, "database_url", None), list):
+                # A command of several databases (`add_databases`): its first database's URL,
+                # from the flags, the file or OUTBOX_DATABASE_URL, as `databases_of` finds it.
+                args.database_url = _first_database_url(args)
+            return args
         except SystemExit as exc:
             lines = stderr.getvalue().strip().splitlines() or [""]
             pytest.fail(
@@ -57,6 +62,16 @@ def parse_outbox(argv: Sequence[str], env: Mapping[str, str], where: str) -> arg
                 pytrace=False,
             )
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _first_database_url(args: argparse.Namespace) -> str | None:
+    from outbox.cli.arguments import databases_of
+    from outbox.core.errors import ConfigurationError
+
+    try:
+        return databases_of(args)[0].url
+    except ConfigurationError:
+        return None
 
 
 def check_required(args: argparse.Namespace, where: str) -> None:
