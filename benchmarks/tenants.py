@@ -222,7 +222,9 @@ def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
             _daemon("handler", "benchmarks.latency_handlers:handlers", *common, log=log),
         ]
         try:
-            time.sleep(8.0)  # every database joined (and, parked, left again)
+            # Every database joined (and, parked, left again: a relay notices that it has
+            # been idle long enough at its next look, up to a poll interval later).
+            time.sleep(8.0 + (2 * float(poll) if idle != "0" else 0.0))
             before = [_cpu_seconds(p.pid) for p in processes]
             peak = 0
             end = time.monotonic() + seconds

@@ -238,7 +238,8 @@ class Producer(LaneRelay[OutgoingRecord]):
 
     def _log_stopped(self) -> None:
         log.info(
-            "producer stopped: relayed=%d failed=%d dead=%d",
+            "%sproducer stopped: relayed=%d failed=%d dead=%d",
+            self.observability.where(),
             self.relayed,
             self.failed,
             self.dead,

@@ -209,6 +209,9 @@ class Supervisor(Generic[R]):
         relay.turns = self.turns
         relay.idle_disconnect = self.idle_disconnect
         relay.outage.what = f"{self.kind} of database {database.name} lost its connection"
+        workers = getattr(relay, "workers_outage", None)
+        if isinstance(workers, Outage):
+            workers.what = f"handler workers of database {database.name} lost their connections"
         for outage in (relay.outage, getattr(relay, "workers_outage", None)):
             if isinstance(outage, Outage):
                 # A database gone for good (dropped, say) must not log every few seconds for

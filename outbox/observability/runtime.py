@@ -363,7 +363,7 @@ class Observability:
         self.metrics.producer_batch(len(rows), relayed, failed, dead, seconds)
         self._log.info(
             "%srelayed %d of %d messages in %.3fs (%s)%s",
-            self._where(),
+            self.where(),
             relayed.total(),
             len(rows),
             seconds,
@@ -424,7 +424,7 @@ class Observability:
         expired = tally.lease_expired.total()
         self._log.info(
             "%shandled %d of %d messages (%s)%s%s",
-            self._where(),
+            self.where(),
             tally.handled.total(),
             size,
             topic_summary(tally.handled) or "none",
@@ -441,7 +441,8 @@ class Observability:
             },
         )
 
-    def _where(self) -> str:
+    def where(self) -> str:
+        """`database NAME: ` for a relay among several (its log lines start with it), else ``."""
         return "" if self.database is None else f"database {self.database}: "
 
     def _database(self) -> dict[str, str]:

@@ -197,4 +197,6 @@ def test_one_handler_over_several_databases_a_dropped_one_and_a_kill(
             ns = [b["n"] for b in bodies if b["n"] % 4 == key]
             assert ns == sorted(ns), f"{name} key k{key} out of order"
     failures = [line for line in output.splitlines() if "WARNING" in line and "h2" in line]
-    assert 1 <= len(failures) <= 3, output  # once-ish, not a line per attempt
+    # Once-ish (a line per loop that met it: the relay, its workers, the database's retries),
+    # not a line per attempt.
+    assert 1 <= len(failures) <= 4, output

@@ -99,7 +99,8 @@ class HandlerRunner(LaneRelay[Pending]):
         finally:
             self._stop_workers()
             log.info(
-                "handler stopped: handled=%d failed=%d dead=%d",
+                "%shandler stopped: handled=%d failed=%d dead=%d",
+                self.observability.where(),
                 self.outcomes.handled,
                 self.outcomes.failed,
                 self.outcomes.dead,
