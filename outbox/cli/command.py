@@ -902,9 +902,15 @@ def _remember_secrets(args: argparse.Namespace) -> None:
     )
 
     for name in ("database_url", "log_url"):
-        url = getattr(args, name, None)
-        if isinstance(url, str):
-            remember_secrets(secrets_of_url(url))
+        value = getattr(args, name, None)
+        # A command of many databases has a list of `[NAME[/SCHEMA]=]URL` entries: the secrets
+        # of the URL part, and of the whole entry (what libpq would parse of a bad one).
+        for url in value if isinstance(value, list) else [value]:
+            if isinstance(url, str):
+                remember_secrets(secrets_of_url(url))
+                _name, sep, rest = url.partition("=")
+                if sep and "://" in rest:
+                    remember_secrets(secrets_of_url(rest))
     remember_secrets(secrets_of_settings(dict(getattr(args, "kafka_config", None) or [])))
 
 
