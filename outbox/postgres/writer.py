@@ -64,16 +64,20 @@ def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
 class Writer:
     """Writes composed messages to one schema's `producer_queue` in the caller's transaction.
 
-    A message id that a row still waiting in the queue has (committed, or sent by another
-    transaction that then commits) raises `DuplicateMessageId` and writes nothing, without
-    aborting the caller's transaction: the statement skips the id rather than violating the
-    unique index, and a batch's other rows are deleted again.
+    A message id given by the caller that a row still waiting in the queue has (committed, or
+    sent by another transaction that then commits) raises `DuplicateMessageId` and writes
+    nothing, without aborting the caller's transaction: the statement skips the id rather than
+    violating the unique index, and a batch's other rows are deleted again. A write whose ids
+    `compose` generated all (`OutgoingMessage.id_generated`) skips that check, the costliest
+    part of the statement beyond a plain INSERT: no row can have such an id.
     """
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
         sql = queries(schema)
         self._send, self._send_one = sql["send"], sql["send_one"]
+        self._send_generated = sql["send_generated"]
+        self._send_one_generated = sql["send_one_generated"]
         self._undo = sql["send_undo"]
         self._channel = channel(schema, "producer_queue")
 
@@ -108,10 +112,14 @@ class Writer:
             raise error
 
     def _statement(self, messages: Sequence[OutgoingMessage]) -> tuple[str, dict[str, Any]]:
-        """`send_one` for one message (plain VALUES), `send` for a batch."""
+        """`send_one` for one message (plain VALUES), `send` for a batch; their `_generated`
+        forms, without the conflict check, when `compose` generated every id."""
+        generated = all(m.id_generated for m in messages)
         if len(messages) == 1:
-            return self._send_one, send_one_params(messages[0], self._channel)
-        return self._send, send_params(messages, self._channel)
+            sql = self._send_one_generated if generated else self._send_one
+            return sql, send_one_params(messages[0], self._channel)
+        sql = self._send_generated if generated else self._send
+        return sql, send_params(messages, self._channel)
 
     @staticmethod
     def _refused(
