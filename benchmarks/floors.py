@@ -42,8 +42,9 @@ def against_floor(
     return {**metrics, "figure": figure, "floor": floor, "ratio": ratio}
 
 
-def relay_floor(url: str, bootstrap: str, topic: str) -> tuple[int, float]:
-    """Drain `producer_queue` with the bare loop; returns (messages, seconds)."""
+def relay_floor(url: str, bootstrap: str, topic: str) -> float:
+    """Drain `producer_queue` with the bare loop; returns its msg/s from the first delete
+    (the first batch done) to empty, as the relay's figure is measured."""
     from confluent_kafka import Producer
 
     from outbox.kafka.publisher import producer_config
@@ -56,9 +57,9 @@ def relay_floor(url: str, bootstrap: str, topic: str) -> tuple[int, float]:
             failed.append(str(err))
 
     producer.list_topics(topic, timeout=10)  # metadata and producer id before the clock
-    done = 0
+    done = first = 0
+    first_at = 0.0
     with psycopg.connect(url) as conn:
-        started = time.perf_counter()
         while True:
             with conn.transaction():
                 rows = conn.execute(
@@ -80,9 +81,11 @@ def relay_floor(url: str, bootstrap: str, topic: str) -> tuple[int, float]:
                     "DELETE FROM outbox.producer_queue WHERE id = ANY(%s)",
                     ([row[0] for row in rows],),
                 )
+            if not done:
+                first, first_at = len(rows), time.perf_counter()
             done += len(rows)
-        seconds = time.perf_counter() - started
-    return done, seconds
+        seconds = time.perf_counter() - first_at
+    return (done - first) / seconds if done > first else float("nan")
 
 
 def inbox_floor(url: str, bootstrap: str, topic: str, messages: int) -> tuple[float, float]:
@@ -141,13 +144,14 @@ def inbox_floor(url: str, bootstrap: str, topic: str, messages: int) -> tuple[fl
     return rate, first_at - started
 
 
-def handler_floor(url: str, *, batch: bool = False) -> tuple[int, float]:
+def handler_floor(url: str, *, batch: bool = False) -> float:
     """Handle every row of `consumer_queue` with the bare loop (one INSERT into `effects` per
-    message, or one executemany per transaction with `batch`); returns (messages, seconds)."""
-    done = 0
+    message, or one executemany per transaction with `batch`); returns its msg/s from the first
+    committed transaction to the last, as the handler's figure is measured."""
+    done = first = 0
+    first_at = 0.0
     effect = "INSERT INTO effects (message_id) VALUES (%s)"
     with psycopg.connect(url) as conn:
-        started = time.perf_counter()
         while True:
             with conn.transaction():
                 rows = conn.execute(
@@ -166,6 +170,8 @@ def handler_floor(url: str, *, batch: bool = False) -> tuple[int, float]:
                     "DELETE FROM outbox.consumer_queue WHERE id = ANY(%s)",
                     ([row[0] for row in rows],),
                 )
+            if not done:
+                first, first_at = len(rows), time.perf_counter()
             done += len(rows)
-        seconds = time.perf_counter() - started
-    return done, seconds
+        seconds = time.perf_counter() - first_at
+    return (done - first) / seconds if done > first else float("nan")
