@@ -9,8 +9,7 @@ the Handler's transactions share).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -87,8 +86,15 @@ class Writer:
             return
         run = sessions.executor(tx)
         sql, params = self._statement(messages)
-        with self._migrated():
+        try:
             row = run(sql, params).fetchone()
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
+        if row[0] == len(messages):
+            return
         refused = self._refused(row, messages)
         if refused is not None:
             ours, error = refused
@@ -102,8 +108,13 @@ class Writer:
             return
         run = await sessions.async_executor(tx)
         sql, params = self._statement(messages)
-        with self._migrated():
+        try:
             row = await sessions.fetch_one(await run(sql, params))
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
         refused = self._refused(row, messages)
         if refused is not None:
             ours, error = refused
@@ -133,20 +144,14 @@ class Writer:
         ours = list(row[1] or []) if len(row) > 2 else []
         return ours, duplicate([m.message_id for m in messages if m.message_id not in ours])
 
-    @contextmanager
-    def _migrated(self) -> Iterator[None]:
-        """Raise `SchemaNotMigrated` instead of the statement's error when the queue's table or
-        one of its columns is missing (psycopg's own error, or wrapped by SQLAlchemy)."""
-        try:
-            yield
-        except Exception as exc:
-            cause = getattr(exc, "orig", None) or exc
-            if not isinstance(
-                cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn
-            ):
-                raise
-            raise SchemaNotMigrated(
-                f"{self.schema}.producer_queue is missing or from an older outbox in this "
-                f"database ({first_line(cause)}): run `outbox migrate --schema {self.schema}`, "
-                "or check Broker(schema=...); the transaction is aborted"
-            ) from exc
+    def _not_migrated(self, exc: Exception) -> SchemaNotMigrated | None:
+        """`SchemaNotMigrated` for the statement's error `exc` when the queue's table or one of
+        its columns is missing (psycopg's own error, or wrapped by SQLAlchemy); else None."""
+        cause = getattr(exc, "orig", None) or exc
+        if not isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+            return None
+        return SchemaNotMigrated(
+            f"{self.schema}.producer_queue is missing or from an older outbox in this "
+            f"database ({first_line(cause)}): run `outbox migrate --schema {self.schema}`, "
+            "or check Broker(schema=...); the transaction is aborted"
+        )
