@@ -1,4 +1,4 @@
-"""Run the benchmarks: `python -m benchmarks [--smoke] [--only a,ceilings,...]`.
+"""Run the benchmarks: `python -m benchmarks [--smoke | --quick] [--only a,ceilings,...]`.
 
 Starts its own PostgreSQL and Kafka-protocol broker (or uses OUTBOX_TEST_DATABASE_URL /
 OUTBOX_TEST_KAFKA_BOOTSTRAP), runs each scenario, prints the tables, and writes JSON, markdown
@@ -42,7 +42,13 @@ def _load(target: str):  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks, not numbers")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--smoke", action="store_true", help="tiny sizes: checks, not numbers")
+    sizes.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, each figure beside its floor: ratios in a few minutes a scenario",
+    )
     parser.add_argument(
         "--only", default="", help="comma-separated scenario keys: " + ",".join(SCENARIOS)
     )
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     failed: list[str] = []
     with start_servers(base) as servers:
-        ctx = Context(servers=servers, smoke=args.smoke, out_dir=args.out)
+        ctx = Context(servers=servers, smoke=args.smoke, out_dir=args.out, quick=args.quick)
         info = machine(servers)
         for key in keys:
             try:
@@ -76,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(key)
                 traceback.print_exc()
             print(f"   {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
-    print(markdown(results, info, args.smoke))
+    print(markdown(results, info, args.smoke, quick=args.quick))
     complete = set(keys) == set(SCENARIOS) and not failed
-    json_path, md_path = write_results(results, info, args.out, args.smoke, complete=complete)
+    json_path, md_path = write_results(
+        results, info, args.out, args.smoke, complete=complete, quick=args.quick
+    )
     try:
         from benchmarks.plots import plot
 
-        prefix = "" if complete else f"{json_path.stem}-"
+        prefix = "" if complete and not args.quick else f"{json_path.stem}-"
         for path in plot(results, args.out, smoke=args.smoke, prefix=prefix):
             print(f"plot: {path}", file=sys.stderr)
     except ImportError:

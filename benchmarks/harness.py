@@ -46,11 +46,13 @@ class Result:
 
 @dataclass
 class Context:
-    """Handles a scenario needs; `smoke` asks for a short run that still exercises everything."""
+    """Handles a scenario needs; `smoke` asks for a short run that still exercises everything,
+    `quick` for sizes that still give numbers (ratios to the floors) in a few minutes."""
 
     servers: Servers
     smoke: bool
     out_dir: Path
+    quick: bool = False
 
     @property
     def admin_url(self) -> str:
@@ -74,8 +76,13 @@ class Context:
         create_topic(self.bootstrap, name, partitions=partitions)
         return name
 
-    def scale(self, full: int, smoke: int) -> int:
-        return smoke if self.smoke else full
+    def scale(self, full: int, smoke: int, quick: int | None = None) -> int:
+        """The size for this run: `quick` defaults to a tenth of `full` (at least `smoke`)."""
+        if self.smoke:
+            return smoke
+        if self.quick:
+            return max(smoke, full // 10) if quick is None else quick
+        return full
 
 
 def outgoing_records(
@@ -179,22 +186,30 @@ def machine(servers: Servers) -> dict[str, Any]:
 
 
 def write_results(
-    results: list[Result], info: dict[str, Any], out_dir: Path, smoke: bool, *, complete: bool
+    results: list[Result],
+    info: dict[str, Any],
+    out_dir: Path,
+    smoke: bool,
+    *,
+    complete: bool,
+    quick: bool = False,
 ) -> tuple[Path, Path]:
     """Write `<stamp>.json` and `<stamp>.md` to `out_dir`; a complete, full-size run also
     becomes latest.*. Returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ("-smoke" if smoke else "")
+    suffix = "-smoke" if smoke else "-quick" if quick else ""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + suffix
     data = {
         "machine": info,
         "smoke": smoke,
+        "quick": quick,
         "results": [{k: v for k, v in asdict(r).items() if k != "samples"} for r in results],
     }
     json_path = out_dir / f"{stamp}.json"
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md_path = out_dir / f"{stamp}.md"
-    md_path.write_text(markdown(results, info, smoke))
-    if complete and not smoke:
+    md_path.write_text(markdown(results, info, smoke, quick=quick))
+    if complete and not smoke and not quick:
         (out_dir / "latest.json").write_text(json_path.read_text())
         (out_dir / "latest.md").write_text(md_path.read_text())
     return json_path, md_path
@@ -210,10 +225,19 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}"
 
 
-def markdown(results: list[Result], info: dict[str, Any], smoke: bool) -> str:
+def markdown(
+    results: list[Result], info: dict[str, Any], smoke: bool, *, quick: bool = False
+) -> str:
     """The results as markdown tables, one per scenario."""
+    kind = (
+        " (smoke run: sizes too small to quote)"
+        if smoke
+        else " (quick run: small sizes, read the ratios to the floors)"
+        if quick
+        else ""
+    )
     lines = [
-        f"# outbox benchmarks{' (smoke run: sizes too small to quote)' if smoke else ''}",
+        f"# outbox benchmarks{kind}",
         "",
         f"{info['date']}: {info['cpus']} cores, {info['memory_gib']} GiB, {info['platform']}; "
         f"PostgreSQL {info['postgresql']} ({', '.join(f'{k}={v}' for k, v in sorted(info['postgresql_settings'].items()))}); "
@@ -234,4 +258,12 @@ def markdown(results: list[Result], info: dict[str, Any], smoke: bool) -> str:
             cells = [_fmt(r.metrics[c]) if c in r.metrics else "" for c in columns]
             lines.append(f"| {r.variant} | " + " | ".join(cells) + f" | {r.notes} |")
         lines.append("")
+    if any("ratio" in r.metrics for r in results):
+        lines += [
+            "`figure`: the row's headline number; `floor`: the same work done by the bare loop "
+            "of `benchmarks/floors.py` in this run; `ratio`: the share of the floor reached "
+            "(figure / floor for rates, floor / figure for latencies; 1 = as good as the bare "
+            "loop).",
+            "",
+        ]
     return "\n".join(lines)

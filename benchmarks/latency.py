@@ -24,7 +24,10 @@ The stages of a message, each measured from the sender's commit:
 Last, the broker floor of each variant: the same rates from a bare confluent-kafka producer with
 that variant's producer settings to a plain consumer with its consumer's `fetch.wait.max.ms`, no
 database or daemon: what the broker and librdkafka alone cost on this machine with the same
-settings. Outbox's own share is a variant's total less its floor.
+settings. Outbox's own share is a variant's total less its floor. Each row at a target rate
+shows its p50 as `figure`, the floor's p50 at that rate as `floor` and `ratio` = floor / figure
+(the p99s are beside them: `floor p99 ms`). A quick run (`--quick`) measures the low-latency
+settings at 500/s and 1,000/s for 5 s each.
 
 `python -m benchmarks.latency --help` runs a part of it (some rates, variants, shorter) for
 measurements while working on the daemons.
@@ -50,12 +53,15 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.floors import against_floor
 from benchmarks.harness import Context, Result, percentiles
 from outbox.kafka.subscriber import DEFAULTS as CONSUMER_DEFAULTS
 
 SCENARIO = "e. end-to-end latency"
 REPO = Path(__file__).resolve().parent.parent
 RATES = (100, 500, 1000)
+#: A quick run's rates (and variant, below): the issue's targets.
+QUICK_RATES = (500, 1000)
 SATURATION_WRITERS = 4
 WARMUP = 10
 #: The consumer's group timings: Tansu joins a group in half of session.timeout.ms.
@@ -550,20 +556,47 @@ def run(
     seconds: float | None = None,
     floor: bool = True,
 ) -> list[Result]:
+    if ctx.quick and variants is VARIANTS:
+        variants = [v for v in VARIANTS if v.name == "low latency"]
+    if ctx.quick and rates is RATES:
+        rates = QUICK_RATES
     if seconds is None:
-        seconds = 2.0 if ctx.smoke else 20.0
+        seconds = 2.0 if ctx.smoke else 5.0 if ctx.quick else 20.0
     results: list[Result] = []
     for variant in variants:
         results += through_daemons(ctx, variant, rates, seconds)
     # The same rates through the broker alone, with each variant's settings, once no daemon runs.
     if floor:
+        floors = []
         for variant in variants:
             for rate in rates:
                 topic = ctx.new_topic("floor")
-                results.append(
+                floors.append(
                     broker_floor(ctx.bootstrap, topic, rate, int(rate * seconds / 2), variant)
                 )
+        beside_floors(results, floors)
+        results += floors
     return results
+
+
+def beside_floors(results: Sequence[Result], floors: Sequence[Result]) -> None:
+    """Add to each row at a target rate its variant's floor at that rate: `figure` (its p50),
+    `floor` (the floor's p50), `ratio` and `floor p99 ms`."""
+    by_name = {r.variant: r for r in floors}
+    for r in results:
+        name, _, rest = r.variant.partition(": ")
+        rate = r.metrics.get("target /s", float("nan"))
+        if rate != rate or not rest.endswith("1 sender"):
+            continue
+        f = by_name.get(f"{name}: broker floor, {rate:,}/s")
+        if f is None:
+            continue
+        r.metrics = against_floor(
+            {**r.metrics, "floor p99 ms": f.metrics["p99 ms"]},
+            r.metrics["p50 ms"],
+            f.metrics["p50 ms"],
+            lower_is_better=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -594,12 +627,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             results += run(ctx, variants=chosen, rates=rates, seconds=args.seconds, floor=False)
         if not args.no_floor:
+            floors = []
             for variant in chosen:
                 for rate in rates:
                     topic = ctx.new_topic("floor")
-                    results.append(
+                    floors.append(
                         broker_floor(ctx.bootstrap, topic, rate, int(rate * args.seconds), variant)
                     )
+            beside_floors(results, floors)
+            results += floors
         print(markdown(results, machine(servers), False))
     return 0
 

@@ -60,7 +60,11 @@ def record_size(
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """A validated, encoded message ready to be written to `producer_queue`."""
+    """A validated, encoded message ready to be written to `producer_queue`.
+
+    `id_generated`: `compose` made `message_id` (a new UUIDv7, 74 random bits within its
+    millisecond), so no row can have it yet and its write needs no conflict check.
+    """
 
     message_id: UUID
     topic: str
@@ -69,6 +73,7 @@ class OutgoingMessage:
     content_type: str
     headers: dict[str, str | bytes]
     lane: int
+    id_generated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,7 @@ def compose(
         content_type=content_type,
         headers=valid_headers,
         lane=lane_for(raw_key, mid),
+        id_generated=given_id is None,
     )
 
 

@@ -29,6 +29,13 @@ class Serializer(Protocol):
         ...
 
 
+#: What `json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+#: default=to_json)` builds on each call, built once (it keeps no state between calls).
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=to_json
+)
+
+
 class JsonSerializer:
     """Compact UTF-8 JSON; rejects NaN and values JSON cannot represent.
 
@@ -42,13 +49,7 @@ class JsonSerializer:
 
     def dumps(self, payload: Any) -> bytes:
         try:
-            text = json.dumps(
-                payload,
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-                default=to_json,
-            )
+            text = _ENCODER.encode(payload)
         except (TypeError, ValueError) as exc:
             raise SerializationError(describe_unencodable(payload)) from exc
         except RecursionError:

@@ -383,10 +383,13 @@ def flavour(library: Library, asynchronous: bool) -> Any:
 
 def executor(handle: object) -> Execute:
     """How `send` runs a statement in the caller's sync transaction `handle` (checked)."""
+    if type(handle) is psycopg.Connection:  # the usual handle, without the dispatch
+        run: Execute = PsycopgSession.executor(handle)
+        return run
     library = library_of(handle)
     if library is None:
         raise _unsupported(handle, "send")
-    run: Execute = flavour(library, False).executor(handle)
+    run = flavour(library, False).executor(handle)
     return run
 
 

@@ -9,8 +9,7 @@ the Handler's transactions share).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -64,16 +63,20 @@ def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
 class Writer:
     """Writes composed messages to one schema's `producer_queue` in the caller's transaction.
 
-    A message id that a row still waiting in the queue has (committed, or sent by another
-    transaction that then commits) raises `DuplicateMessageId` and writes nothing, without
-    aborting the caller's transaction: the statement skips the id rather than violating the
-    unique index, and a batch's other rows are deleted again.
+    A message id given by the caller that a row still waiting in the queue has (committed, or
+    sent by another transaction that then commits) raises `DuplicateMessageId` and writes
+    nothing, without aborting the caller's transaction: the statement skips the id rather than
+    violating the unique index, and a batch's other rows are deleted again. A write whose ids
+    `compose` generated all (`OutgoingMessage.id_generated`) skips that check, the costliest
+    part of the statement beyond a plain INSERT: no row can have such an id.
     """
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
         sql = queries(schema)
         self._send, self._send_one = sql["send"], sql["send_one"]
+        self._send_generated = sql["send_generated"]
+        self._send_one_generated = sql["send_one_generated"]
         self._undo = sql["send_undo"]
         self._channel = channel(schema, "producer_queue")
 
@@ -83,8 +86,15 @@ class Writer:
             return
         run = sessions.executor(tx)
         sql, params = self._statement(messages)
-        with self._migrated():
+        try:
             row = run(sql, params).fetchone()
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
+        if row[0] == len(messages):
+            return
         refused = self._refused(row, messages)
         if refused is not None:
             ours, error = refused
@@ -98,8 +108,13 @@ class Writer:
             return
         run = await sessions.async_executor(tx)
         sql, params = self._statement(messages)
-        with self._migrated():
+        try:
             row = await sessions.fetch_one(await run(sql, params))
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
         refused = self._refused(row, messages)
         if refused is not None:
             ours, error = refused
@@ -108,10 +123,14 @@ class Writer:
             raise error
 
     def _statement(self, messages: Sequence[OutgoingMessage]) -> tuple[str, dict[str, Any]]:
-        """`send_one` for one message (plain VALUES), `send` for a batch."""
+        """`send_one` for one message (plain VALUES), `send` for a batch; their `_generated`
+        forms, without the conflict check, when `compose` generated every id."""
+        generated = all(m.id_generated for m in messages)
         if len(messages) == 1:
-            return self._send_one, send_one_params(messages[0], self._channel)
-        return self._send, send_params(messages, self._channel)
+            sql = self._send_one_generated if generated else self._send_one
+            return sql, send_one_params(messages[0], self._channel)
+        sql = self._send_generated if generated else self._send
+        return sql, send_params(messages, self._channel)
 
     @staticmethod
     def _refused(
@@ -125,20 +144,14 @@ class Writer:
         ours = list(row[1] or []) if len(row) > 2 else []
         return ours, duplicate([m.message_id for m in messages if m.message_id not in ours])
 
-    @contextmanager
-    def _migrated(self) -> Iterator[None]:
-        """Raise `SchemaNotMigrated` instead of the statement's error when the queue's table or
-        one of its columns is missing (psycopg's own error, or wrapped by SQLAlchemy)."""
-        try:
-            yield
-        except Exception as exc:
-            cause = getattr(exc, "orig", None) or exc
-            if not isinstance(
-                cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn
-            ):
-                raise
-            raise SchemaNotMigrated(
-                f"{self.schema}.producer_queue is missing or from an older outbox in this "
-                f"database ({first_line(cause)}): run `outbox migrate --schema {self.schema}`, "
-                "or check Broker(schema=...); the transaction is aborted"
-            ) from exc
+    def _not_migrated(self, exc: Exception) -> SchemaNotMigrated | None:
+        """`SchemaNotMigrated` for the statement's error `exc` when the queue's table or one of
+        its columns is missing (psycopg's own error, or wrapped by SQLAlchemy); else None."""
+        cause = getattr(exc, "orig", None) or exc
+        if not isinstance(cause, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+            return None
+        return SchemaNotMigrated(
+            f"{self.schema}.producer_queue is missing or from an older outbox in this "
+            f"database ({first_line(cause)}): run `outbox migrate --schema {self.schema}`, "
+            "or check Broker(schema=...); the transaction is aborted"
+        )

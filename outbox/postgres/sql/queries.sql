@@ -50,6 +50,46 @@ SELECT count(*) AS inserted,
         LIMIT 1) IS NOT NULL AS notified
 FROM inserted;
 
+-- name: send_one_generated
+-- One message whose id `compose` generated (a new UUIDv7: no row can have it), so without the
+-- conflict check: ON CONFLICT's speculative insertion costs the server a second pass over the
+-- row and the unique index, the most of what `send_one` costs beyond a plain INSERT. Were the
+-- id ever taken, the unique index refuses it and the caller's transaction is aborted: nothing
+-- is written twice. Wakes a sleeping relay as `send` does.
+INSERT INTO {schema}.producer_queue
+    (message_id, topic, key, payload, headers, content_type, lane)
+VALUES (%(message_id)s, %(topic)s, %(key)s, %(payload)s, CAST(%(headers)s AS jsonb),
+        %(content_type)s, %(lane)s)
+RETURNING 1 AS inserted,
+          (SELECT pg_notify(%(channel)s, '')
+           FROM {schema}.relay_state
+           WHERE queue = 'producer' AND sleeping
+           LIMIT 1) IS NOT NULL AS notified;
+
+-- name: send_generated
+-- A batch of messages whose ids `compose` generated: `send` without the conflict check, as
+-- `send_one_generated` says.
+WITH inserted AS (
+    INSERT INTO {schema}.producer_queue
+        (message_id, topic, key, payload, headers, content_type, lane)
+    SELECT * FROM unnest(
+        CAST(%(message_ids)s AS uuid[]),
+        CAST(%(topics)s AS text[]),
+        CAST(%(keys)s AS bytea[]),
+        CAST(%(payloads)s AS bytea[]),
+        CAST(%(headers)s AS jsonb[]),
+        CAST(%(content_types)s AS text[]),
+        CAST(%(lanes)s AS smallint[])
+    )
+    RETURNING 1
+)
+SELECT count(*) AS inserted,
+       (SELECT pg_notify(%(channel)s, '')
+        FROM {schema}.relay_state
+        WHERE queue = 'producer' AND sleeping
+        LIMIT 1) IS NOT NULL AS notified
+FROM inserted;
+
 -- name: send_undo
 -- The rows a `send` of which some ids were taken did insert: deleted again in the caller's
 -- transaction, so that the refused send wrote nothing.
