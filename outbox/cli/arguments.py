@@ -138,13 +138,37 @@ def postgres_url_type(env: str) -> Callable[[str], str]:
     return postgres_url
 
 
+class Once(argparse.Action):
+    """A flag that may be given once: a second one is a usage error, not silently the last."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        seen = f"_given_{self.dest}"
+        if getattr(namespace, seen, False):
+            parser.error(
+                f"{option_string} is given more than once: this command serves one database "
+                "(outbox status, migrate and console take several)"
+            )
+        setattr(namespace, seen, True)
+        setattr(namespace, self.dest, values)
+
+
 def add_database(parser: argparse.ArgumentParser) -> None:
-    """--database-url and --schema."""
+    """--database-url (once; `[NAME[/SCHEMA]=]URL`, see `single_database`) and --schema, for a
+    command that serves one database."""
     parser.add_argument(
         "--database-url",
-        type=postgres_url_type(ENV_DATABASE_URL),
+        action=Once,
+        type=database_entry_type,
         default=os.environ.get(ENV_DATABASE_URL),
-        help=f"PostgreSQL URL (env {ENV_DATABASE_URL})",
+        metavar="[NAME[/SCHEMA]=]URL",
+        help="the PostgreSQL database, once; a line of a databases file also names one (its "
+        f"SCHEMA, when given, overrides --schema) (env {ENV_DATABASE_URL})",
     )
     parser.add_argument(
         "--schema",
@@ -189,6 +213,24 @@ def database_entry_type(text: str) -> str:
     if sep and "://" in rest and "://" not in label and " " not in label.strip():
         return f"{label}={check(rest)}"
     return check(text)
+
+
+def single_database(args: argparse.Namespace) -> None:
+    """A command of one database given `NAME[/SCHEMA]=URL` (a line of a databases file): its
+    URL in `args.database_url` and its SCHEMA, when given, in `args.schema`. Anything else is
+    left for the connection to judge, as a URL always was."""
+    from outbox.core.databases import parse_entry
+
+    text = getattr(args, "database_url", None)
+    if not isinstance(text, str) or "=" not in text:
+        return
+    label, _sep, rest = text.partition("=")
+    if "://" not in rest or "://" in label or not label.strip():
+        return
+    database = parse_entry(text, getattr(args, "schema", None) or "outbox")
+    args.database_url = database.url
+    if hasattr(args, "schema"):
+        args.schema = database.schema
 
 
 def databases_of(args: argparse.Namespace) -> list[Database]:

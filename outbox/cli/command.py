@@ -35,6 +35,7 @@ from outbox.cli.arguments import (
     databases_of,
     require,
     runtime_config,
+    single_database,
     start_settings,
 )
 from outbox.core.errors import ConfigurationError, OutboxError
@@ -830,6 +831,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging(str(args.log_level), args.log_format)
     _remember_secrets(args)
+    try:
+        single_database(args)
+    except ConfigurationError as exc:
+        parser.error(str(exc))
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     handlers = {

@@ -62,6 +62,7 @@ from outbox import settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     ENV_LOG_URL,
+    Once,
     add_databases,
     add_groups,
     add_kafka,
@@ -149,32 +150,12 @@ def _partitions(text: str) -> int:
     return number
 
 
-class _Once(argparse.Action):
-    """A flag that may be given once: a second one is a usage error, not silently the last."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        seen = f"_given_{self.dest}"
-        if getattr(namespace, seen, False):
-            parser.error(
-                f"{option_string} is given more than once: this command serves one database "
-                "(outbox status, migrate and console take several)"
-            )
-        setattr(namespace, seen, True)
-        setattr(namespace, self.dest, values)
-
-
 def _add_database(parser: argparse.ArgumentParser) -> None:
     """--database-url (once: `[NAME[/SCHEMA]=]URL`, so that a line of a databases file names
     its database) and --schema, for a command that serves one database."""
     parser.add_argument(
         "--database-url",
-        action=_Once,
+        action=Once,
         type=database_entry_type,
         default=os.environ.get(ENV_DATABASE_URL),
         metavar="[NAME[/SCHEMA]=]URL",

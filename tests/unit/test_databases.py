@@ -109,3 +109,31 @@ def test_flags_then_file_then_the_environment(
     with pytest.raises(ConfigurationError, match="--database-url is required"):
         databases_of(parser.parse_args([]))
     assert gather([], "outbox") == []
+
+
+def test_a_command_of_one_database_refuses_a_second_and_reads_a_named_entry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from outbox.cli.arguments import single_database
+    from outbox.cli.command import build_parser
+
+    parser = build_parser()
+    for command in (["run", "m:h"], ["spark", "consumer"], ["dead-letters", "list"]):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(
+                [
+                    *command,
+                    "--database-url",
+                    "postgresql://h/a",
+                    "--database-url",
+                    "b=postgresql://h/b",
+                ]
+            )
+        assert exited.value.code == 2
+        assert "given more than once" in capsys.readouterr().err
+    args = parser.parse_args(["run", "m:h", "--database-url", "acme/billing=postgresql://h/a"])
+    single_database(args)
+    assert (args.database_url, args.schema) == ("postgresql://h/a", "billing")
+    args = parser.parse_args(["run", "m:h", "--database-url", "host=h dbname=a password=x=y"])
+    single_database(args)
+    assert args.database_url == "host=h dbname=a password=x=y"  # libpq's to judge, as before
