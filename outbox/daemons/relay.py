@@ -11,6 +11,10 @@ Serving one of several databases (`outbox.daemons.supervisor`), a relay processe
 a turn (`turns`), and after `idle_disconnect` seconds without rows it parks: it leaves its
 lanes, closes its connection and looks for rows every `poll_interval` on a short-lived one
 (no LISTEN while parked: a row waits up to `poll_interval`).
+
+The loop reaches its database only through the ports of `outbox.ports` (`QueueDatabase`, whose
+sessions are `RelaySession`s): PostgreSQL's (outbox/postgres/relay_stores.py: advisory locks,
+`relay_state`, LISTEN/NOTIFY) unless the wiring gives others, such as a unit test's in memory.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The Producer's relay loop over an in-memory queue and transport: no PostgreSQL, no broker.
+"""The relay loops over in-memory queues (and transport): no PostgreSQL, no broker.
 
 The daemons reach their queue only through the ports of outbox/ports.py (the relay side), so
-the loop itself (lanes, fetch, publish, delete after the acknowledgement, failures recorded,
-the wait for a wake-up) runs here as it runs over PostgreSQL.
+the loops themselves run here as they run over PostgreSQL: the Producer's (lanes, fetch,
+publish, delete after the acknowledgement, failures recorded, the wait for a wake-up) and the
+Handler's (dispatch to the workers, batch transactions, a failed callback rolled back and
+retried behind its key).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from outbox import Handlers, InboxMessage
 from outbox.core.retry import Backoff
+from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.ports import DeliveryFailure
 from outbox.testing.memory import InMemoryTransport
 
-from .memory_relay import MemoryOutbox
+from .memory_relay import MemoryInbox, MemoryOutbox, MemoryTransaction
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -96,3 +100,45 @@ def test_a_failed_delivery_is_retried_holding_its_key_and_a_permanent_one_is_dea
     assert [r.value for r in transport.records("flaky")] == [b"1", b"2"]  # still in order
     assert list(queue.dead) == [dead]
     assert queue.dead[dead].error == "too large"
+
+
+def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_order_per_key() -> (
+    None
+):
+    inbox = MemoryInbox()
+    handlers = Handlers()
+    failed_once: set[bytes] = set()
+
+    @handlers.handler("orders", backoff=Backoff(initial=0.01, maximum=0.01))
+    def on_order(message: InboxMessage[object], tx: MemoryTransaction) -> None:
+        tx.write((message.key, message.raw_payload))
+        if message.raw_payload == b"7" and message.key not in failed_once:
+            assert message.key is not None
+            failed_once.add(message.key)
+            raise RuntimeError("fails once: its effects and its batch's roll back")
+
+    keys = [f"key-{k}".encode() for k in range(5)]
+    sent: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for n in range(300):
+        key = keys[n % len(keys)]
+        inbox.store("orders", key, b"%d" % n)
+        sent[key].append(b"%d" % n)
+    config = HandlerConfig(
+        "memory://", concurrency=2, batch_size=40, poll_interval=0.05, rebalance_interval=0.05
+    )
+    runner = HandlerRunner(config, handlers, stores=inbox.stores())
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: runner.handled == 300, "every message handled")
+    finally:
+        runner.stop()
+        thread.join(10)
+    assert not thread.is_alive(), "the handler did not stop"
+    assert runner.failed == 1
+    assert {entry.state for entry in inbox.rows.values()} == {"processed"}
+    effects: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for effect in inbox.effects:
+        assert isinstance(effect, tuple)
+        effects[effect[0]].append(effect[1])
+    assert effects == sent  # once each (the failed attempt's write rolled back), in key order
