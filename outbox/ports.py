@@ -9,11 +9,14 @@ contract suite of those calls (tests/transport/). Which transport runs is chosen
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 from outbox.core.batches import InboxBatch, OutgoingRecord
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +90,319 @@ class TransportProbe:
 
 PublisherFactory = Callable[[], Publisher]
 SubscriberFactory = Callable[[], Subscriber]
+
+
+# -- the relay side: queue stores and their sessions
+#
+# The relay loop (outbox/daemons/relay.py) and its two relays (the Producer, the Handler) reach
+# their database only through these. The PostgreSQL adapters are outbox/postgres/relay_stores.py;
+# a unit test may give an in-memory one. Every method is one statement (or none) on the
+# session's connection: a port adds no round trip.
+
+Row = TypeVar("Row")
+Session_co = TypeVar("Session_co", bound="RelaySession", covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayTarget:
+    """The database and queue one relay serves: `kind` is "producer" (`producer_queue`) or
+    "handler" (`consumer_queue`); `application_name` names its connections to the server."""
+
+    database_url: str
+    schema: str
+    kind: str
+    relay_id: str
+    connect_timeout: float
+    application_name: str
+
+
+class FetchedRows(Protocol[Row]):
+    """The rows of a fetch that was started and may still be on its way (pipelined)."""
+
+    def fetchall(self) -> list[Row]:
+        """Every row, once they are in."""
+        ...
+
+    def fetchone(self) -> Row | None:
+        """The first row, or None."""
+        ...
+
+
+class RelaySession(Protocol):
+    """One relay's connection to its queue's database, each statement committed on its own.
+
+    Lanes are owned one relay at a time: a lane `lock`ed here is held until `unlock`, or until
+    the session is closed or lost (then it is free for another relay). While some relay of the
+    queue has `set_sleeping(True)`, writers wake it (`notified`).
+    """
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session is closed or lost."""
+        ...
+
+    def check_lock_class(self) -> None:
+        """Raise ConfigurationError if another queue of the database would share this queue's
+        lanes (their relays would take each other's lanes)."""
+        ...
+
+    def join(self) -> None:
+        """Register the relay as live and start receiving its queue's wake-ups."""
+        ...
+
+    def leave(self) -> None:
+        """Unregister the relay (its lanes go with the session)."""
+        ...
+
+    def set_sleeping(self, sleeping: bool) -> None:
+        """Announce (or end) the relay's nap: writers wake a queue only while a relay sleeps."""
+        ...
+
+    def live_relays(self) -> int:
+        """The live relays of this queue (the dead ones forgotten first), at least 1."""
+        ...
+
+    def held(self) -> set[int]:
+        """The lanes some relay of this queue holds now."""
+        ...
+
+    def lock(self, lane: int) -> bool:
+        """Try to take `lane`; True if this session holds it now."""
+        ...
+
+    def unlock(self, lane: int) -> None:
+        """Give `lane` up."""
+        ...
+
+    def notified(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a wake-up; True (taking every other wake-up already
+        received with it) if one came."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> object: ...
+
+
+class OutboxSession(RelaySession, Protocol):
+    """The Producer's session on `producer_queue`: what it fetches and settles.
+
+    Inside `pipeline()`, statements are sent without waiting for their results: a `fetch`
+    started there is read (`FetchedRows`) after the pipeline ended or when needed; leaving it
+    waits for every statement.
+    """
+
+    def fetch(
+        self, lanes: list[int], limit: int, exclude: list[int]
+    ) -> FetchedRows[OutgoingRecord]:
+        """Start reading the next rows of `lanes` that may go out now, in id order, less the
+        ids in `exclude`, at most `limit`."""
+        ...
+
+    def next_due(self, lanes: list[int]) -> float | None:
+        """Seconds until a retrying row of `lanes` may be fetched, or None."""
+        ...
+
+    def delete(self, ids: Sequence[int]) -> None:
+        """Forget delivered rows."""
+        ...
+
+    def fail(
+        self, ids: Sequence[int], errors: Sequence[str], delays: Sequence[float | None]
+    ) -> None:
+        """Record failed deliveries: retried after its delay, dead where the delay is None.
+        The errors are storable text."""
+        ...
+
+    def pipeline(self) -> AbstractContextManager[object]:
+        """Send the statements of the block without waiting for each one's results."""
+        ...
+
+    def transaction(self) -> AbstractContextManager[object]:
+        """Commit the statements of the block together, or none of them."""
+        ...
+
+
+class InboxSession(RelaySession, Protocol):
+    """The Handler's control session on `consumer_queue`: fetch, retention, the lease."""
+
+    def fetch(self, lanes: list[int], limit: int, unordered: list[str]) -> list[Pending]:
+        """The next rows of `lanes` due for handling, in id order; a key waits behind its
+        retrying row, except on the `unordered` topics."""
+        ...
+
+    def next_due(self, lanes: list[int]) -> float | None:
+        """Seconds until a retrying row of `lanes` may be fetched (negative: due), or None."""
+        ...
+
+    def forget_processed(self, window: float, limit: int) -> int:
+        """Forget up to `limit` rows processed more than `window` seconds ago; how many."""
+        ...
+
+    def recent_topics(self, limit: int) -> dict[str, int]:
+        """The topics of the last `limit` rows stored, whatever their state: rows per topic."""
+        ...
+
+    def attempts(self, row_id: int) -> int:
+        """The attempts a row has had (0 if it is gone)."""
+        ...
+
+    def terminate(self, backend_pid: int) -> None:
+        """End the server session of a handler transaction that overran its lease: it rolls
+        back, so nothing it wrote can commit."""
+        ...
+
+    def fail(self, failed: FailedAttempt) -> None:
+        """Record a failed attempt (on its own)."""
+        ...
+
+
+class QueueDatabase(Protocol[Session_co]):
+    """A relay's database: its sessions, and the start-up check."""
+
+    def connect(self) -> Session_co:
+        """A new session; the driver's error (retriable or not: outbox.core.retriable) if the
+        database cannot be reached."""
+        ...
+
+    def check(self, wait: float, stopping: Callable[[], bool], attempt: Callable[[], None]) -> None:
+        """Raise one clear error on an unreachable database (after waiting up to `wait` seconds
+        for it, until `stopping()`; `attempt()` is called before each try) or a schema that
+        is not migrated."""
+        ...
+
+
+class HandlerSession(Protocol):
+    """A Handler worker's own connection, in the flavour of `Handlers(transaction=...)`.
+
+    `transaction` yields the store's handle for the transaction (for `HandlerWork`) and what a
+    callback receives (a connection or a session). After a callback, `check()` raises
+    `outbox.core.errors.Misused` if it left the transaction unusable; `broken` tells a lost
+    connection from a failed statement.
+    """
+
+    backend_pid: int
+
+    @property
+    def broken(self) -> bool: ...
+
+    def transaction(
+        self, *, pipelined: bool = False
+    ) -> AbstractContextManager[tuple[Any, Any]]: ...
+
+    def check(self) -> None: ...
+
+    def flush(self, handle: Any) -> None:
+        """Send a callback's pending ORM changes, so that their failure is its own."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class AsyncHandlerSession(Protocol):
+    """The async twin of `HandlerSession`, for async callbacks (one row, one transaction)."""
+
+    backend_pid: int
+
+    @property
+    def broken(self) -> bool: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[tuple[Any, Any]]: ...
+
+    def check(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class HandlerWork(Protocol):
+    """The inbox store's statements in a handler transaction (`tx`: what the session's
+    `transaction` yields first)."""
+
+    def claim_many(self, tx: Any, ids: list[int]) -> dict[int, Claimed]:
+        """Lock the rows of `ids` that are still pending and held by no other transaction."""
+        ...
+
+    def done_many(self, tx: Any, ids: list[int]) -> None:
+        """Mark rows processed."""
+        ...
+
+    def fail(self, tx: Any, failed: FailedAttempt) -> None:
+        """Record a failed attempt."""
+        ...
+
+    def claim_async(self, tx: Any, row_id: int) -> Awaitable[Claimed | None]:
+        """Lock one pending row, or None if it is handled or held by another transaction."""
+        ...
+
+    def done_async(self, tx: Any, row_id: int) -> Awaitable[None]:
+        """Mark one row processed."""
+        ...
+
+    def fail_async(self, tx: Any, failed: FailedAttempt) -> Awaitable[None]:
+        """Record a failed attempt."""
+        ...
+
+
+class InboxDatabase(QueueDatabase[InboxSession], Protocol):
+    """The Handler's database: its control sessions, its workers' sessions and their work."""
+
+    @property
+    def work(self) -> HandlerWork:
+        """The inbox store's statements in a worker's transaction."""
+        ...
+
+    @property
+    def errors(self) -> tuple[type[Exception], ...]:
+        """What the sessions' libraries raise for a database error (a failed statement or a
+        lost connection)."""
+        ...
+
+    @property
+    def disconnects(self) -> tuple[type[Exception], ...]:
+        """What they raise for a lost connection alone."""
+        ...
+
+    def open_session(self, library: Literal["psycopg", "sqlalchemy"]) -> HandlerSession:
+        """A worker's sync session (the driver's error if it cannot connect)."""
+        ...
+
+    def open_async_session(
+        self, library: Literal["psycopg", "sqlalchemy"]
+    ) -> Awaitable[AsyncHandlerSession]:
+        """A worker's async session."""
+        ...
+
+
+OutboxDatabaseFactory = Callable[[RelayTarget], QueueDatabase[OutboxSession]]
+InboxDatabaseFactory = Callable[[RelayTarget], InboxDatabase]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayStores:
+    """How the relays reach their queues: the wiring's choice (PostgreSQL unless it says)."""
+
+    outbox: OutboxDatabaseFactory
+    inbox: InboxDatabaseFactory
+
+
+_default_relay_stores: list[RelayStores] = []
+
+
+def use_relay_stores(stores: RelayStores) -> None:
+    """Make `stores` what the relays use when their wiring gives none (outbox/__init__.py
+    sets PostgreSQL's)."""
+    _default_relay_stores[:] = [stores]
+
+
+def default_relay_stores() -> RelayStores:
+    """The relay stores set by `use_relay_stores`."""
+    if not _default_relay_stores:
+        raise RuntimeError("no relay stores: pass stores= to the daemon, or import outbox")
+    return _default_relay_stores[0]

@@ -13,7 +13,14 @@ from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.kafka.publisher import KafkaPublisher, check_reachable, producer_config
 from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
-from outbox.ports import Publisher, PublisherFactory, Subscriber, SubscriberFactory, TransportProbe
+from outbox.ports import (
+    Publisher,
+    PublisherFactory,
+    RelayStores,
+    Subscriber,
+    SubscriberFactory,
+    TransportProbe,
+)
 
 __all__ = [
     "kafka_consumer",
@@ -94,10 +101,11 @@ def log_subscribers(
     return subscriber
 
 
-def kafka_producer(config: ProducerConfig) -> Producer:
-    """A Producer relaying to the Kafka cluster of `config` (kafka_bootstrap, kafka_config)."""
+def kafka_producer(config: ProducerConfig, stores: RelayStores | None = None) -> Producer:
+    """A Producer relaying to the Kafka cluster of `config` (kafka_bootstrap, kafka_config)
+    from its queue in `stores` (PostgreSQL's unless given)."""
     publishers, probe = kafka_publishers(config.kafka_bootstrap, config.kafka_config)
-    return Producer(config, publishers, probe)
+    return Producer(config, publishers, probe, stores)
 
 
 def kafka_consumer(config: ConsumerConfig) -> Consumer:

@@ -58,3 +58,10 @@ class DatabaseUnavailable(OutboxError):
 
 class KafkaUnavailable(OutboxError):
     """No Kafka broker answered at the given bootstrap address."""
+
+
+class Misused(Exception):
+    """A callback left the transaction it was given unusable: it closed the connection, ended
+    the transaction itself (COMMIT or ROLLBACK) or went on after one of its statements failed.
+    Its message fails like any callback error; the other messages of the transaction are
+    handled again in a new one."""

@@ -12,10 +12,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from psycopg import Cursor
-
 from outbox import tracing
 from outbox.core.batches import OutgoingRecord, stored_message
+from outbox.core.databases import validate_schema
 from outbox.core.envelope import StoredMessage
 from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
 from outbox.core.lanes import LANES
@@ -25,12 +24,20 @@ from outbox.core.retry import Backoff
 from outbox.core.text import storable
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.relay import Connection, LaneRelay, new_relay_id
+from outbox.daemons.relay import LaneRelay, new_relay_id
 from outbox.daemons.turns import Turns
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
-from outbox.ports import DeliveryFailure, Publisher, PublisherFactory, TransportProbe
-from outbox.postgres.outbox_store import OutboxStore
-from outbox.postgres.queries import validate_schema
+from outbox.ports import (
+    DeliveryFailure,
+    FetchedRows,
+    OutboxSession,
+    Publisher,
+    PublisherFactory,
+    RelayStores,
+    RelayTarget,
+    TransportProbe,
+    default_relay_stores,
+)
 
 log = logging.getLogger("outbox.producer")
 
@@ -157,41 +164,47 @@ class SharedPublisher:
         self.publisher.close()
 
 
-class Producer(LaneRelay[OutgoingRecord]):
+class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
     """Relays committed rows of `producer_queue` to a transport until asked to stop.
 
     `publisher_factory` makes the transport's `Publisher` (called once per `run`, in the running
     thread); `transport` says how to check that the transport is reachable (at start and in
-    the health checks), when it can be. The wiring (outbox.transports, the CLI) chooses them.
+    the health checks), when it can be; `stores` how to reach the queue (PostgreSQL's unless
+    given: `outbox.ports.default_relay_stores`). The wiring (outbox.transports, the CLI)
+    chooses them.
     """
 
-    table = OutboxStore.table
     kind = "producer"
-    planner_settings = OutboxStore.planner_settings
 
     def __init__(
         self,
         config: ProducerConfig,
         publisher_factory: PublisherFactory,
         transport: TransportProbe | None = None,
+        stores: RelayStores | None = None,
     ) -> None:
-        super().__init__(
+        target = RelayTarget(
             database_url=config.database_url,
             schema=config.schema,
+            kind=self.kind,
+            relay_id=config.relay_id,
+            connect_timeout=config.connect_timeout,
+            application_name=f"outbox-{self.kind}",
+        )
+        super().__init__(
+            database=(stores or default_relay_stores()).outbox(target),
             poll_interval=config.poll_interval,
             rebalance_interval=config.rebalance_interval,
-            connect_timeout=config.connect_timeout,
             relay_id=config.relay_id,
         )
         self.config = config
-        self.store = OutboxStore(config.schema)
         self._publisher_factory = publisher_factory
         self._transport = transport
         self._publisher: Publisher | None = None
         #: The next batch, fetched while the previous one was on its way to the transport:
-        #: (lanes, limit, cursor) while its statement runs, then (lanes, rows) until `fetch`
+        #: (lanes, limit, rows) while its statement runs, then (lanes, rows) until `fetch`
         #: takes it.
-        self._next: tuple[list[int], int, Cursor[OutgoingRecord]] | None = None
+        self._next: tuple[list[int], int, FetchedRows[OutgoingRecord]] | None = None
         #: Rows the next fetch asks for (see BUSY_BATCH_FACTOR).
         self._limit = config.batch_size
         self._fetched: tuple[list[int], list[OutgoingRecord]] | None = None
@@ -245,18 +258,18 @@ class Producer(LaneRelay[OutgoingRecord]):
             self.dead,
         )
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: OutboxSession) -> None:
         # A new connection: a batch fetched on the previous one may have been sent meanwhile
         # by the relay that held the lanes while this one was away.
         self._next = self._fetched = None
         super()._serve(conn)
 
-    def fetch(self, conn: Connection, lanes: list[int]) -> list[OutgoingRecord]:
+    def fetch(self, conn: OutboxSession, lanes: list[int]) -> list[OutgoingRecord]:
         fetched, self._fetched = self._fetched, None
         if fetched is not None and fetched[0] == lanes:
             return one_topic_per_key(fetched[1])  # fetched during the previous batch
         limit = self._limit
-        rows = self.store.fetch(conn, lanes, limit, exclude=[]).fetchall()
+        rows = conn.fetch(lanes, limit, []).fetchall()
         self._resize(len(rows), limit)
         return one_topic_per_key(rows)
 
@@ -266,8 +279,8 @@ class Producer(LaneRelay[OutgoingRecord]):
             turns.append(self._publisher.turns)
         return turns
 
-    def peek(self, conn: Connection) -> bool:
-        return self.store.fetch(conn, list(range(LANES)), 1, exclude=[]).fetchone() is not None
+    def peek(self, conn: OutboxSession) -> bool:
+        return conn.fetch(list(range(LANES)), 1, []).fetchone() is not None
 
     def _resize(self, fetched: int, limit: int) -> None:
         """The next fetch's size: doubled after a full batch, `batch_size` after a short one."""
@@ -277,10 +290,10 @@ class Producer(LaneRelay[OutgoingRecord]):
         else:
             self._limit = batch_size
 
-    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
-        return self.store.next_due(conn, lanes)
+    def next_due(self, conn: OutboxSession, lanes: list[int]) -> float | None:
+        return conn.next_due(lanes)
 
-    def process(self, conn: Connection, rows: Sequence[OutgoingRecord]) -> None:
+    def process(self, conn: OutboxSession, rows: Sequence[OutgoingRecord]) -> None:
         failpoint("producer.before_produce")
         started = time.monotonic()
         self._next = None
@@ -317,7 +330,7 @@ class Producer(LaneRelay[OutgoingRecord]):
             ]
             if not failed:
                 # One statement, atomic on its own (the connection is in autocommit).
-                self.store.delete(conn, [row.id for row in rows])
+                conn.delete([row.id for row in rows])
                 if self._next is None:
                     # A short batch (no fetch ran while it was on its way): the next fetch
                     # goes in the same round trip as the delete.
@@ -326,7 +339,7 @@ class Producer(LaneRelay[OutgoingRecord]):
                 delivered = [row.id for row, r in zip(rows, results, strict=True) if r is None]
                 with conn.transaction():
                     if delivered:
-                        self.store.delete(conn, delivered)
+                        conn.delete(delivered)
                     self._fail(conn, failed)
         # Leaving the pipeline waited for every statement above.
         self._keep_next(failed)
@@ -346,7 +359,7 @@ class Producer(LaneRelay[OutgoingRecord]):
         self.observability.producer_batch(rows, results, delivery_seconds)
 
     def _publish(
-        self, conn: Connection, rows: list[OutgoingRecord], sendable: Sequence[OutgoingRecord]
+        self, conn: OutboxSession, rows: list[OutgoingRecord], sendable: Sequence[OutgoingRecord]
     ) -> list[DeliveryFailure | None]:
         """Publish `sendable` (the rows of `rows` that can be sent).
 
@@ -367,28 +380,29 @@ class Producer(LaneRelay[OutgoingRecord]):
     def failures(self) -> int:
         return self.failed
 
-    def _fetch_ahead(self, conn: Connection, exclude: list[int]) -> None:
+    def _fetch_ahead(self, conn: OutboxSession, exclude: list[int]) -> None:
         """Start fetching the next batch (less the ids in `exclude`), for `_keep_next`."""
         if not self.stopping:
             lanes, limit = sorted(self.lanes), self._limit
-            cursor = self.store.fetch(conn, lanes, limit, exclude=exclude)
-            self._next = (lanes, limit, cursor)
+            self._next = (lanes, limit, conn.fetch(lanes, limit, exclude))
 
     def _keep_next(self, failed: list[tuple[OutgoingRecord, DeliveryFailure]]) -> None:
         """Keep the batch fetched during this one for `fetch`, less the keys that now wait for a
         retry: it was fetched before this batch's failures were recorded."""
         if self._next is None:
             return
-        lanes, limit, cursor = self._next
+        lanes, limit, fetched = self._next
         self._next = None
-        rows = cursor.fetchall()
+        rows = fetched.fetchall()
         self._resize(len(rows), limit)
         waiting = {row.key for row, f in failed if not f.permanent and row.key is not None}
         if waiting:
             rows = [row for row in rows if row.key not in waiting]
         self._fetched = (lanes, rows)
 
-    def _fail(self, conn: Connection, failed: list[tuple[OutgoingRecord, DeliveryFailure]]) -> None:
+    def _fail(
+        self, conn: OutboxSession, failed: list[tuple[OutgoingRecord, DeliveryFailure]]
+    ) -> None:
         delays: list[float | None] = []
         for message, failure in failed:
             if failure.permanent:
@@ -396,8 +410,7 @@ class Producer(LaneRelay[OutgoingRecord]):
                 self.dead += 1
             else:
                 delays.append(self.config.backoff.delay(message.attempts + 1))
-        self.store.fail(
-            conn,
+        conn.fail(
             [m.id for m, _ in failed],
             # Errors come from outside outbox (the transport, a bad row): storable text only.
             [storable(f.error) for _, f in failed],

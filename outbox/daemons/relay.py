@@ -11,6 +11,10 @@ Serving one of several databases (`outbox.daemons.supervisor`), a relay processe
 a turn (`turns`), and after `idle_disconnect` seconds without rows it parks: it leaves its
 lanes, closes its connection and looks for rows every `poll_interval` on a short-lived one
 (no LISTEN while parked: a row waits up to `poll_interval`).
+
+The loop reaches its database only through the ports of `outbox.ports` (`QueueDatabase`, whose
+sessions are `RelaySession`s): PostgreSQL's (outbox/postgres/relay_stores.py: advisory locks,
+`relay_state`, LISTEN/NOTIFY) unless the wiring gives others, such as a unit test's in memory.
 """
 
 from __future__ import annotations
@@ -30,22 +34,9 @@ from outbox.core.naps import AWAKE_AFTER
 from outbox.daemons.outages import Outage
 from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
-from outbox.postgres.connection import (
-    Connection,
-    check_database,
-    connect,
-    notified,
-)
-from outbox.postgres.lanes import Lanes, lock_class
+from outbox.ports import QueueDatabase, RelaySession
 
-__all__ = [
-    "Connection",
-    "LaneRelay",
-    "check_database",
-    "connect",
-    "lock_class",
-    "new_relay_id",
-]
+__all__ = ["LaneRelay", "new_relay_id"]
 
 log = logging.getLogger("outbox.relay")
 
@@ -56,6 +47,8 @@ IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 MIN_WAIT = 0.001
 
 Row = TypeVar("Row")
+#: The relay's session on its queue (`outbox.ports`: OutboxSession, InboxSession).
+S = TypeVar("S", bound=RelaySession)
 
 
 def new_relay_id() -> str:
@@ -63,35 +56,25 @@ def new_relay_id() -> str:
     return process_id()
 
 
-class LaneRelay(Generic[Row]):
-    """Base of the relays: subclasses say how to fetch a batch and how to process it."""
+class LaneRelay(Generic[Row, S]):
+    """Base of the relays: subclasses say how to fetch a batch and how to process it; every
+    statement runs on a session (`S`) of `database`, the port the wiring chose."""
 
-    #: Which table the relay drains: "producer_queue" or "consumer_queue".
-    table: str
     #: The relay_state.queue value of this kind of relay.
     kind: str
-    #: Planner settings (`name = value`) for the relay's own session (see `_serve`).
-    planner_settings: tuple[str, ...] = ()
 
     def __init__(
         self,
         *,
-        database_url: str,
-        schema: str,
+        database: QueueDatabase[S],
         poll_interval: float,
         rebalance_interval: float,
-        connect_timeout: float,
         relay_id: str,
     ) -> None:
-        self.database_url = database_url
-        self.schema = schema
+        self.database = database
         self.poll_interval = poll_interval
         self.rebalance_interval = rebalance_interval
-        self.connect_timeout = connect_timeout
         self.relay_id = relay_id
-        self.lane_locks = Lanes(schema, self.table, self.kind, relay_id)
-        self.channel = self.lane_locks.channel
-        self._lock_class = self.lane_locks.lock_class
         self._stop = threading.Event()
         self.lanes: set[int] = set()
         self._next_rebalance = 0.0
@@ -114,15 +97,15 @@ class LaneRelay(Generic[Row]):
 
     # -- for subclasses ------------------------------------------------------------------------
 
-    def fetch(self, conn: Connection, lanes: list[int]) -> Sequence[Row]:
+    def fetch(self, conn: S, lanes: list[int]) -> Sequence[Row]:
         """The next rows to process from `lanes`, in id order; empty when there is nothing."""
         raise NotImplementedError
 
-    def process(self, conn: Connection, rows: Sequence[Row]) -> None:
+    def process(self, conn: S, rows: Sequence[Row]) -> None:
         """Process one batch completely (a stop request waits for it)."""
         raise NotImplementedError
 
-    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
+    def next_due(self, conn: S, lanes: list[int]) -> float | None:
         """Seconds until the earliest scheduled retry in `lanes`, or None."""
         return None
 
@@ -139,10 +122,10 @@ class LaneRelay(Generic[Row]):
         look skipped (see `_serve`)."""
         return False
 
-    def housekeeping(self, conn: Connection, *, busy: bool) -> None:
+    def housekeeping(self, conn: S, *, busy: bool) -> None:
         """Periodic work between batches (retention, for example); keep it short when `busy`."""
 
-    def peek(self, conn: Connection) -> bool:
+    def peek(self, conn: S) -> bool:
         """Whether any lane of the queue has a row to process now (a parked relay's look)."""
         return bool(self.fetch(conn, list(range(LANES))))
 
@@ -159,18 +142,15 @@ class LaneRelay(Generic[Row]):
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def connect(self) -> Connection:
+    def connect(self) -> S:
+        """A new session on the relay's database (the driver's error if it cannot)."""
         self.heartbeat.beat()
-        return connect(
-            self.database_url,
-            timeout=self.connect_timeout,
-            application_name=f"outbox-{self.kind}",
-        )
+        return self.database.connect()
 
     def check_database(self, wait: float = 0.0) -> None:
         """One clear error on an unreachable database (after waiting up to `wait` seconds
         for it) or a wrong schema."""
-        check_database(self.connect, self.schema, wait=wait, stopping=lambda: self.stopping)
+        self.database.check(wait, lambda: self.stopping, self.heartbeat.beat)
 
     def serve_forever(self) -> None:
         """Run until `stop()`. What retrying can fix (a lost connection, a server saying
@@ -219,18 +199,13 @@ class LaneRelay(Generic[Row]):
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def check_lock_class(self, conn: Connection) -> None:
+    def check_lock_class(self, conn: S) -> None:
         """Raise ConfigurationError if another queue table of this database has this relay's
         lock class: their relays would take each other's lanes for their own."""
-        self.lane_locks.check_lock_class(conn)
+        conn.check_lock_class()
 
-    def _serve(self, conn: Connection) -> None:
-        lanes = self.lane_locks
-        # A queue table's statistics are wrong most of the time: autovacuum last saw it empty,
-        # or saw a burst that has since drained. A relay that trusts them sorts the whole
-        # backlog on every fetch, or scans the table once per id of a batch; a relay that
-        # says which plans it wants does neither. Only this session is affected.
-        lanes.join(conn, self.planner_settings)
+    def _serve(self, conn: S) -> None:
+        conn.join()
         self.lanes.clear()
         self._next_rebalance = 0.0
         sleeping = False
@@ -253,10 +228,10 @@ class LaneRelay(Generic[Row]):
                         # Sustained load (outbox/core/naps.py): writers stop notifying. After
                         # the rows, not before: the flag only spares writers a NOTIFY, and a
                         # round trip before them would delay every message woken for.
-                        lanes.set_sleeping(conn, False)
+                        conn.set_sleeping(False)
                         sleeping = False
                     self.housekeeping(conn, busy=True)
-                    if sleeping and self._nothing_left() and not notified(conn, 0):
+                    if sleeping and self._nothing_left() and not conn.notified(0):
                         # The look would find nothing: every row committed since the fetch
                         # notified (the flag is set) and no notification came, none was held
                         # back for a retry, and the fetch came back short. Wait as after an
@@ -272,7 +247,7 @@ class LaneRelay(Generic[Row]):
                     # was visible to its writer would otherwise wait for the next poll. Only
                     # here can a writer have missed the flag (it reads it when it sends), so
                     # the idle schedule starts again here, not at every wake-up.
-                    lanes.set_sleeping(conn, True)
+                    conn.set_sleeping(True)
                     sleeping = True
                     idle_step = 0
                     self.housekeeping(conn, busy=False)
@@ -288,7 +263,7 @@ class LaneRelay(Generic[Row]):
                 idle_step += 1
         finally:
             if not conn.closed:
-                lanes.leave(conn)
+                conn.leave()
             if self.parked:
                 self.lanes.clear()
 
@@ -307,7 +282,7 @@ class LaneRelay(Generic[Row]):
         asked, lanes were taken since, or a failure was recorded since (decision 12)."""
         return self._due_unknown or self.failures() != self._failures_seen
 
-    def _idle_timeout(self, conn: Connection, step: int) -> float:
+    def _idle_timeout(self, conn: S, step: int) -> float:
         """How long to sleep after a fetch found nothing: the idle schedule's next step, or less
         if a retry falls due sooner. Never 0: a retry that is due already, although the fetch
         just found nothing, is waited for on the schedule, which grows (no busy loop)."""
@@ -323,7 +298,7 @@ class LaneRelay(Generic[Row]):
                 timeout = min(timeout, max(due, MIN_WAIT))
         return timeout
 
-    def _wait(self, conn: Connection, timeout: float) -> None:
+    def _wait(self, conn: S, timeout: float) -> None:
         """Sleep until a NOTIFY, `timeout` or stop, whichever comes first."""
         deadline = time.monotonic() + timeout
         while not self.stopping:
@@ -331,27 +306,27 @@ class LaneRelay(Generic[Row]):
             if remaining <= 0:
                 return
             # Short slices keep SIGTERM prompt; a notification ends the wait at once.
-            if notified(conn, min(remaining, 0.2)):
+            if conn.notified(min(remaining, 0.2)):
                 return
 
-    def _rebalance(self, conn: Connection) -> None:
+    def _rebalance(self, conn: S) -> None:
         """Hold a fair share of the lanes: ceil(LANES / live relays of this kind)."""
         now = time.monotonic()
         if now < self._next_rebalance:
             return
         self._next_rebalance = now + self.rebalance_interval
-        target = math.ceil(LANES / self.lane_locks.live_relays(conn))
+        target = math.ceil(LANES / conn.live_relays())
         if len(self.lanes) > target:
             for lane in sorted(self.lanes)[target:]:
-                self.lane_locks.unlock(conn, lane)
+                conn.unlock(lane)
                 self.lanes.discard(lane)
         elif len(self.lanes) < target:
-            held = self.lane_locks.held(conn)
+            held = conn.held()
             free = [lane for lane in range(LANES) if lane not in held]
             random.shuffle(free)
             for lane in free:
                 if len(self.lanes) >= target:
                     break
-                if self.lane_locks.lock(conn, lane):
+                if conn.lock(lane):
                     self.lanes.add(lane)
                     self._due_unknown = True

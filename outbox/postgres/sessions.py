@@ -24,7 +24,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
-from outbox.core.errors import NotInTransaction, UnsupportedTransaction
+from outbox.core.errors import Misused, NotInTransaction, UnsupportedTransaction
 from outbox.postgres.migrate import sqlalchemy_url
 
 Execute = Callable[[str, dict[str, Any]], Any]
@@ -89,13 +89,6 @@ def _unsupported(handle: object, verb: str) -> UnsupportedTransaction:
         f"cannot send_async with a {name}; pass a {SUPPORTED_ASYNC} "
         f"(or use send with a {SUPPORTED_SYNC})"
     )
-
-
-class Misused(Exception):
-    """A callback left the transaction it was given unusable: it closed the connection, ended
-    the transaction itself (COMMIT or ROLLBACK) or went on after one of its statements failed.
-    Its message fails like any callback error; the other messages of the transaction are
-    handled again in a new one."""
 
 
 def misuse(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Misused | None:

@@ -27,8 +27,8 @@ def test_fetches_double_while_full_up_to_the_factor_and_return_to_batch_size(
     _pending(outbox_database_url, 1000)
     runner = HandlerRunner(HandlerConfig(outbox_database_url, batch_size=batch), Handlers())
     lanes = list(range(LANES))
-    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
-        sizes = [len(runner.fetch(conn, lanes)) for _ in range(6)]
+    with runner.connect() as session, psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        sizes = [len(runner.fetch(session, lanes)) for _ in range(6)]
         assert sizes == [10, 20, 40, 80, 80, 80]
         assert sizes[-1] == batch * BUSY_BATCH_FACTOR
         conn.execute(
@@ -36,4 +36,4 @@ def test_fetches_double_while_full_up_to_the_factor_and_return_to_batch_size(
             "WHERE id > (SELECT min(id) + 14 FROM outbox.consumer_queue)"
         )
         # 15 rows left: a short fetch (15 of 80), then batch_size again.
-        assert [len(runner.fetch(conn, lanes)) for _ in range(3)] == [15, 10, 15]
+        assert [len(runner.fetch(session, lanes)) for _ in range(3)] == [15, 10, 15]

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from outbox.core.lanes import LANES, lane_for
-from outbox.daemons.producer import Producer
+from outbox.postgres.outbox_store import OutboxStore
 from outbox.postgres.queries import queries
 
 from .relay_helpers import consume, count, producer_thread, wait_for
@@ -102,7 +102,7 @@ def test_a_fetch_does_not_read_the_dead_rows(outbox_database_url: str) -> None:
         for i in range(10):
             _row(conn, b"live%d" % i, "t.live")
         conn.execute("VACUUM ANALYZE outbox.producer_queue")
-        for setting in Producer.planner_settings:
+        for setting in OutboxStore.planner_settings:
             conn.execute(f"SET {setting}")
         params = {"lanes": list(range(LANES)), "limit": 1000, "exclude": []}
         row = conn.execute(

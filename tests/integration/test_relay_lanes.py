@@ -80,10 +80,11 @@ def test_a_relay_refuses_a_lock_class_another_queue_of_its_database_has(
                 sql.SQL("CREATE TABLE {}.producer_queue (id bigint)").format(sql.Identifier(name))
             )
         relay = Producer(ProducerConfig(database_url=outbox_database_url, schema=ours), _memory)
-        with pytest.raises(ConfigurationError, match="crc32 collision"):
-            relay.check_lock_class(conn)  # type: ignore[arg-type]
+        with relay.connect() as session, pytest.raises(ConfigurationError, match="crc32 collision"):
+            relay.check_lock_class(session)
         other = Producer(ProducerConfig(database_url=outbox_database_url), _memory)
-        other.check_lock_class(conn)  # type: ignore[arg-type]
+        with other.connect() as session:
+            other.check_lock_class(session)
 
 
 def _backend(url: str) -> tuple[psycopg.Connection[Any], int]:

@@ -6,7 +6,7 @@ whole backlog for every batch and compared each row with each id of the batch in
 prepared delete kept a plan made for a one-row table that compared each row of the backlog with
 each id. A relay that had been idle drained a burst of 50,000 messages at 1/8 of its usual
 speed. These tests build that state and look at the plans the relay gets with its own session
-settings (`Producer.planner_settings`; docs/decisions/0007).
+settings (`OutboxStore.planner_settings`; docs/decisions/0007).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from outbox import Broker, Message
 from outbox.core.lanes import LANES
-from outbox.daemons.producer import Producer
+from outbox.postgres.outbox_store import OutboxStore
 from outbox.postgres.queries import queries
 
 BACKLOG = 20_000
@@ -43,7 +43,7 @@ def relay_session(outbox_database_url: str) -> Iterator[psycopg.Connection[Any]]
         _fill(conn, 1, "warm-up")
         conn.execute("DELETE FROM outbox.producer_queue")
         conn.execute("VACUUM ANALYZE outbox.producer_queue")
-        for setting in Producer.planner_settings:
+        for setting in OutboxStore.planner_settings:
             conn.execute(f"SET {setting}")
         yield conn
 

@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 
 import psycopg
+import pytest
 
 from outbox import Backoff, Broker, Handlers, InboxMessage, Message
 from outbox.core.batches import InboxBatch
@@ -14,6 +15,7 @@ from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
 from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
+from outbox.postgres.relay_stores import PostgresOutboxSession
 
 from .relay_helpers import count, handler_thread, producer_thread, wait_for
 
@@ -108,7 +110,7 @@ def test_a_woken_relay_handles_the_rows_before_it_says_it_is_awake(
 
 
 def test_a_woken_relay_keeps_its_flag_at_a_low_rate_and_clears_it_under_sustained_load(
-    outbox_database_url: str, outbox_kafka_bootstrap: str
+    outbox_database_url: str, outbox_kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Clearing the flag at every wake-up and setting it again at the next empty look cost two
     writes and a look per wake-up; the NOTIFY they spare writers costs only under sustained
@@ -118,13 +120,13 @@ def test_a_woken_relay_keeps_its_flag_at_a_low_rate_and_clears_it_under_sustaine
     flags: list[bool] = []
     with producer_thread(url, outbox_kafka_bootstrap, poll_interval=5, batch_size=10) as relay:
         wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the relay to sleep")
-        set_sleeping = relay.lane_locks.set_sleeping
+        set_sleeping = PostgresOutboxSession.set_sleeping
 
-        def observed(conn: psycopg.Connection, sleeping: bool) -> None:
+        def observed(session: PostgresOutboxSession, sleeping: bool) -> None:
             flags.append(sleeping)
-            set_sleeping(conn, sleeping)
+            set_sleeping(session, sleeping)
 
-        relay.lane_locks.set_sleeping = observed
+        monkeypatch.setattr(PostgresOutboxSession, "set_sleeping", observed)
         next_due = relay.next_due
         retry_looks: list[float | None] = []
 

@@ -212,7 +212,9 @@ def test_the_databases_file_is_re_read_and_a_bad_one_keeps_the_last_list(
     thread = threading.Thread(target=supervisor.run)
     thread.start()
     try:
+        # The list is the file's at once; its relay starts in the supervisor's thread.
         _wait(lambda: len(supervisor.relays()) == 1, "a served")
+        assert [d.name for d in supervisor.databases()] == ["a"]
         first = supervisor.relays()[0]
         file.write_text(f"b={_db('b').url}\n# a removed\n")
         _wait(lambda: [r.database.name for r in supervisor.relays()] == ["b"], "a removed, b added")

@@ -18,8 +18,6 @@ import time
 from contextlib import suppress
 from typing import Any
 
-import psycopg
-
 from outbox import tracing
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
@@ -27,11 +25,7 @@ from outbox.daemons.failpoints import failpoint
 from outbox.daemons.handler.config import HandlerConfig
 from outbox.daemons.handler.failures import ConnectionLost, Failure, RollBack, raise_lost
 from outbox.daemons.handler.outcomes import Outcomes
-from outbox.postgres.inbox_store import InboxStore
-from outbox.postgres.sessions import Session, disconnects, open_session
-
-#: How the Handler's sessions name themselves to PostgreSQL (pg_stat_activity).
-APPLICATION = "outbox-handler"
+from outbox.ports import HandlerSession, InboxDatabase
 
 
 class Batches:
@@ -39,11 +33,16 @@ class Batches:
     what the dispatcher reads to enforce the lease."""
 
     def __init__(
-        self, config: HandlerConfig, handlers: Handlers, store: InboxStore, outcomes: Outcomes
+        self, config: HandlerConfig, handlers: Handlers, inbox: InboxDatabase, outcomes: Outcomes
     ) -> None:
         self.config = config
         self.handlers = handlers
-        self.store = store
+        self.inbox = inbox
+        #: The inbox store's statements in a transaction of the worker's sessions.
+        self.store = inbox.work
+        #: What the sessions raise for a database error, and for a lost connection.
+        self.errors = inbox.errors
+        self.disconnects = inbox.disconnects
         self.outcomes = outcomes
         #: The row being handled, when it started, and the backend running its transaction;
         #: read by the dispatcher to enforce the lease.
@@ -52,16 +51,15 @@ class Batches:
         self.backend_pid: int | None = None
         #: Set by the dispatcher when this worker overran its lease and was replaced.
         self.retired = False
-        self._sync: Session | None = None
+        self._sync: HandlerSession | None = None
 
-    def session(self) -> Session:
+    def session(self) -> HandlerSession:
         """The sync session, opened when first needed (again after it broke)."""
         if self._sync is not None and self._sync.broken:  # closed by a callback, say
             self._reset()
         if self._sync is None:
-            url = self.config.database_url
             try:
-                self._sync = open_session(self.handlers.transaction, url, APPLICATION)
+                self._sync = self.inbox.open_session(self.handlers.transaction)
             except Exception as exc:
                 raise_lost(exc)
         return self._sync
@@ -150,7 +148,7 @@ class Batches:
                             rows, positions, spec, claimed, handle, tx, pipelined
                         )
                         if failure is not None:
-                            if isinstance(failure.error, disconnects()):
+                            if isinstance(failure.error, self.disconnects):
                                 raise failure.error  # the connection is gone: see below
                             raise RollBack from failure.error
                         seconds = (time.monotonic() - self.started) / len(positions)
@@ -167,7 +165,7 @@ class Batches:
                             tx.flush(handle)
                         if not pipelined:
                             tx.check()
-                    except disconnects() as exc:
+                    except self.disconnects as exc:
                         # Lost while the callback ran (or its own error of that class, such as
                         # a statement timeout): the callback's failure if the database answers.
                         failure = Failure(index, row, spec, claimed[row.id], exc)
@@ -191,13 +189,13 @@ class Batches:
             if pipelined:
                 return self._try_batch(rows, pipelined=False)
             return failure
-        except psycopg.Error as exc:
+        except self.errors as exc:
             if failure is not None:
                 return self._lost_in_callback(failure)
             if pipelined and not tx.broken:
                 return self._try_batch(rows, pipelined=False)  # a statement failed, late
             raise_lost(exc)
-        except disconnects() as exc:
+        except self.disconnects as exc:
             if failure is not None:
                 return self._lost_in_callback(failure)
             raise_lost(exc)
@@ -211,7 +209,7 @@ class Batches:
         spec: HandlerSpec,
         claimed: dict[int, Claimed],
         handle: Any,
-        tx: Session,
+        tx: HandlerSession,
         pipelined: bool,
     ) -> Failure | None:
         """Call a batch handler once with the claimed messages at `positions` of `rows`; on
@@ -258,5 +256,5 @@ class Batches:
         try:
             with tx.transaction() as (execute, _handle):
                 self.store.fail(execute, failed)
-        except disconnects() as exc:
+        except self.disconnects as exc:
             raise_lost(exc)

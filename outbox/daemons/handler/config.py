@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
+from outbox.core.databases import validate_schema
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
 from outbox.core.numbers import check_fields
 from outbox.core.text import first_line
 from outbox.daemons.relay import new_relay_id
 from outbox.observability.runtime import ObservabilityConfig
-from outbox.postgres.queries import validate_schema
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from typing import Any, NamedTuple, NoReturn
 
 from outbox.core.codecs import decoder, type_name
 from outbox.core.envelope import InboxMessage
+from outbox.core.errors import Misused
 from outbox.core.handlers import HandlerSpec
 from outbox.core.headers import from_json
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
 from outbox.core.retriable import retriable
 from outbox.core.serializers import Serializer, decode_payload
 from outbox.core.text import first_line, storable
-from outbox.postgres.sessions import Misused
 
 __all__ = [
     "ConnectionLost",

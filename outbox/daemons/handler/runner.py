@@ -10,7 +10,8 @@ a lane belongs to one worker of one process, and a key waits behind its failing 
 
 This module is the relay's side: the loop's hooks (fetch, dispatch to the workers, the lease,
 retention) and the counts. The workers (worker.py, batches.py) run the transactions; every
-statement is the inbox store's (outbox/postgres/inbox_store.py).
+statement is the inbox store's, reached through the ports of `outbox.ports` (`InboxDatabase`:
+PostgreSQL's in outbox/postgres/relay_stores.py unless the wiring gives another).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from outbox.daemons.handler.failures import ConnectionLost, described
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.daemons.handler.worker import Worker
 from outbox.daemons.outages import Outage
-from outbox.daemons.relay import Connection, LaneRelay
+from outbox.daemons.relay import LaneRelay
 from outbox.observability.runtime import Observability, observed
-from outbox.postgres.inbox_store import InboxStore
+from outbox.ports import InboxSession, RelayStores, RelayTarget, default_relay_stores
 
 log = logging.getLogger("outbox.handler")
 
@@ -43,23 +44,31 @@ BUSY_BATCH_FACTOR = 8
 RECENT_ROWS = 1000
 
 
-class HandlerRunner(LaneRelay[Pending]):
-    """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop."""
+class HandlerRunner(LaneRelay[Pending, InboxSession]):
+    """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop;
+    `stores` says how to reach it (PostgreSQL's unless given)."""
 
-    table = "consumer_queue"
     kind = "handler"
 
-    def __init__(self, config: HandlerConfig, handlers: Handlers) -> None:
-        super().__init__(
+    def __init__(
+        self, config: HandlerConfig, handlers: Handlers, stores: RelayStores | None = None
+    ) -> None:
+        target = RelayTarget(
             database_url=config.database_url,
             schema=config.schema,
+            kind=self.kind,
+            relay_id=config.relay_id,
+            connect_timeout=config.connect_timeout,
+            application_name=f"outbox-{self.kind}",
+        )
+        self.inbox = (stores or default_relay_stores()).inbox(target)
+        super().__init__(
+            database=self.inbox,
             poll_interval=config.poll_interval,
             rebalance_interval=config.rebalance_interval,
-            connect_timeout=config.connect_timeout,
             relay_id=config.relay_id,
         )
         self.config = config
-        self.store = InboxStore(config.schema)
         self.handlers = handlers
         self._unordered = handlers.unordered_topics
         self._workers: list[Worker] = []
@@ -130,7 +139,7 @@ class HandlerRunner(LaneRelay[Pending]):
         meets the same database at once and handles its failures."""
         try:
             with self.connect() as conn:
-                recent = self.store.recent_topics(conn, RECENT_ROWS)
+                recent = conn.recent_topics(RECENT_ROWS)
         except Exception as exc:
             log.debug("could not look at the topics stored in consumer_queue: %s", described(exc))
             return
@@ -148,17 +157,17 @@ class HandlerRunner(LaneRelay[Pending]):
 
     # -- the relay hooks -----------------------------------------------------------------------
 
-    def fetch(self, conn: Connection, lanes: list[int]) -> list[Pending]:
+    def fetch(self, conn: InboxSession, lanes: list[int]) -> list[Pending]:
         limit = self._limit
-        rows = self.store.fetch(conn, lanes, limit, self._unordered)
+        rows = conn.fetch(lanes, limit, self._unordered)
         self._short = len(rows) < limit
         batch_size = self.config.batch_size
         grow = len(rows) >= limit and not self.contended()
         self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if grow else batch_size
         return rows
 
-    def next_due(self, conn: Connection, lanes: list[int]) -> float | None:
-        return self.store.next_due(conn, lanes)
+    def next_due(self, conn: InboxSession, lanes: list[int]) -> float | None:
+        return conn.next_due(lanes)
 
     def failures(self) -> int:
         return self.outcomes.failed
@@ -166,10 +175,10 @@ class HandlerRunner(LaneRelay[Pending]):
     def fetched_all(self) -> bool:
         return self._short
 
-    def peek(self, conn: Connection) -> bool:
-        return bool(self.store.fetch(conn, list(range(LANES)), 1, self._unordered))
+    def peek(self, conn: InboxSession) -> bool:
+        return bool(conn.fetch(list(range(LANES)), 1, self._unordered))
 
-    def process(self, conn: Connection, rows: Sequence[Pending]) -> None:
+    def process(self, conn: InboxSession, rows: Sequence[Pending]) -> None:
         self._start_workers()
         groups: list[list[Pending]] = [[] for _ in self._workers]
         for row in rows:
@@ -203,7 +212,7 @@ class HandlerRunner(LaneRelay[Pending]):
                 self.workers_outage.failed(lost.error), self._stop, self.heartbeat.beat
             )
 
-    def _enforce_lease(self, conn: Connection, worker: Worker) -> None:
+    def _enforce_lease(self, conn: InboxSession, worker: Worker) -> None:
         """Take a message back from a callback that overran its lease, and replace its worker."""
         row, pid = worker.current, worker.backend_pid
         if row is None or worker.retired:
@@ -223,15 +232,15 @@ class HandlerRunner(LaneRelay[Pending]):
         )
         if pid is not None:
             # Its writes roll back and its row lock is released: it can never commit now.
-            self.store.terminate(conn, pid)
+            conn.terminate(pid)
         self.outcomes.expired(row)
         spec = self.handlers.get(row.topic)
         expired = TimeoutError(f"lease of {self.config.lease:g}s expired")
-        failed = self.outcomes.failure(row, spec, None, expired, self.store.attempts(conn, row.id))
-        self.store.fail(conn.execute, failed)
+        failed = self.outcomes.failure(row, spec, None, expired, conn.attempts(row.id))
+        conn.fail(failed)
         self._workers[worker.index] = self._worker(worker.index)
 
-    def housekeeping(self, conn: Connection, *, busy: bool) -> None:
+    def housekeeping(self, conn: InboxSession, *, busy: bool) -> None:
         """Forget processed rows older than the dedup window, in bounded batches.
 
         Runs every `retention_interval`, also while a backlog keeps the handler busy (then one
@@ -245,7 +254,7 @@ class HandlerRunner(LaneRelay[Pending]):
         window, limit = self.config.dedup_window, self.config.retention_batch
         total = 0
         while True:
-            forgotten = self.store.forget_processed(conn, window, limit)
+            forgotten = conn.forget_processed(window, limit)
             total += forgotten
             more = forgotten >= limit
             if busy and more:
@@ -261,7 +270,7 @@ class HandlerRunner(LaneRelay[Pending]):
     # -- the workers and the counts ------------------------------------------------------------
 
     def _worker(self, index: int) -> Worker:
-        return Worker(index, self.config, self.handlers, self.store, self.outcomes)
+        return Worker(index, self.config, self.handlers, self.inbox, self.outcomes)
 
     @property
     def handled(self) -> int:

@@ -19,12 +19,11 @@ from outbox import tracing
 from outbox.core.handlers import Handlers, HandlerSpec
 from outbox.core.inbox_rows import Claimed, Pending
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.handler.batches import APPLICATION, Batches
+from outbox.daemons.handler.batches import Batches
 from outbox.daemons.handler.config import HandlerConfig
 from outbox.daemons.handler.failures import ConnectionLost, raise_lost
 from outbox.daemons.handler.outcomes import Outcomes
-from outbox.postgres.inbox_store import InboxStore
-from outbox.postgres.sessions import AsyncSession, disconnects, open_async_session
+from outbox.ports import AsyncHandlerSession, InboxDatabase
 
 Job = tuple[list[Pending], threading.Event]
 
@@ -37,10 +36,10 @@ class Worker(Batches):
         index: int,
         config: HandlerConfig,
         handlers: Handlers,
-        store: InboxStore,
+        inbox: InboxDatabase,
         outcomes: Outcomes,
     ) -> None:
-        super().__init__(config, handlers, store, outcomes)
+        super().__init__(config, handlers, inbox, outcomes)
         self.index = index
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         #: What stopped a group (not a callback's failure) that retrying cannot fix: the
@@ -48,7 +47,7 @@ class Worker(Batches):
         self.error: BaseException | None = None
         #: What stopped a group that retrying can fix: the dispatcher backs off.
         self.lost: ConnectionLost | None = None
-        self._async: AsyncSession | None = None
+        self._async: AsyncHandlerSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(
             target=self._main, name=f"outbox-handler-{index}", daemon=True
@@ -157,12 +156,10 @@ class Worker(Batches):
             self.note_failure(row, spec, failed_keys)
         self.current = None
 
-    async def _async_session(self) -> AsyncSession:
+    async def _async_session(self) -> AsyncHandlerSession:
         if self._async is None:
-            url = self.config.database_url
             try:
-                library = self.handlers.transaction
-                self._async = await open_async_session(library, url, APPLICATION)
+                self._async = await self.inbox.open_async_session(self.handlers.transaction)
             except Exception as exc:
                 raise_lost(exc)
         return self._async
@@ -186,7 +183,7 @@ class Worker(Batches):
                 calling = False
                 await self.store.done_async(execute, row.id)
                 failpoint("handler.before_commit")
-        except disconnects() as exc:
+        except self.disconnects as exc:
             # Lost while the callback ran: its failure if the database answers (as in
             # Batches._lost_in_callback); lost anywhere else, or by a retired worker: an outage.
             if not calling or self.retired:
@@ -206,6 +203,6 @@ class Worker(Batches):
         try:
             async with tx.transaction() as (execute, _handle):
                 await self.store.fail_async(execute, failure)
-        except disconnects() as exc:
+        except self.disconnects as exc:
             raise_lost(exc)
         return False

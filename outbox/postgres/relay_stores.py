@@ -1,0 +1,237 @@
+"""The relays' queue stores in PostgreSQL: the adapters of `outbox.ports`' relay side.
+
+A session wraps one psycopg connection (autocommit) and runs, for each port method, the one
+statement the lanes (`lanes.py`) or the store (`outbox_store.py`, `inbox_store.py`) has for
+it: nothing more goes over the wire than when the relays called those directly. The Handler's
+workers get the sessions of `sessions.py` (psycopg or SQLAlchemy, sync or async).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Literal, Self
+
+import psycopg
+
+from outbox.core.batches import OutgoingRecord
+from outbox.core.inbox_rows import FailedAttempt, Pending
+from outbox.ports import RelayTarget
+from outbox.postgres.connection import Connection, check_database, connect, notified
+from outbox.postgres.inbox_store import InboxStore
+from outbox.postgres.lanes import Lanes
+from outbox.postgres.outbox_store import OutboxStore
+from outbox.postgres.sessions import (
+    AsyncSession,
+    Session,
+    disconnects,
+    open_async_session,
+    open_session,
+)
+
+__all__ = [
+    "PostgresInbox",
+    "PostgresInboxSession",
+    "PostgresOutbox",
+    "PostgresOutboxSession",
+    "PostgresRelaySession",
+]
+
+#: The queue table of each kind of relay.
+TABLES = {"producer": OutboxStore.table, "handler": "consumer_queue"}
+
+
+class PostgresRelaySession:
+    """A relay's connection: lane locks, the relay registry, LISTEN and the sleeping flag."""
+
+    planner_settings: tuple[str, ...] = ()
+
+    def __init__(self, conn: Connection, lanes: Lanes) -> None:
+        self.conn = conn
+        self.lanes = lanes
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.closed
+
+    def check_lock_class(self) -> None:
+        self.lanes.check_lock_class(self.conn)
+
+    def join(self) -> None:
+        # A queue table's statistics are wrong most of the time: the store says which plans
+        # its statements want (docs/decisions/0007). Only this session is affected.
+        self.lanes.join(self.conn, self.planner_settings)
+
+    def leave(self) -> None:
+        self.lanes.leave(self.conn)
+
+    def set_sleeping(self, sleeping: bool) -> None:
+        self.lanes.set_sleeping(self.conn, sleeping)
+
+    def live_relays(self) -> int:
+        return self.lanes.live_relays(self.conn)
+
+    def held(self) -> set[int]:
+        return self.lanes.held(self.conn)
+
+    def lock(self, lane: int) -> bool:
+        return self.lanes.lock(self.conn, lane)
+
+    def unlock(self, lane: int) -> None:
+        self.lanes.unlock(self.conn, lane)
+
+    def notified(self, timeout: float) -> bool:
+        return notified(self.conn, timeout)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.conn.__exit__(exc_type, exc, tb)
+
+
+class PostgresOutboxSession(PostgresRelaySession):
+    """The Producer's session on `producer_queue`."""
+
+    planner_settings = OutboxStore.planner_settings
+
+    def __init__(self, conn: Connection, lanes: Lanes, store: OutboxStore) -> None:
+        super().__init__(conn, lanes)
+        self.store = store
+
+    def fetch(
+        self, lanes: list[int], limit: int, exclude: list[int]
+    ) -> psycopg.Cursor[OutgoingRecord]:
+        return self.store.fetch(self.conn, lanes, limit, exclude)
+
+    def next_due(self, lanes: list[int]) -> float | None:
+        return self.store.next_due(self.conn, lanes)
+
+    def delete(self, ids: Sequence[int]) -> None:
+        self.store.delete(self.conn, ids)
+
+    def fail(
+        self, ids: Sequence[int], errors: Sequence[str], delays: Sequence[float | None]
+    ) -> None:
+        self.store.fail(self.conn, ids, errors, delays)
+
+    def pipeline(self) -> AbstractContextManager[object]:
+        return self.conn.pipeline()
+
+    def transaction(self) -> AbstractContextManager[object]:
+        return self.conn.transaction()
+
+
+class PostgresInboxSession(PostgresRelaySession):
+    """The Handler's control session on `consumer_queue`."""
+
+    def __init__(self, conn: Connection, lanes: Lanes, store: InboxStore) -> None:
+        super().__init__(conn, lanes)
+        self.store = store
+
+    def fetch(self, lanes: list[int], limit: int, unordered: list[str]) -> list[Pending]:
+        return self.store.fetch(self.conn, lanes, limit, unordered)
+
+    def next_due(self, lanes: list[int]) -> float | None:
+        return self.store.next_due(self.conn, lanes)
+
+    def forget_processed(self, window: float, limit: int) -> int:
+        return self.store.forget_processed(self.conn, window, limit)
+
+    def recent_topics(self, limit: int) -> dict[str, int]:
+        return self.store.recent_topics(self.conn, limit)
+
+    def attempts(self, row_id: int) -> int:
+        return self.store.attempts(self.conn, row_id)
+
+    def terminate(self, backend_pid: int) -> None:
+        self.store.terminate(self.conn, backend_pid)
+
+    def fail(self, failed: FailedAttempt) -> None:
+        self.store.fail(self.conn.execute, failed)
+
+
+class _Database:
+    """A relay's database in PostgreSQL: connecting and the start-up check."""
+
+    def __init__(
+        self, database_url: str, schema: str, kind: str, relay_id: str, timeout: float, app: str
+    ) -> None:
+        self.database_url = database_url
+        self.schema = schema
+        self.timeout = timeout
+        self.application_name = app
+        self.lanes = Lanes(schema, TABLES[kind], kind, relay_id)
+
+    def _connect(self) -> Connection:
+        return connect(
+            self.database_url, timeout=self.timeout, application_name=self.application_name
+        )
+
+    def check(self, wait: float, stopping: Callable[[], bool], attempt: Callable[[], None]) -> None:
+        def open_connection() -> Connection:
+            attempt()
+            return self._connect()
+
+        check_database(open_connection, self.schema, wait=wait, stopping=stopping)
+
+
+class PostgresOutbox(_Database):
+    """The Producer's `producer_queue` (an `outbox.ports.OutboxDatabaseFactory`: made from
+    a `RelayTarget`)."""
+
+    def __init__(self, target: RelayTarget) -> None:
+        super().__init__(
+            target.database_url,
+            target.schema,
+            target.kind,
+            target.relay_id,
+            target.connect_timeout,
+            target.application_name,
+        )
+        self.store = OutboxStore(target.schema)
+
+    def connect(self) -> PostgresOutboxSession:
+        return PostgresOutboxSession(self._connect(), self.lanes, self.store)
+
+
+class PostgresInbox(_Database):
+    """The Handler's `consumer_queue` and its workers' sessions (an
+    `outbox.ports.InboxDatabaseFactory`)."""
+
+    #: What psycopg raises for a failed statement or a lost connection.
+    errors: tuple[type[Exception], ...] = (psycopg.Error,)
+
+    def __init__(
+        self, target: RelayTarget, worker_application_name: str = "outbox-handler"
+    ) -> None:
+        super().__init__(
+            target.database_url,
+            target.schema,
+            target.kind,
+            target.relay_id,
+            target.connect_timeout,
+            target.application_name,
+        )
+        self.store = InboxStore(target.schema)
+        self.work = self.store
+        self.disconnects = disconnects()
+        self._worker_application_name = worker_application_name
+
+    def connect(self) -> PostgresInboxSession:
+        return PostgresInboxSession(self._connect(), self.lanes, self.store)
+
+    def open_session(self, library: Literal["psycopg", "sqlalchemy"]) -> Session:
+        return open_session(library, self.database_url, self._worker_application_name)
+
+    async def open_async_session(self, library: Literal["psycopg", "sqlalchemy"]) -> AsyncSession:
+        return await open_async_session(library, self.database_url, self._worker_application_name)

@@ -1,0 +1,144 @@
+"""The relay loops over in-memory queues (and transport): no PostgreSQL, no broker.
+
+The daemons reach their queue only through the ports of outbox/ports.py (the relay side), so
+the loops themselves run here as they run over PostgreSQL: the Producer's (lanes, fetch,
+publish, delete after the acknowledgement, failures recorded, the wait for a wake-up) and the
+Handler's (dispatch to the workers, batch transactions, a failed callback rolled back and
+retried behind its key).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from outbox import Handlers, InboxMessage
+from outbox.core.retry import Backoff
+from outbox.daemons.handler import HandlerConfig, HandlerRunner
+from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.ports import DeliveryFailure
+from outbox.testing.memory import InMemoryTransport
+
+from .memory_relay import MemoryInbox, MemoryOutbox, MemoryTransaction
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@contextmanager
+def _relaying(
+    queue: MemoryOutbox, transport: InMemoryTransport, batch_size: int = 1000
+) -> Iterator[Producer]:
+    config = ProducerConfig(
+        "memory://",
+        poll_interval=0.05,
+        rebalance_interval=0.05,
+        batch_size=batch_size,
+        backoff=Backoff(initial=0.05, maximum=0.05),
+    )
+    relay = Producer(config, transport.publisher, stores=queue.stores())
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        thread.join(10)
+        assert not thread.is_alive(), "the relay did not stop"
+
+
+def test_the_relay_loop_publishes_each_keys_rows_in_order_and_deletes_them_once_acknowledged() -> (
+    None
+):
+    queue = MemoryOutbox()
+    transport = InMemoryTransport(default_partitions=3)
+    keys = [f"key-{k}".encode() for k in range(20)]
+    sent: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for n in range(500):  # a backlog, before the relay starts
+        key = keys[n % len(keys)]
+        payload = f"{n}".encode()
+        queue.send("orders", key, payload)
+        sent[key].append(payload)
+    with _relaying(queue, transport, batch_size=50) as relay:
+        _wait_for(lambda: not queue.rows and relay.relayed == 500, "the backlog to go")
+        for n in range(500, 600):  # and rows that come while it waits: a wake-up each
+            key = keys[n % len(keys)]
+            payload = f"{n}".encode()
+            queue.send("orders", key, payload)
+            sent[key].append(payload)
+        _wait_for(lambda: not queue.rows and relay.relayed == 600, "the new rows to go")
+    records = transport.records("orders")
+    assert len(records) == 600  # each once: deleted after its acknowledgement, never sent again
+    published: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        assert record.key is not None
+        published[record.key].append(record.value)
+    assert published == sent  # in order per key
+    assert relay.failed == 0 and queue.dead == {}
+
+
+def test_a_failed_delivery_is_retried_holding_its_key_and_a_permanent_one_is_dead() -> None:
+    queue = MemoryOutbox()
+    transport = InMemoryTransport()
+    transport.fail_topic("flaky", DeliveryFailure("broker says later"))
+    transport.fail_topic("refused", DeliveryFailure("too large", permanent=True))
+    first = queue.send("flaky", b"k", b"1")
+    queue.send("flaky", b"k", b"2")
+    dead = queue.send("refused", b"other", b"x")
+    with _relaying(queue, transport) as relay:
+        _wait_for(lambda: relay.failed >= 3 and dead in queue.dead, "failed attempts")
+        assert transport.records("flaky") == []
+        assert queue.rows[first].record.attempts >= 1
+        transport.fail_topic("flaky", None)
+        _wait_for(lambda: not queue.rows, "the retried rows to go")
+    assert [r.value for r in transport.records("flaky")] == [b"1", b"2"]  # still in order
+    assert list(queue.dead) == [dead]
+    assert queue.dead[dead].error == "too large"
+
+
+def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_order_per_key() -> (
+    None
+):
+    inbox = MemoryInbox()
+    handlers = Handlers()
+    failed_once: set[bytes] = set()
+
+    @handlers.handler("orders", backoff=Backoff(initial=0.01, maximum=0.01))
+    def on_order(message: InboxMessage[object], tx: MemoryTransaction) -> None:
+        tx.write((message.key, message.raw_payload))
+        if message.raw_payload == b"7" and message.key not in failed_once:
+            assert message.key is not None
+            failed_once.add(message.key)
+            raise RuntimeError("fails once: its effects and its batch's roll back")
+
+    keys = [f"key-{k}".encode() for k in range(5)]
+    sent: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for n in range(300):
+        key = keys[n % len(keys)]
+        inbox.store("orders", key, b"%d" % n)
+        sent[key].append(b"%d" % n)
+    config = HandlerConfig(
+        "memory://", concurrency=2, batch_size=40, poll_interval=0.05, rebalance_interval=0.05
+    )
+    runner = HandlerRunner(config, handlers, stores=inbox.stores())
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: runner.handled == 300, "every message handled")
+    finally:
+        runner.stop()
+        thread.join(10)
+    assert not thread.is_alive(), "the handler did not stop"
+    assert runner.failed == 1
+    assert {entry.state for entry in inbox.rows.values()} == {"processed"}
+    effects: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for effect in inbox.effects:
+        assert isinstance(effect, tuple)
+        effects[effect[0]].append(effect[1])
+    assert effects == sent  # once each (the failed attempt's write rolled back), in key order
