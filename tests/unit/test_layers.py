@@ -27,7 +27,8 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, *, third_party: bool = False) -> set[str]:
+    """The modules `path` imports: of outbox only, or (`third_party`) every module."""
     tree = ast.parse(path.read_text(), str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -36,6 +37,8 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    if third_party:
+        return found
     return {name for name in found if name == "outbox" or name.startswith("outbox.")}
 
 
@@ -50,11 +53,15 @@ def _files(*packages: str) -> list[Path]:
 
 
 def _violations(
-    sources: list[Path], forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()
+    sources: list[Path],
+    forbidden: tuple[str, ...],
+    allowed: tuple[str, ...] = (),
+    *,
+    third_party: bool = False,
 ) -> list[str]:
     bad = []
     for path in sources:
-        for name in sorted(_imports(path)):
+        for name in sorted(_imports(path, third_party=third_party)):
             if name.startswith(allowed):
                 continue
             if any(name == f or name.startswith(f + ".") for f in forbidden):
@@ -101,6 +108,14 @@ def test_daemons_import_no_transport_adapter() -> None:
         "outbox.transports",
     )
     assert _violations(_files("outbox.daemons"), forbidden) == []
+
+
+@pytest.mark.parametrize("module", ["outbox.daemons.consumer", "outbox.daemons.routing"])
+def test_the_consumer_side_speaks_to_ports_only(module: str) -> None:
+    """The Consumer's loops store through `ports.InboxWriter` and read through
+    `ports.Subscriber`: no PostgreSQL store, no transport adapter, no driver (issue 25)."""
+    forbidden = ("outbox.postgres", "outbox.kafka", "outbox.pglog", "psycopg", "confluent_kafka")
+    assert _violations(_files(module), forbidden, third_party=True) == []
 
 
 def test_spark_reuses_stores_not_daemon_loops() -> None:
