@@ -143,10 +143,10 @@ def _transport_switches(path: Path, names: frozenset[str]) -> list[str]:
     "postgres"`, `transport in ("kafka", "postgres")`), and tuples of the names."""
 
     def named(node: ast.expr) -> bool:
-        return (
-            "transport"
-            in (node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")).lower()
-        )
+        if isinstance(node, ast.Call):  # mapping.get("transport"), getattr(args, "transport")
+            return any(isinstance(a, ast.Constant) and a.value == "transport" for a in node.args)
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+        return "transport" in name.lower()
 
     def constants(node: ast.expr) -> bool:
         if isinstance(node, ast.Constant):
