@@ -9,14 +9,16 @@ contract suite of those calls (tests/transport/). Which transport runs is chosen
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
 
-from outbox.core.batches import InboxBatch, OutgoingRecord
+from outbox.core.batches import InboxBatch, OutgoingRecord, Quarantined
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.lag import GroupLag
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,3 +408,85 @@ def default_relay_stores() -> RelayStores:
     if not _default_relay_stores:
         raise RuntimeError("no relay stores: pass stores= to the daemon, or import outbox")
     return _default_relay_stores[0]
+
+
+# -- the consumer side: inbox writer and lag
+
+
+class InboxWriterSession(Protocol):
+    """One open connection to an inbox, used by one thread at a time.
+
+    Each statement is atomic on its own: what it stored is committed when it returns. A
+    statement the database refuses for its data (`outbox.core.retriable.refused_for_data`)
+    leaves the session usable; anything else may leave it unusable (`usable`).
+    """
+
+    @property
+    def usable(self) -> bool:
+        """Neither closed nor lost: another statement may run on it."""
+        ...
+
+    def insert(
+        self, batch: InboxBatch, meanwhile: Callable[[], None] | None = None
+    ) -> Counter[str]:
+        """Store the ordinary records of `batch`, once per message id (a duplicate is not
+        stored again), and wake a sleeping Handler; the rows stored per topic. `meanwhile`,
+        when given, is called once, after the statement was sent and before its outcome is
+        awaited (and before it commits)."""
+        ...
+
+    def quarantine(self, records: Sequence[Quarantined]) -> Counter[str]:
+        """Store records that cannot be ordinary rows as dead rows with their reason, once per
+        message id; the rows stored per topic."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+class InboxWriter(Protocol):
+    """One inbox (a database and its schema) as the Consumer stores batches in it."""
+
+    def connect(self, *, checked: bool = False) -> InboxWriterSession:
+        """A new session, or the driver's error if the database cannot be reached (retriable
+        per `outbox.core.retriable`). `checked`: the schema's version is checked too
+        (`SchemaNotMigrated`, `OutboxError`)."""
+        ...
+
+    def check(
+        self,
+        *,
+        wait: float = 0.0,
+        stopping: Callable[[], bool] = lambda: False,
+        attempt: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Fail fast with one clear `OutboxError` on an unreachable database or a schema not
+        migrated. With `wait` > 0 an unreachable database is waited for, with backoff, up to
+        `wait` seconds or until `stopping()`; `attempt()` is called before each connection."""
+        ...
+
+
+class InboxWriters(Protocol):
+    """Makes the `InboxWriter` of one database: the wiring chooses the store (PostgreSQL's,
+    outbox.postgres.inbox_writer, or an in-memory one in tests)."""
+
+    def __call__(self, url: str, schema: str, *, connect_timeout: float) -> InboxWriter: ...
+
+
+class LagReader(Protocol):
+    """Reads the lag of consumer groups from a transport (Kafka, the PostgreSQL log).
+
+    `lag` returns one `GroupLag` per group: of the groups given, in their order and each once,
+    or of every group the transport knows when `groups` is None. A group that cannot be read
+    carries its `error` rather than failing the others; a transport that cannot be reached at
+    all raises.
+    """
+
+    def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
+        """The lag of `groups` (every group when None)."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...

@@ -1,19 +1,29 @@
 """Wiring: the transport a daemon runs on, chosen here (and by the CLI), not in the daemons.
 
-The daemons take factories of `Publisher` and `Subscriber` (outbox.ports) and a probe of the
-transport's reachability; these functions make them for Kafka and for the PostgreSQL log, and
-build the daemons on Kafka as their configs describe it (`kafka_producer`, `kafka_consumer`).
+The daemons take factories of `Publisher` and `Subscriber` (outbox.ports), a probe of the
+transport's reachability and the inbox store (`InboxWriters`); these functions make them for
+Kafka and for the PostgreSQL log, and build the daemons on Kafka as their configs describe it
+(`kafka_producer`, `kafka_consumer`).
+
+`--transport NAME` means one entry of the registry (`get`, `names`): a `Transport` says how to
+make that transport's publishers, subscribers, probe and lag reader from `TransportSettings`
+(the flags), so that the CLI, the console, `outbox run` and the test harness choose a transport
+by its name and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from outbox.daemons.consumer import Consumer, ConsumerConfig
-from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.kafka.publisher import KafkaPublisher, check_reachable, producer_config
-from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+from outbox import settings as env
+from outbox.core.errors import ConfigurationError
+from outbox.core.lag import GroupLag
+from outbox.core.redact import redact_url
 from outbox.ports import (
+    InboxWriters,
+    LagReader,
     Publisher,
     PublisherFactory,
     RelayStores,
@@ -22,7 +32,19 @@ from outbox.ports import (
     TransportProbe,
 )
 
+if TYPE_CHECKING:
+    from outbox.daemons.consumer import Consumer, ConsumerConfig
+    from outbox.daemons.producer import Producer, ProducerConfig
+
+# The adapters and the daemons are imported where they are made: choosing a transport by its
+# name (the CLI's flags) imports neither confluent-kafka nor the log.
+
 __all__ = [
+    "KAFKA",
+    "LOG",
+    "Transport",
+    "TransportSettings",
+    "get",
     "kafka_consumer",
     "kafka_probe",
     "kafka_producer",
@@ -30,11 +52,22 @@ __all__ = [
     "kafka_subscribers",
     "log_publishers",
     "log_subscribers",
+    "names",
+    "postgres_inbox",
 ]
+
+
+def postgres_inbox() -> InboxWriters:
+    """The Consumer's inbox store on PostgreSQL (`outbox.postgres.inbox_writer`)."""
+    from outbox.postgres.inbox_writer import PostgresInbox
+
+    return PostgresInbox
 
 
 def kafka_probe(settings: Mapping[str, object]) -> TransportProbe:
     """The reachability check of the Kafka cluster of librdkafka `settings`."""
+    from outbox.kafka.publisher import check_reachable
+
     frozen = dict(settings)
     return TransportProbe("kafka", "Kafka", lambda timeout: check_reachable(frozen, timeout))
 
@@ -43,6 +76,8 @@ def kafka_publishers(
     bootstrap: str, extra: Mapping[str, str] | None = None
 ) -> tuple[PublisherFactory, TransportProbe]:
     """Kafka publishers (idempotent, acks=all), and their cluster's probe."""
+    from outbox.kafka.publisher import KafkaPublisher, producer_config
+
     settings = producer_config(bootstrap, extra)
 
     def publisher() -> Publisher:
@@ -58,6 +93,8 @@ def kafka_subscribers(
     extra: Mapping[str, str] | None = None,
 ) -> tuple[SubscriberFactory, TransportProbe]:
     """Members of Kafka consumer group `group` reading `topics`, and their cluster's probe."""
+    from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+
     settings = consumer_config(bootstrap, group, extra)
     topic_list = list(topics)
 
@@ -86,17 +123,28 @@ def log_subscribers(
     group: str,
     *,
     session_timeout: float | None = None,
+    rebalance_interval: float | None = None,
 ) -> SubscriberFactory:
     """Members of log consumer group `group` reading `topics` (outbox.pglog); a member whose
-    heartbeat is older than `session_timeout` seconds (default the subscriber's) is evicted."""
+    heartbeat is older than `session_timeout` seconds (default the subscriber's) is evicted;
+    each looks at its group's membership every `rebalance_interval` seconds (default the
+    subscriber's)."""
     from outbox.pglog import PgLogSubscriber
-    from outbox.pglog.subscriber import SESSION_TIMEOUT
+    from outbox.pglog.subscriber import REBALANCE_INTERVAL, SESSION_TIMEOUT
 
     topic_list = list(topics)
     timeout = SESSION_TIMEOUT if session_timeout is None else session_timeout
+    interval = REBALANCE_INTERVAL if rebalance_interval is None else rebalance_interval
 
     def subscriber() -> Subscriber:
-        return PgLogSubscriber(url, topic_list, group, schema, session_timeout=timeout)
+        return PgLogSubscriber(
+            url,
+            topic_list,
+            group,
+            schema,
+            session_timeout=timeout,
+            rebalance_interval=interval,
+        )
 
     return subscriber
 
@@ -104,13 +152,250 @@ def log_subscribers(
 def kafka_producer(config: ProducerConfig, stores: RelayStores | None = None) -> Producer:
     """A Producer relaying to the Kafka cluster of `config` (kafka_bootstrap, kafka_config)
     from its queue in `stores` (PostgreSQL's unless given)."""
+    from outbox.daemons.producer import Producer
+
     publishers, probe = kafka_publishers(config.kafka_bootstrap, config.kafka_config)
     return Producer(config, publishers, probe, stores)
 
 
 def kafka_consumer(config: ConsumerConfig) -> Consumer:
     """A Consumer reading `config.topics` from the Kafka cluster of `config` as `config.group`."""
+    from outbox.daemons.consumer import Consumer
+
     subscribers, probe = kafka_subscribers(
         config.kafka_bootstrap, config.group, config.topics, config.kafka_config
     )
-    return Consumer(config, subscribers, probe)
+    return Consumer(config, subscribers, probe, inbox=postgres_inbox())
+
+
+# -- the registry -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """Where a transport is and how the daemons use it, as the flags give it; each transport
+    reads its own fields (Kafka the `kafka_*` ones, the log the `log_*` ones)."""
+
+    kafka_bootstrap: str = ""
+    kafka_config: Mapping[str, str] = field(default_factory=dict)
+    log_url: str = ""
+    log_schema: str = "outbox_log"
+    log_partitions: int = 8
+    #: Seconds the log keeps records every group has read; None: forever.
+    log_retention: float | None = None
+    #: Seconds after which a log member that does not beat is evicted; None: the default.
+    log_session_timeout: float | None = None
+    #: Seconds between a log member's looks at its group's membership; None: the default.
+    log_rebalance_interval: float | None = None
+    #: Where a new consumer group starts (`--start`); None: at the earliest record.
+    start: str | None = None
+    #: Seconds a request of a lag reader may take.
+    lag_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class Transport:
+    """A transport `--transport NAME` selects, and how its parts are made from the settings.
+
+    `make_publishers` and `make_subscribers` return factories for the daemons, with the probe
+    the daemon's readiness checks (None: the transport has none of its own); `check` is the
+    start-up check of the transport (waiting up to `wait` seconds for a database it lives in),
+    raising an `OutboxError` with one line; `check_consumer` refuses, with a
+    `ConfigurationError`, consumer settings the transport cannot honour.
+    """
+
+    name: str
+    label: str
+    #: The setting that says where the transport is: its field of `TransportSettings`, flag
+    #: and environment variable.
+    endpoint_field: str
+    endpoint_flag: str
+    endpoint_env: str
+    #: The endpoint as logs and pages may show it (a URL's password masked).
+    shown: Callable[[str], str]
+    make_publishers: Callable[[TransportSettings], tuple[PublisherFactory, TransportProbe | None]]
+    #: (settings, group, topics): members of `group` reading `topics`.
+    make_subscribers: Callable[
+        [TransportSettings, str, Sequence[str]], tuple[SubscriberFactory, TransportProbe | None]
+    ]
+    probe: Callable[[TransportSettings], TransportProbe | None]
+    lag_reader: Callable[[TransportSettings], LagReader]
+    #: The AsyncAPI `servers` of a service on this transport, and the security schemes they
+    #: use (outbox.asyncapi).
+    asyncapi_servers: Callable[[TransportSettings], tuple[dict[str, Any], dict[str, Any]]]
+    check: Callable[[TransportSettings, float], None]
+    check_consumer: Callable[[TransportSettings], None]
+    #: What the operator tools say when the endpoint is not given: the console's lag note, and
+    #: why `outbox status --max-lag` cannot be checked.
+    lag_note: str
+    max_lag_needs: str
+    #: Its settings a daemon's start-up line shows, as parsed-argument names (Kafka's are
+    #: shown as the client's settings in force).
+    shown_settings: tuple[str, ...] = ()
+
+    def endpoint(self, settings: TransportSettings) -> str:
+        """Where the transport is, as given ("" when not given)."""
+        value = getattr(settings, self.endpoint_field)
+        return str(value or "")
+
+    def bootstrap(self, settings: TransportSettings) -> str:
+        """The Kafka bootstrap address the daemons' configs carry ("" off Kafka)."""
+        return settings.kafka_bootstrap if self.endpoint_field == "kafka_bootstrap" else ""
+
+
+def _kafka_publishers(
+    settings: TransportSettings,
+) -> tuple[PublisherFactory, TransportProbe | None]:
+    return kafka_publishers(settings.kafka_bootstrap, settings.kafka_config)
+
+
+def _kafka_subscribers(
+    settings: TransportSettings, group: str, topics: Sequence[str]
+) -> tuple[SubscriberFactory, TransportProbe | None]:
+    return kafka_subscribers(settings.kafka_bootstrap, group, topics, settings.kafka_config)
+
+
+def _kafka_lag(settings: TransportSettings) -> LagReader:
+    from outbox.kafka.lag import LagReader as KafkaLagReader
+
+    return KafkaLagReader(
+        settings.kafka_bootstrap, settings.kafka_config, timeout=settings.lag_timeout
+    )
+
+
+def _kafka_servers(settings: TransportSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    from outbox.asyncapi import kafka_servers
+
+    return kafka_servers(settings.kafka_bootstrap or None, dict(settings.kafka_config))
+
+
+def _log_servers(settings: TransportSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    from outbox.asyncapi import log_servers
+
+    return log_servers(settings.log_url or None, settings.log_schema), {}
+
+
+def _nothing(settings: TransportSettings, *more: object) -> None:
+    """No check of its own: the daemons' probes check the cluster."""
+
+
+def _log_publishers(
+    settings: TransportSettings,
+) -> tuple[PublisherFactory, TransportProbe | None]:
+    factory = log_publishers(
+        settings.log_url,
+        settings.log_schema,
+        partitions=settings.log_partitions,
+        retention=settings.log_retention or None,
+    )
+    return factory, None
+
+
+def _log_subscribers(
+    settings: TransportSettings, group: str, topics: Sequence[str]
+) -> tuple[SubscriberFactory, TransportProbe | None]:
+    factory = log_subscribers(
+        settings.log_url,
+        settings.log_schema,
+        topics,
+        group,
+        session_timeout=settings.log_session_timeout,
+        rebalance_interval=settings.log_rebalance_interval,
+    )
+    return factory, None
+
+
+class _LogLag:
+    """The log's `LagReader`: `PgLog.lag`, one connection per read."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        from outbox.pglog import PgLog
+
+        self._log = PgLog(url, schema)
+
+    def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
+        return self._log.lag(groups)
+
+    def close(self) -> None:
+        """Nothing is kept open between reads."""
+
+
+def _log_check(settings: TransportSettings, wait: float) -> None:
+    from outbox.pglog import check_log
+
+    check_log(settings.log_url, settings.log_schema, wait=wait)
+
+
+def _log_check_consumer(settings: TransportSettings) -> None:
+    from outbox.pglog.subscriber import check_session_timeout
+
+    if settings.start not in (None, "earliest"):
+        raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
+    if settings.log_session_timeout is not None:
+        check_session_timeout(settings.log_session_timeout)
+
+
+KAFKA = Transport(
+    name="kafka",
+    label="Kafka",
+    endpoint_field="kafka_bootstrap",
+    endpoint_flag="--kafka-bootstrap",
+    endpoint_env=env.KAFKA_BOOTSTRAP,
+    shown=lambda endpoint: endpoint,
+    make_publishers=_kafka_publishers,
+    make_subscribers=_kafka_subscribers,
+    probe=lambda settings: _kafka_publishers(settings)[1],
+    lag_reader=_kafka_lag,
+    asyncapi_servers=_kafka_servers,
+    check=_nothing,
+    check_consumer=_nothing,
+    lag_note="Lag needs --kafka-bootstrap (and optionally --group).",
+    max_lag_needs=f"--max-lag needs --kafka-bootstrap (or {env.KAFKA_BOOTSTRAP}) to read the lag",
+)
+
+LOG = Transport(
+    name="postgres",
+    label="the PostgreSQL log",
+    endpoint_field="log_url",
+    endpoint_flag="--log-url",
+    endpoint_env=env.LOG_URL,
+    shown=redact_url,
+    make_publishers=_log_publishers,
+    make_subscribers=_log_subscribers,
+    # Its readiness is its database's; `check` verifies it is reachable and migrated at start.
+    probe=lambda settings: None,
+    lag_reader=lambda settings: _LogLag(settings.log_url, settings.log_schema),
+    asyncapi_servers=_log_servers,
+    check=_log_check,
+    check_consumer=_log_check_consumer,
+    lag_note="Lag of the log needs --log-url (and optionally --group).",
+    max_lag_needs=(
+        f"--max-lag with --transport postgres needs --log-url (or {env.LOG_URL}) to read "
+        "the log's lag"
+    ),
+    shown_settings=(
+        "log_url",
+        "log_schema",
+        "log_partitions",
+        "log_retention",
+        "log_session_timeout",
+    ),
+)
+
+_REGISTRY: dict[str, Transport] = {t.name: t for t in (KAFKA, LOG)}
+
+
+def names() -> tuple[str, ...]:
+    """The registered transports' names, in the order they are offered."""
+    return tuple(_REGISTRY)
+
+
+def get(name: str, *, what: str = "transport", hint: str = "") -> Transport:
+    """The transport registered as `name`; one `ConfigurationError` naming the registered ones
+    otherwise (`what` names the setting in it, `hint` is appended)."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ConfigurationError(
+            f"{what} must be one of {', '.join(names())}, got {name!r}{hint}"
+        ) from None

@@ -16,21 +16,22 @@ import secrets
 
 import pytest
 
+from outbox import transports
 from tests.integration.relay_helpers import TEST_CONSUMER_KAFKA, RelayTransport
 
 pytest_plugins = ["pytester"]
 
 #: The daemons' transports the end-to-end and fault tests run on.
-RELAY_TRANSPORTS = ["kafka", "postgres"]
+RELAY_TRANSPORTS = list(transports.names())
 
 
 @pytest.fixture(params=RELAY_TRANSPORTS)
 def relay_transport(request: pytest.FixtureRequest) -> RelayTransport:
     """Kafka (the session's broker), then the log kept in PostgreSQL (a fresh migrated log
     database): for the tests that exercise the transport end to end, run on both."""
-    if request.param == "kafka":
+    if request.param == transports.KAFKA.name:
         return RelayTransport(
-            "kafka",
+            transports.KAFKA.name,
             request.getfixturevalue("outbox_kafka_bootstrap"),
             request.getfixturevalue("outbox_topic_factory"),
             TEST_CONSUMER_KAFKA,
@@ -45,4 +46,4 @@ def relay_transport(request: pytest.FixtureRequest) -> RelayTransport:
         log.create_topic(name, partitions)
         return name
 
-    return RelayTransport("postgres", url, make_topic, {})
+    return RelayTransport(transports.LOG.name, url, make_topic, {})

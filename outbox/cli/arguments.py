@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from outbox import settings
+from outbox import settings, transports
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
 
@@ -20,7 +20,8 @@ ENV_DATABASE_URL = settings.DATABASE_URL
 ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
 ENV_SCHEMA = settings.SCHEMA
 ENV_LOG_URL = settings.LOG_URL
-TRANSPORTS = ("kafka", "postgres")
+#: The names `--transport` accepts: the registry's (outbox.transports).
+TRANSPORTS = transports.names()
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -512,7 +513,7 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
 
 
 #: The flags of the PostgreSQL log a daemon's command may have, as parsed-argument names.
-LOG_SETTINGS = ("log_url", "log_schema", "log_partitions", "log_retention", "log_session_timeout")
+LOG_SETTINGS = transports.LOG.shown_settings
 
 
 def transport_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -522,6 +523,9 @@ def transport_settings(args: argparse.Namespace) -> dict[str, Any]:
     if transport is None:
         return {}
     found: dict[str, Any] = {"transport": transport}
-    if transport == "postgres":
-        found.update({name: getattr(args, name) for name in LOG_SETTINGS if hasattr(args, name)})
+    try:
+        shown = transports.get(transport).shown_settings
+    except ConfigurationError:
+        return found  # refused where the transport is chosen
+    found.update({name: getattr(args, name) for name in shown if hasattr(args, name)})
     return found

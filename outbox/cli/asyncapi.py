@@ -45,14 +45,18 @@ def add_asyncapi_command(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 def run_asyncapi(args: argparse.Namespace) -> int:
     """Write the document; a registry that cannot be described is one line and exit 1."""
-    from outbox.asyncapi import build_document, dumps, kafka_servers, load_registry, log_servers
+    from outbox import transports
+    from outbox.asyncapi import build_document, dumps, load_registry
 
     handlers = load_registry(args.handlers)
-    schemes: dict[str, object] = {}
-    if args.transport == "postgres":
-        servers = log_servers(args.log_url, args.log_schema)
-    else:
-        servers, schemes = kafka_servers(args.kafka_bootstrap, dict(args.kafka_config))
+    servers, schemes = transports.get(args.transport, what="--transport").asyncapi_servers(
+        transports.TransportSettings(
+            kafka_bootstrap=args.kafka_bootstrap or "",
+            kafka_config=dict(args.kafka_config),
+            log_url=args.log_url or "",
+            log_schema=args.log_schema,
+        )
+    )
     document = build_document(
         handlers,
         title=args.title or args.handlers,

@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from outbox import __version__, settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
-    ENV_KAFKA_BOOTSTRAP,
     ENV_LOG_URL,
-    TRANSPORTS,
     Parser,
     add_database,
     add_databases,
@@ -50,6 +48,7 @@ if TYPE_CHECKING:
     from outbox.daemons.routing import Routing
     from outbox.daemons.supervisor import DatabaseRelay, Supervisor
     from outbox.ports import PublisherFactory, TransportProbe
+    from outbox.transports import Transport, TransportSettings
 
 R = TypeVar("R", bound="DatabaseRelay")
 
@@ -371,52 +370,53 @@ def _migrated(schema: str, before: str | None, after: str | None) -> str:
     return f"{schema} migrated from revision {before} to {after}"
 
 
-def _log_url(args: argparse.Namespace) -> str | None:
-    """The log database URL when --transport is postgres (checked: reachable, migrated), else
-    None; one clear error for a bad transport, a missing URL, or a log not ready."""
-    if args.transport not in TRANSPORTS:
-        raise ConfigurationError(
-            f"--transport must be one of {', '.join(TRANSPORTS)}, got {args.transport!r} "
-            f"(from {settings.TRANSPORT}?)"
-        )
-    if args.transport != "postgres":
-        if args.log_url:
-            logging.getLogger("outbox").warning(
-                "--log-url (or %s) is set but the transport is %s: the log database is not "
-                "used (--transport postgres, or %s=postgres, to use it)",
-                ENV_LOG_URL,
-                args.transport,
-                settings.TRANSPORT,
-            )
-        return None
-    from outbox.pglog import check_log
+def _transport(
+    args: argparse.Namespace, *, consumer: bool = False
+) -> tuple[Transport, TransportSettings]:
+    """The transport of --transport (outbox.transports) and its settings from the flags,
+    checked: where it is given, ready (the log reachable and migrated), and, for a `consumer`,
+    settings it can honour. One clear error for each."""
+    from outbox import transports
 
-    url = require(args.log_url, "--log-url", ENV_LOG_URL)
-    check_log(url, args.log_schema, wait=args.wait_for_database)
-    return url
+    transport = transports.get(
+        args.transport, what="--transport", hint=f" (from {settings.TRANSPORT}?)"
+    )
+    found = transports.TransportSettings(
+        kafka_bootstrap=args.kafka_bootstrap or "",
+        kafka_config=dict(args.kafka_config),
+        log_url=args.log_url or "",
+        log_schema=args.log_schema,
+        log_partitions=getattr(args, "log_partitions", 8),
+        log_retention=getattr(args, "log_retention", None) or None,
+        log_session_timeout=getattr(args, "log_session_timeout", None),
+        start=getattr(args, "start", None),
+    )
+    if consumer:
+        transport.check_consumer(found)
+    if args.log_url and transport.endpoint_flag != transports.LOG.endpoint_flag:
+        logging.getLogger("outbox").warning(
+            "--log-url (or %s) is set but the transport is %s: the log database is not "
+            "used (--transport %s, or %s=%s, to use it)",
+            ENV_LOG_URL,
+            args.transport,
+            transports.LOG.name,
+            settings.TRANSPORT,
+            transports.LOG.name,
+        )
+    require(transport.endpoint(found), transport.endpoint_flag, transport.endpoint_env)
+    transport.check(found, args.wait_for_database)
+    return transport, found
 
 
 def _producer(args: argparse.Namespace) -> int:
-    from outbox import transports
     from outbox.daemons.producer import Producer, ProducerConfig
 
     databases = databases_of(args)
-    log_url = _log_url(args)
-    factory = None
-    probe = None
-    if log_url is not None:
-        factory = transports.log_publishers(
-            log_url,
-            args.log_schema,
-            partitions=args.log_partitions,
-            retention=args.log_retention or None,
-        )
-        bootstrap = ""
-    else:
-        bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
+    transport, found = _transport(args)
+    factory, probe = transport.make_publishers(found)
     config = ProducerConfig(
         database_url=databases[0].url,
-        kafka_bootstrap=bootstrap,
+        kafka_bootstrap=transport.bootstrap(found),
         schema=databases[0].schema,
         kafka_config=dict(args.kafka_config),
         batch_size=args.batch_size,
@@ -424,14 +424,8 @@ def _producer(args: argparse.Namespace) -> int:
         observability=runtime_config(args),
     )
     if _several(args, databases):
-        if factory is None:
-            factory, probe = transports.kafka_publishers(bootstrap, config.kafka_config)
         return _many_producers(args, databases, config, factory, probe)
-    relay = (
-        Producer(config, publisher_factory=factory)
-        if factory is not None
-        else transports.kafka_producer(config)
-    )
+    relay = Producer(config, factory, probe)
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
@@ -558,34 +552,18 @@ def _consumed(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
 
 
 def _consumer(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from outbox import transports
     from outbox.daemons.consumer import Consumer, ConsumerConfig
 
     topics, handled = _consumed(args)
     group = require(args.group, "--group", settings.GROUP)
     routing, database = _routing(args)
-    if args.transport == "postgres" and args.start not in (None, "earliest"):
-        raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
-    if args.transport == "postgres":
-        from outbox.pglog.subscriber import check_session_timeout
-
-        check_session_timeout(args.log_session_timeout)
-    log_url = _log_url(args)
-    factory = None
-    if log_url is not None:
-        factory = transports.log_subscribers(
-            log_url,
-            args.log_schema,
-            topics,
-            group,
-            session_timeout=args.log_session_timeout,
-        )
-        bootstrap = ""
-    else:
-        bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
+    transport, found = _transport(args, consumer=True)
     config = ConsumerConfig(
         database_url=database.url if routing is None else "",
-        kafka_bootstrap=bootstrap,
+        kafka_bootstrap=transport.bootstrap(found),
         topics=topics,
         group=group,
         schema=args.schema,
@@ -596,11 +574,10 @@ def _consumer(args: argparse.Namespace) -> int:
         database=database.name,
         routing=routing,
     )
-    relay = (
-        Consumer(config, subscriber_factory=factory)
-        if factory is not None
-        else transports.kafka_consumer(config)
+    factory, probe = transport.make_subscribers(
+        dataclasses.replace(found, kafka_config=config.kafka_config), group, topics
     )
+    relay = Consumer(config, factory, probe, inbox=transports.postgres_inbox())
     _install_stop_handlers(relay.stop)
     relay.run()
     return 0
@@ -764,16 +741,9 @@ def _run(args: argparse.Namespace) -> int:
 
     group = require(args.group, "--group", settings.GROUP)
     database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
-    if args.transport == "postgres" and args.start not in (None, "earliest"):
-        raise ConfigurationError("--start applies to Kafka only (not to --transport postgres)")
-    if args.transport == "postgres":
-        from outbox.pglog.subscriber import check_session_timeout
-
-        check_session_timeout(args.log_session_timeout)
-    log_url = _log_url(args)
-    bootstrap = ""
-    if log_url is None:
-        bootstrap = require(args.kafka_bootstrap, "--kafka-bootstrap", ENV_KAFKA_BOOTSTRAP)
+    transport, found = _transport(args, consumer=True)
+    log_url = found.log_url or None
+    bootstrap = transport.bootstrap(found)
     topics, _handled = _consumed(args)
     runtime = OutboxRuntime(
         args.handlers,

@@ -87,6 +87,7 @@ from outbox.postgres.queries import validate_schema
 
 if TYPE_CHECKING:
     from outbox.pglog.log import TopicInfo
+    from outbox.transports import Transport, TransportSettings
 
 # The same variables as outbox.cli (not imported from there: outbox.cli imports this module).
 
@@ -643,20 +644,21 @@ def _read_status(timeout: float) -> Callable[[Database], ops.Status]:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from outbox import transports
     from outbox.core.redact import remember_secrets, secrets_of_url
 
     max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
     # The lag comes from the transport the consumers read: Kafka, or the PostgreSQL log.
-    from_log = args.transport == "postgres"
-    if max_lag is not None and from_log and not args.log_url:
-        raise ConfigurationError(
-            f"--max-lag with --transport postgres needs --log-url (or {ENV_LOG_URL}) to read "
-            "the log's lag"
-        )
-    if max_lag is not None and not from_log and not args.kafka_bootstrap:
-        raise ConfigurationError(
-            f"--max-lag needs --kafka-bootstrap (or {settings.KAFKA_BOOTSTRAP}) to read the lag"
-        )
+    transport = transports.get(args.transport, what="--transport")
+    where = transports.TransportSettings(
+        kafka_bootstrap=args.kafka_bootstrap or "",
+        kafka_config=dict(args.kafka_config),
+        log_url=args.log_url or "",
+        log_schema=args.log_schema,
+    )
+    endpoint = transport.endpoint(where)
+    if max_lag is not None and not endpoint:
+        raise ConfigurationError(transport.max_lag_needs)
     databases = databases_of(args)
     for database in databases:
         remember_secrets(secrets_of_url(database.url))
@@ -673,18 +675,14 @@ def _status(args: argparse.Namespace) -> int:
             outcomes = [Outcome(database, ops.status(conn, database.schema))]
     groups = args.groups if args.groups is not None else env_groups()
     lag: list[GroupLag] | None = None
-    if from_log and args.log_url:
-        lag = _log_lag(args.log_url, args.log_schema, groups)
-    elif not from_log and args.kafka_bootstrap:
-        from outbox.kafka.lag import read_lag
-
-        lag = read_lag(args.kafka_bootstrap, groups, dict(args.kafka_config))
+    if endpoint:
+        lag = _read_lag(transport, where, groups)
     if lag is not None and groups:
         lag = [_known(g) for g in lag]
     elif lag is None and args.groups:
-        where = "--log-url" if from_log else "--kafka-bootstrap"
         print(
-            f"outbox status: --group is not read without {where}: no lag is shown",
+            f"outbox status: --group is not read without {transport.endpoint_flag}: no lag "
+            "is shown",
             file=sys.stderr,
         )
     max_age = None if args.max_age is None else float(args.max_age)
@@ -788,17 +786,20 @@ def _known(group: GroupLag) -> GroupLag:
     return group
 
 
-def _log_lag(url: str, schema: str, groups: Sequence[str]) -> list[GroupLag]:
-    """The lag of `groups` (every group when empty) on the PostgreSQL log at `url`."""
-    from outbox.pglog import PgLog, check_log
-
-    check_log(url, schema)  # one line when unreachable or not migrated
+def _read_lag(
+    transport: Transport, found: TransportSettings, groups: Sequence[str]
+) -> list[GroupLag]:
+    """The lag of `groups` (every group when empty) read from `transport`."""
+    transport.check(found, 0.0)  # the log: one line when unreachable or not migrated
+    reader = transport.lag_reader(found)
     try:
-        return PgLog(url, schema).lag(groups or None)
-    except psycopg.Error as exc:
+        return reader.lag(groups or None)
+    except psycopg.Error as exc:  # the log's database
         raise DatabaseCommandFailed(
             f"status failed reading the log's lag in PostgreSQL: {first_line(exc)}"
         ) from None
+    finally:
+        reader.close()
 
 
 def check_problems(

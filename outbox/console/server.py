@@ -51,6 +51,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
+from outbox import transports
 from outbox.console import assets, reads, render
 from outbox.console.throughput import Throughput
 from outbox.core.databases import Database as CoreDatabase
@@ -60,6 +61,7 @@ from outbox.core.lag import GroupLag, lag_json
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
 from outbox.formatting import cut, status_json
+from outbox.ports import LagReader
 from outbox.postgres import operations as ops
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import validate_schema
@@ -75,8 +77,6 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 MAX_BODY_BYTES = 65536
 #: Partitions of the lag in `/api/status` at most (the totals count them all).
 MAX_LAG_PARTITIONS = 1000
-#: Lag transports: where the console reads the consumer groups' lag.
-TRANSPORTS = ("kafka", "postgres")
 _CONTENT_LENGTH_RE = re.compile(r"[0-9]{1,18}")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -141,10 +141,7 @@ class ConsoleConfig:
             )
         if self.refresh <= 0 or self.sample_interval <= 0:
             raise ConfigurationError("refresh and sample interval must be > 0 seconds")
-        if self.transport not in TRANSPORTS:
-            raise ConfigurationError(
-                f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}"
-            )
+        transports.get(self.transport)  # one error naming the registered transports
         validate_schema(self.log_schema)
         if self.workers < 1 or self.queued < 0 or self.socket_timeout <= 0:
             raise ConfigurationError(
@@ -153,11 +150,22 @@ class ConsoleConfig:
             )
 
     @property
+    def transport_settings(self) -> transports.TransportSettings:
+        """Where the lag is read, for the transport's `LagReader`."""
+        return transports.TransportSettings(
+            kafka_bootstrap=self.kafka_bootstrap or "",
+            kafka_config=self.kafka_config,
+            log_url=self.log_url or "",
+            log_schema=self.log_schema,
+            lag_timeout=5.0,
+        )
+
+    @property
     def lag_source(self) -> str | None:
         """Where the lag is read from (redacted), or None when it is not read."""
-        if self.transport == "postgres":
-            return None if not self.log_url else redact_url(self.log_url)
-        return self.kafka_bootstrap or None
+        transport = transports.get(self.transport)
+        endpoint = transport.endpoint(self.transport_settings)
+        return transport.shown(endpoint) if endpoint else None
 
 
 def is_loopback(host: str) -> bool:
@@ -382,8 +390,9 @@ class Console:
             note = None
         except Exception as exc:  # the broker's errors have many types; the page says why
             groups, note = None, f"cannot read lag: {redact_text(first_line(exc))}"
-            if reader is not None and self.config.transport == "postgres":
-                reader = None  # a new connection next time
+            if reader is not None:
+                reader.close()
+                reader = None  # a new reader (a new connection) next time
         with self._lag_lock:
             if groups is not None:
                 self._lag = groups
@@ -393,9 +402,7 @@ class Console:
     def lag(self) -> tuple[list[GroupLag] | None, str | None]:
         """The last lag read (None before the first, or when not configured) and a note."""
         if not self.config.lag_source:
-            if self.config.transport == "postgres":
-                return None, "Lag of the log needs --log-url (and optionally --group)."
-            return None, "Lag needs --kafka-bootstrap (and optionally --group)."
+            return None, transports.get(self.config.transport).lag_note
         with self._lag_lock:
             if self._lag is None and self._lag_note is None:
                 return [], "Reading the lag…"
@@ -509,35 +516,13 @@ class Console:
         return {"changed": count, "message": f"{action}d {count} {rows} of {ops.TABLES[queue]}"}
 
 
-class _LagSource:
-    """Reads consumer-group lag: Kafka's (`outbox.kafka.lag.LagReader`) or the PostgreSQL
-    log's (`outbox.pglog.PgLog.lag`), both as `outbox.core.lag.GroupLag`."""
-
-    def __init__(self, config: ConsoleConfig) -> None:
-        self._kafka: Any = None
-        self._log: Any = None
-        if config.transport == "postgres":
-            from outbox.pglog import PgLog
-
-            assert config.log_url
-            self._log = PgLog(config.log_url, config.log_schema)
-        else:
-            from outbox.kafka.lag import LagReader
-
-            assert config.kafka_bootstrap
-            self._kafka = LagReader(config.kafka_bootstrap, config.kafka_config, timeout=5.0)
-
-    def lag(self, groups: Sequence[str] | None) -> list[GroupLag]:
-        reader = self._log if self._log is not None else self._kafka
-        return list(reader.lag(groups))
-
-    def close(self) -> None:
-        if self._kafka is not None:
-            self._kafka.close()
+#: Reads consumer-group lag as `outbox.core.lag.GroupLag`: the `LagReader` of the transport
+#: (Kafka's, or the PostgreSQL log's).
+_LagSource = LagReader
 
 
-def _lag_source(config: ConsoleConfig) -> _LagSource:
-    return _LagSource(config)
+def _lag_source(config: ConsoleConfig) -> LagReader:
+    return transports.get(config.transport).lag_reader(config.transport_settings)
 
 
 def _bounded_lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:

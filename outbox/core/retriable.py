@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from outbox.core.errors import DatabaseUnavailable, KafkaUnavailable
 
-__all__ = ["RETRIABLE_SQLSTATES", "retriable", "sqlstate"]
+__all__ = [
+    "RETRIABLE_SQLSTATES",
+    "database_error",
+    "refused_for_data",
+    "retriable",
+    "sqlstate",
+]
 
 #: SQLSTATE classes (two characters) and codes that retrying can fix.
 RETRIABLE_SQLSTATES = frozenset(
@@ -106,3 +112,29 @@ def retriable(exc: BaseException) -> bool:
         if "InterfaceError" in names and "closed" in str(error):
             return True  # a connection lost earlier, used again
     return False
+
+
+#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
+#: program_limit_exceeded (a value too large for an index row, say).
+DATA_SQLSTATES = frozenset({"22", "23", "54"})
+
+
+def refused_for_data(exc: BaseException) -> bool:
+    """Whether the database (or its driver, binding the values) refused a statement for the
+    data of a record, so that storing the record apart (a quarantine) can help; not for the
+    database's state or the role's rights. A SQLSTATE of class 22, 23 or 54 decides; without
+    one, a text that cannot be encoded, or a PEP 249 `DataError` or `IntegrityError` (a driver
+    refusing a value it cannot send, such as a NUL byte in text)."""
+    for error in _chain(exc):
+        code = sqlstate(error)
+        if code is not None:
+            return code[:2] in DATA_SQLSTATES
+        if isinstance(error, UnicodeError) or _names(error) & {"DataError", "IntegrityError"}:
+            return True
+    return False
+
+
+def database_error(exc: BaseException) -> bool:
+    """Whether `exc` is a database's (or its driver's) error: one carrying a SQLSTATE, or a
+    PEP 249 error (every driver's errors derive from a class called `Error`)."""
+    return any(sqlstate(e) is not None or "Error" in _names(e) for e in _chain(exc))

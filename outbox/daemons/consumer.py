@@ -3,7 +3,8 @@
 Contract: a batch of records is inserted into the inbox in one transaction (idempotent on the
 message id), and only after that transaction committed are the Kafka offsets committed. A crash
 in between redelivers the batch, and the unique message id stores it once. The daemon reads
-through a `Subscriber` (outbox.ports): Kafka, the PostgreSQL log or the in-memory one.
+through a `Subscriber` (outbox.ports): Kafka, the PostgreSQL log or the in-memory one, and
+stores through an `InboxWriter` (outbox.ports): PostgreSQL's, or an in-memory one in tests.
 
 No record can stop the Consumer: a record that cannot be an ordinary row (a header name
 PostgreSQL cannot hold, a content type that is not storable text) is quarantined, stored dead
@@ -15,6 +16,7 @@ usual, that one is quarantined. Offsets are committed only after all of it is st
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import threading
 from collections import Counter
@@ -22,22 +24,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from outbox.core.batches import InboxBatch, Quarantined
-from outbox.core.databases import Database
+from outbox.core.databases import Database, validate_schema
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
 from outbox.core.redact import parse_conninfo
+from outbox.core.retriable import refused_for_data
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.outages import Outage
 from outbox.daemons.relay import new_relay_id
-from outbox.daemons.routing import Router, Routing, refused_for_data
+from outbox.daemons.routing import Router, Routing
 from outbox.observability.health import Heartbeat
 from outbox.observability.runtime import Observability, ObservabilityConfig, observed
-from outbox.ports import SubscriberFactory, TransportProbe
-from outbox.postgres.connection import Connection, check_database, connect
-from outbox.postgres.inbox_store import InboxStore, Stored
-from outbox.postgres.queries import validate_schema
+from outbox.ports import (
+    InboxWriter,
+    InboxWriters,
+    InboxWriterSession,
+    SubscriberFactory,
+    TransportProbe,
+)
 
 log = logging.getLogger("outbox.consumer")
 
@@ -105,14 +111,27 @@ class ConsumerConfig:
         ]
 
 
-class _Refused(Exception):
-    """PostgreSQL refused a statement for its data (not for a lost connection); `conn` is the
-    connection it ran on, still usable."""
+#: The inbox store when the wiring gives none: PostgreSQL's, loaded by name when first needed
+#: (outbox.transports and the CLI pass it; this keeps `Consumer(config, subscribers)` working
+#: without the daemons depending on the adapter).
+POSTGRES_INBOX = "outbox.postgres.inbox_writer:PostgresInbox"
 
-    def __init__(self, error: BaseException, conn: Connection) -> None:
+
+def default_inbox() -> InboxWriters:
+    """The PostgreSQL inbox store (`POSTGRES_INBOX`)."""
+    module, _, name = POSTGRES_INBOX.partition(":")
+    writers: InboxWriters = getattr(importlib.import_module(module), name)
+    return writers
+
+
+class _Refused(Exception):
+    """The database refused a statement for its data (not for a lost connection); `session`
+    is the session it ran on, still usable."""
+
+    def __init__(self, error: BaseException, session: InboxWriterSession) -> None:
         super().__init__(str(error))
         self.error = error
-        self.conn = conn
+        self.session = session
 
 
 class _Stopped(Exception):
@@ -124,7 +143,8 @@ class Consumer:
 
     `subscriber_factory` makes the transport's `Subscriber` (called once per `run`, in the
     running thread); `transport` says how to check that the transport is reachable, when it
-    can be. The wiring (outbox.transports, the CLI) chooses them.
+    can be; `inbox` makes the store of each database (default: PostgreSQL's). The wiring
+    (outbox.transports, the CLI) chooses them.
     """
 
     def __init__(
@@ -132,9 +152,15 @@ class Consumer:
         config: ConsumerConfig,
         subscriber_factory: SubscriberFactory,
         transport: TransportProbe | None = None,
+        *,
+        inbox: InboxWriters | None = None,
     ) -> None:
         self.config = config
-        self.store = InboxStore(config.schema)
+        self.inbox: InboxWriters = inbox if inbox is not None else default_inbox()
+        #: The inbox of `config.database_url` (with routing: the quarantine database's).
+        self.writer: InboxWriter = self.inbox(
+            config.database_url, config.schema, connect_timeout=config.connect_timeout
+        )
         self._subscriber_factory = subscriber_factory
         self._transport = transport
         self._stop = threading.Event()
@@ -171,22 +197,17 @@ class Consumer:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def _connect(self) -> Connection:
+    def _connect(self) -> InboxWriterSession:
         self.heartbeat.beat()
-        return connect(
-            self.config.database_url,
-            timeout=self.config.connect_timeout,
-            application_name="outbox-consumer",
-        )
+        return self.writer.connect()
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or transport or an old
         schema (waiting for the database first if `--wait-for-database`)."""
-        check_database(
-            self._connect,
-            self.config.schema,
+        self.writer.check(
             wait=self.config.observability.wait_for_database,
             stopping=lambda: self.stopping,
+            attempt=self.heartbeat.beat,
         )
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
@@ -200,7 +221,7 @@ class Consumer:
         self.check()
         self._announce()
         subscriber = self._subscriber_factory()
-        conn: Connection | None = None
+        session: InboxWriterSession | None = None
         batch = InboxBatch()
 
         def waiting() -> InboxBatch:
@@ -226,8 +247,10 @@ class Consumer:
                 # A short one: nothing is likely to wait yet, and the look would cost the log
                 # transport a round trip per batch (as the Producer, outbox/daemons/producer.py).
                 full = len(batch) >= self.config.batch_size
-                conn, following = self._store(conn, batch, meanwhile=waiting if full else None)
-                if conn is None:
+                session, following = self._store(
+                    session, batch, meanwhile=waiting if full else None
+                )
+                if session is None:
                     break  # stopped while the database was unreachable: nothing committed
                 failpoint("consumer.after_insert")
                 subscriber.commit(batch)
@@ -236,8 +259,8 @@ class Consumer:
                 batch = following
         finally:
             subscriber.close()
-            if conn is not None:
-                conn.close()
+            if session is not None:
+                session.close()
             log.info(
                 "consumer stopped: received=%d stored=%d quarantined=%d",
                 self.received,
@@ -251,7 +274,7 @@ class Consumer:
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
         self._announce()
-        router = Router(self, routing, self._subscriber_factory)
+        router = Router(self, routing, self._subscriber_factory, self.inbox)
         router.check()
         router.run()
 
@@ -273,13 +296,13 @@ class Consumer:
 
     def _store(
         self,
-        conn: Connection | None,
+        session: InboxWriterSession | None,
         batch: InboxBatch,
         meanwhile: Callable[[], InboxBatch] | None = None,
-    ) -> tuple[Connection | None, InboxBatch]:
+    ) -> tuple[InboxWriterSession | None, InboxBatch]:
         """Insert the batch, retrying through database outages; (None, ...) if stopped
         meanwhile. While the database works on it, `meanwhile()` is called (once): its result
-        is returned beside the connection."""
+        is returned beside the session."""
         quarantined = list(batch.quarantined)
         following: list[InboxBatch] = []
 
@@ -289,16 +312,12 @@ class Consumer:
 
         try:
             try:
-                conn, stored = self._execute(
-                    conn, lambda c: self.store.insert(c, batch), fetch_following
-                )
+                session, stored = self._execute(session, lambda s: s.insert(batch, fetch_following))
             except _Refused as refused:  # some record's data: find it
-                conn, stored = self._bisect(refused.conn, batch, refused.error, quarantined)
+                session, stored = self._bisect(refused.session, batch, refused.error, quarantined)
             dead: Counter[str] = Counter()
             if quarantined:
-                conn, dead = self._execute(
-                    conn, lambda c: self.store.quarantine(c, quarantined), None
-                )
+                session, dead = self._execute(session, lambda s: s.quarantine(quarantined))
         except _Stopped:
             return None, following[0] if following else InboxBatch()
         for record in quarantined:
@@ -316,33 +335,27 @@ class Consumer:
         self.observability.consumer_batch(
             batch.topical(), stored, dead, database=self.config.database
         )
-        return conn, following[0] if following else InboxBatch()
+        return session, following[0] if following else InboxBatch()
 
     def _execute(
         self,
-        conn: Connection | None,
-        statement: Callable[[Connection], Stored],
-        meanwhile: Callable[[], None] | None,
-    ) -> tuple[Connection, Counter[str]]:
-        """Run one statement of the inbox store (autocommit: atomic on its own), retrying
-        what retrying can fix (decision 15) with backoff; the rows it stored per topic.
-        `meanwhile()` runs while the database works on it. `_Refused` when PostgreSQL (or
-        psycopg, binding the values) refuses the data; `_Stopped` when stopped while
-        retrying; anything else retrying cannot fix is raised."""
+        session: InboxWriterSession | None,
+        statement: Callable[[InboxWriterSession], Counter[str]],
+    ) -> tuple[InboxWriterSession, Counter[str]]:
+        """Run one statement of the inbox (atomic on its own), retrying what retrying can fix
+        (decision 15) with backoff; the rows it stored per topic. `_Refused` when the
+        database (or its driver, binding the values) refuses the data; `_Stopped` when stopped
+        while retrying; anything else retrying cannot fix is raised."""
         while True:
             try:
-                if conn is None or conn.closed or conn.broken:
-                    conn = self._connect()
-                # In a pipeline the statement is sent at once, and committed when the pipeline
-                # ends, after `meanwhile`.
-                with conn.pipeline():
-                    result = statement(conn)
-                    if meanwhile is not None:
-                        meanwhile()
-                stored = result()
+                if session is None or not session.usable:
+                    if session is not None:
+                        session.close()
+                    session = self._connect()
+                stored = statement(session)
             except Exception as exc:
-                if conn is not None and not conn.broken and refused_for_data(exc):
-                    raise _Refused(exc, conn) from exc
+                if session is not None and session.usable and refused_for_data(exc):
+                    raise _Refused(exc, session) from exc
                 delay = self._outage.failed(exc)  # raises what retrying cannot fix
                 if self.stopping:
                     raise _Stopped from exc
@@ -351,37 +364,41 @@ class Consumer:
                     raise _Stopped from exc
                 continue
             self._outage.recovered()
-            return conn, stored
+            return session, stored
 
     def _bisect(
         self,
-        conn: Connection | None,
+        session: InboxWriterSession | None,
         batch: InboxBatch,
         error: BaseException,
         quarantined: list[Quarantined],
-    ) -> tuple[Connection | None, Counter[str]]:
-        """Store the records of a batch PostgreSQL refused (`error`): halves are inserted on
+    ) -> tuple[InboxWriterSession | None, Counter[str]]:
+        """Store the records of a batch the database refused (`error`): halves are inserted on
         their own, a refused half is split again, and a record refused alone is appended to
         `quarantined` with the refusal as its reason. Returns the rows stored per topic."""
         size = batch.ordinary
         stored: Counter[str] = Counter()
         if size == 0:
-            return conn, stored
+            return session, stored
         if size == 1:
             reason = f"PostgreSQL refused the record: {first_line(error)}"
             quarantined.append(batch.quarantine(0, reason))
-            return conn, stored
+            return session, stored
         half = size // 2
         for start, stop in ((0, half), (half, size)):
             part = batch.part(start, stop)
             try:
-                insert = functools.partial(self.store.insert, batch=part)
-                conn, more = self._execute(conn, insert, None)
+                insert = functools.partial(_insert, batch=part)
+                session, more = self._execute(session, insert)
                 stored.update(more)
             except _Refused as refused:
-                conn, more = self._bisect(refused.conn, part, refused.error, quarantined)
+                session, more = self._bisect(refused.session, part, refused.error, quarantined)
                 stored.update(more)
-        return conn, stored
+        return session, stored
+
+
+def _insert(session: InboxWriterSession, batch: InboxBatch) -> Counter[str]:
+    return session.insert(batch)
 
 
 def _databases(routing: Routing) -> Sequence[Database]:

@@ -37,20 +37,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
-
 from outbox.core.batches import InboxBatch, Positions, Quarantined
 from outbox.core.databases import Database, check_distinct, read_file
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, OutboxError
 from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
-from outbox.core.retriable import sqlstate
+from outbox.core.retriable import database_error, refused_for_data
 from outbox.core.text import first_line, storable
 from outbox.daemons.outages import Outage
 from outbox.observability.logs import LimitedLog
-from outbox.postgres.connection import Connection, connect
-from outbox.postgres.inbox_store import InboxStore, Stored
-from outbox.postgres.migrate import check_schema
+from outbox.ports import InboxWriter, InboxWriters, InboxWriterSession
 
 if TYPE_CHECKING:
     import threading
@@ -114,20 +110,6 @@ class Routing:
             f"header={self.header} quarantine={self.home(self.databases).name} "
             f"databases={names} file={self.databases_file}"
         )
-
-
-def refused_for_data(exc: BaseException) -> bool:
-    """Whether PostgreSQL (or psycopg, binding the values) refused a statement for the data
-    of a record (a quarantine can help), not for the database's state or the role's rights."""
-    if isinstance(exc, UnicodeError | psycopg.DataError | psycopg.IntegrityError):
-        return True
-    code = sqlstate(exc)
-    return code is not None and code[:2] in _DATA_CLASSES
-
-
-#: SQLSTATE classes that say "this data": data_exception, integrity_constraint_violation,
-#: program_limit_exceeded (a value too large for an index row, say).
-_DATA_CLASSES = frozenset({"22", "23", "54"})
 
 
 class Settings(Protocol):
@@ -203,13 +185,13 @@ def _piece(batch: InboxBatch) -> _Piece:
 
 @dataclass(eq=False)
 class _Sink:
-    """One database: its connection, its waiting records and its run of failures."""
+    """One database: its session, its waiting records and its run of failures."""
 
     database: Database
-    store: InboxStore
+    writer: InboxWriter
     outage: Outage
     pending: list[_Piece] = field(default_factory=list)
-    conn: Connection | None = None
+    conn: InboxWriterSession | None = None
     next_try: float = 0.0
     last_used: float = 0.0
     #: Its records are not kept (beyond the memory bound) until they are read again.
@@ -228,18 +210,11 @@ class _Sink:
 def _tenant_retriable(exc: BaseException) -> bool:
     """What a database's failure can be waited out (or fixed by its operator) without stopping
     the others: the database's errors, outbox's (not migrated, unreachable) and the network's."""
-    return isinstance(exc, psycopg.Error | OutboxError | OSError)
-
-
-def _once(conn: Connection, statement: Callable[[Connection], Stored]) -> Counter[str]:
-    """Run one statement of the inbox store (autocommit: atomic on its own), once."""
-    with conn.pipeline():
-        result = statement(conn)
-    return result()
+    return database_error(exc) or isinstance(exc, OutboxError | OSError)
 
 
 def store_once(
-    store: InboxStore, conn: Connection, batch: InboxBatch, quarantined: list[Quarantined]
+    conn: InboxWriterSession, batch: InboxBatch, quarantined: list[Quarantined]
 ) -> tuple[Counter[str], Counter[str]]:
     """Store `batch` with `conn`, trying once: its ordinary records, then `quarantined` (its
     quarantined ones, to which a record PostgreSQL refuses is added, found by bisection as in
@@ -247,20 +222,19 @@ def store_once(
     stored: Counter[str] = Counter()
     if batch.ordinary:
         try:
-            stored = _once(conn, lambda c: store.insert(c, batch))
+            stored = conn.insert(batch)
         except Exception as exc:
-            if conn.broken or not refused_for_data(exc):
+            if not conn.usable or not refused_for_data(exc):
                 raise
-            stored = _split(store, conn, batch, exc, quarantined)
+            stored = _split(conn, batch, exc, quarantined)
     dead: Counter[str] = Counter()
     if quarantined:
-        dead = _once(conn, lambda c: store.quarantine(c, quarantined))
+        dead = conn.quarantine(quarantined)
     return stored, dead
 
 
 def _split(
-    store: InboxStore,
-    conn: Connection,
+    conn: InboxWriterSession,
     batch: InboxBatch,
     error: BaseException,
     quarantined: list[Quarantined],
@@ -277,11 +251,11 @@ def _split(
     for start, stop in ((0, half), (half, size)):
         part = batch.part(start, stop)
         try:
-            stored.update(_once(conn, functools.partial(store.insert, batch=part)))
+            stored.update(conn.insert(part))
         except Exception as exc:
-            if conn.broken or not refused_for_data(exc):
+            if not conn.usable or not refused_for_data(exc):
                 raise
-            stored.update(_split(store, conn, part, exc, quarantined))
+            stored.update(_split(conn, part, exc, quarantined))
     return stored
 
 
@@ -289,11 +263,16 @@ class Router:
     """The routing loop of a `Consumer` whose config has `routing` (see the module)."""
 
     def __init__(
-        self, consumer: Host, routing: Routing, subscriber_factory: Callable[[], Subscriber]
+        self,
+        consumer: Host,
+        routing: Routing,
+        subscriber_factory: Callable[[], Subscriber],
+        inbox: InboxWriters,
     ) -> None:
         self.consumer = consumer
         self.config = consumer.config
         self.routing = routing
+        self._inbox = inbox
         self._subscriber_factory = subscriber_factory
         self.sinks: dict[str, _Sink] = {}
         self.home = ""
@@ -326,7 +305,9 @@ class Router:
             remember_secrets(secrets_of_url(database.url))
             self.sinks[database.name] = _Sink(
                 database,
-                InboxStore(database.schema),
+                self._inbox(
+                    database.url, database.schema, connect_timeout=self.config.connect_timeout
+                ),
                 Outage(f"cannot store records in database {database.name!r}", log),
                 pending=current.pending if current is not None else [],
             )
@@ -475,7 +456,7 @@ class Router:
                 piece = sink.pending[0]
                 self.consumer.heartbeat.beat()
                 quarantined = list(piece.batch.quarantined)
-                stored, dead = store_once(sink.store, conn, piece.batch, quarantined)
+                stored, dead = store_once(conn, piece.batch, quarantined)
                 sink.pending.pop(0)
                 self.held -= piece.size
                 self._report(sink, piece.batch, stored, dead)
@@ -506,21 +487,12 @@ class Router:
         failure = _failing(type(exc).__name__)(redact_text(first_line(exc)))
         sink.next_try = time.monotonic() + sink.outage.failed(failure)
 
-    def _connection(self, sink: _Sink) -> Connection:
+    def _connection(self, sink: _Sink) -> InboxWriterSession:
         conn = sink.conn
-        if conn is None or conn.closed or conn.broken:
+        if conn is None or not conn.usable:
             sink.close()
             self.consumer.heartbeat.beat()
-            conn = connect(
-                sink.database.url,
-                timeout=self.config.connect_timeout,
-                application_name="outbox-consumer",
-            )
-            try:
-                check_schema(conn, sink.database.schema)
-            except BaseException:
-                conn.close()
-                raise
+            conn = sink.writer.connect(checked=True)
             sink.conn = conn
         return conn
 

@@ -324,7 +324,8 @@ class Observability:
             described["kafka_config"] = redact_settings(kafka)
             if start is not None:
                 described["start"] = start
-        elif described.get("transport") == "postgres":
+        elif not described.get("kafka_bootstrap"):
+            # Not on Kafka (the log transport leaves the daemon's Kafka fields empty).
             described.pop("kafka_bootstrap", None)
             described.pop("kafka_config", None)
         if self.metrics_port is not None:

@@ -43,9 +43,6 @@ __all__ = ["OutboxRuntime"]
 
 log = logging.getLogger("outbox.run")
 
-#: The transports `transport=` accepts.
-TRANSPORTS = ("kafka", "postgres")
-
 
 class _Component(Protocol):
     @property
@@ -149,10 +146,7 @@ class OutboxRuntime:
     ) -> None:
         from outbox import transports
 
-        if transport not in TRANSPORTS:
-            raise ConfigurationError(
-                f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}"
-            )
+        chosen = transports.get(transport)
         if not group:
             raise ConfigurationError("the consumer needs a group (--group or OUTBOX_GROUP)")
         registry = load_handlers(handlers) if isinstance(handlers, str) else handlers
@@ -166,22 +160,22 @@ class OutboxRuntime:
         shared = observability or ObservabilityConfig()
         own = _component_observability(shared)
         settings = dict(kafka_config or {})
-        self._log: tuple[str, str] | None = None
-        if transport == "postgres":
-            if not log_url:
-                raise ConfigurationError(
-                    "transport postgres needs log_url (--log-url or OUTBOX_LOG_URL)"
-                )
-            from outbox.pglog import DEFAULT_SCHEMA
-
-            schema_of_log = log_schema or DEFAULT_SCHEMA
-            self._log = (log_url, schema_of_log)
-            kafka_bootstrap = ""
-        elif not kafka_bootstrap:
+        found = transports.TransportSettings(
+            kafka_bootstrap=kafka_bootstrap,
+            kafka_config=settings,
+            log_url=log_url or "",
+            log_partitions=log_partitions,
+            log_retention=log_retention or None,
+            log_session_timeout=log_session_timeout,
+            log_schema=log_schema or transports.TransportSettings().log_schema,
+        )
+        if not chosen.endpoint(found):
             raise ConfigurationError(
-                "transport kafka needs kafka_bootstrap (--kafka-bootstrap or "
-                "OUTBOX_KAFKA_BOOTSTRAP)"
+                f"transport {chosen.name} needs {chosen.endpoint_field} "
+                f"({chosen.endpoint_flag} or {chosen.endpoint_env})"
             )
+        self._transport = (chosen, found)
+        kafka_bootstrap = chosen.bootstrap(found)
         producer_config = ProducerConfig(
             database_url=database_url,
             kafka_bootstrap=kafka_bootstrap,
@@ -207,23 +201,21 @@ class OutboxRuntime:
             observability=own,
             **dict(handler or {}),
         )
-        if self._log is not None:
-            url, name = self._log
-            relay = Producer(
-                producer_config,
-                publisher_factory=transports.log_publishers(
-                    url, name, partitions=log_partitions, retention=log_retention or None
-                ),
-            )
-            inbox = Consumer(
-                consumer_config,
-                subscriber_factory=transports.log_subscribers(
-                    url, name, consumed, group, session_timeout=log_session_timeout
-                ),
-            )
-        else:
-            relay = transports.kafka_producer(producer_config)
-            inbox = transports.kafka_consumer(consumer_config)
+        publishers, publishers_probe = chosen.make_publishers(
+            dataclasses.replace(found, kafka_config=producer_config.kafka_config)
+        )
+        relay = Producer(producer_config, publishers, publishers_probe)
+        subscribers, subscribers_probe = chosen.make_subscribers(
+            dataclasses.replace(found, kafka_config=consumer_config.kafka_config),
+            group,
+            consumed,
+        )
+        inbox = Consumer(
+            consumer_config,
+            subscribers,
+            subscribers_probe,
+            inbox=transports.postgres_inbox(),
+        )
         self._wait_for_database = shared.wait_for_database
         self._init(relay, inbox, HandlerRunner(handler_config, registry), shared)
 
@@ -292,10 +284,8 @@ class OutboxRuntime:
         here, before any thread starts. (Each component checks again as it starts.)"""
         from outbox.daemons.handler.config import check_async_support
 
-        if self._log is not None:
-            from outbox.pglog import check_log
-
-            check_log(self._log[0], self._log[1], wait=self._wait_for_database)
+        transport, settings = self._transport
+        transport.check(settings, self._wait_for_database)
         self.producer.check()
         self.consumer.check()
         self.handler.check_database(self.handler.config.observability.wait_for_database)

@@ -35,7 +35,7 @@ from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.pglog import DEFAULT_PARTITIONS, PgLogPublisher, PgLogSubscriber, check_log
+from outbox.pglog import DEFAULT_PARTITIONS
 from outbox.pglog.log import DEFAULT_SCHEMA as DEFAULT_LOG_SCHEMA
 from outbox.pglog.log import queries as log_queries
 from outbox.ports import (
@@ -48,7 +48,7 @@ from outbox.ports import (
 from outbox.postgres.operations import error_summary
 from outbox.postgres.queries import queries, validate_schema
 from outbox.testing.memory import InMemoryTransport
-from outbox.transports import kafka_publishers, kafka_subscribers
+from outbox.transports import KAFKA, LOG, TransportSettings, postgres_inbox
 
 __all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain"]
 
@@ -393,25 +393,34 @@ def _factories(
             lambda: _LedgerSubscriber(transport.subscriber(topics, group), ledger),
         )
     if isinstance(transport, PostgresLog):
-        log = transport
-        check_log(log.url, log.schema)  # one clear error: unreachable, or not migrated
+        log = TransportSettings(
+            log_url=transport.url,
+            log_schema=transport.schema,
+            log_partitions=transport.partitions,
+            log_rebalance_interval=0.2,
+        )
+        LOG.check(log, 0.0)  # one clear error: unreachable, or not migrated
+        log_publishers, _ = LOG.make_publishers(log)
+        log_subscribers, _ = LOG.make_subscribers(log, group, topics)
         return (
-            lambda: _LedgerPublisher(
-                PgLogPublisher(log.url, log.schema, partitions=log.partitions), ledger
-            ),
-            lambda: _LedgerSubscriber(
-                PgLogSubscriber(log.url, topics, group, log.schema, rebalance_interval=0.2),
-                ledger,
-            ),
+            lambda: _LedgerPublisher(log_publishers(), ledger),
+            lambda: _LedgerSubscriber(log_subscribers(), ledger),
         )
     if not isinstance(transport, str) or not transport:
         raise ConfigurationError(
             "transport must be a Kafka bootstrap address (host:port), a PostgresLog (or a "
             f"postgresql:// URL of the log database) or an InMemoryTransport, got {transport!r}"
         )
-    publishers, probe = kafka_publishers(transport, producer_kafka_config)
-    probe.check(10.0)
-    subscribers, _ = kafka_subscribers(transport, group, topics, consumer_kafka_config)
+    publishers, probe = KAFKA.make_publishers(
+        TransportSettings(kafka_bootstrap=transport, kafka_config=producer_kafka_config or {})
+    )
+    if probe is not None:
+        probe.check(10.0)
+    subscribers, _ = KAFKA.make_subscribers(
+        TransportSettings(kafka_bootstrap=transport, kafka_config=consumer_kafka_config or {}),
+        group,
+        topics,
+    )
     return (
         lambda: _LedgerPublisher(publishers(), ledger),
         lambda: _LedgerSubscriber(subscribers(), ledger),
@@ -473,6 +482,7 @@ def drain(
                 poll_timeout=0.05,
             ),
             subscriber_factory=subscriber_factory,
+            inbox=postgres_inbox(),
         ),
         runner=HandlerRunner(
             HandlerConfig(

@@ -26,6 +26,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from outbox import transports
 from outbox.core.handlers import Handlers
 from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
@@ -183,8 +184,8 @@ def is_log_url(endpoint: str) -> bool:
 def transport_args(endpoint: str) -> list[str]:
     """The daemons' flags for a Kafka bootstrap address or the PostgreSQL log's URL."""
     if is_log_url(endpoint):
-        return ["--transport", "postgres", "--log-url", endpoint]
-    return ["--kafka-bootstrap", endpoint]
+        return ["--transport", transports.LOG.name, transports.LOG.endpoint_flag, endpoint]
+    return [transports.KAFKA.endpoint_flag, endpoint]
 
 
 def _for_transport(endpoint: str, extra: tuple[str, ...]) -> list[str]:
@@ -343,14 +344,26 @@ class RelayTransport:
     Kafka bootstrap address, or the log database's URL.
     """
 
-    name: str  # "kafka" or "postgres"
+    name: str  # a name of the registry (outbox.transports): "kafka" or "postgres"
     endpoint: str
     make_topic: Callable[[int], str]
     consumer_settings: dict[str, str]
 
     @property
+    def transport(self) -> transports.Transport:
+        return transports.get(self.name)
+
+    @property
     def is_log(self) -> bool:
-        return self.name == "postgres"
+        return self.transport is transports.LOG
+
+    def settings(self, kafka_config: dict[str, str] | None = None) -> transports.TransportSettings:
+        """Where the transport is: the endpoint in its field (faster log rebalances)."""
+        return transports.TransportSettings(
+            **{self.transport.endpoint_field: self.endpoint},
+            kafka_config=kafka_config or {},
+            log_rebalance_interval=0.2,
+        )
 
     def topic(self, partitions: int = 3) -> str:
         """A new topic unique to the test."""
@@ -358,24 +371,15 @@ class RelayTransport:
 
     def publisher(self) -> Any:
         """A Publisher as the producer daemon builds it (close it after use)."""
-        if self.is_log:
-            from outbox.pglog import PgLogPublisher
-
-            return PgLogPublisher(self.endpoint)
-        from outbox.kafka.publisher import KafkaPublisher, producer_config
-
-        return KafkaPublisher(producer_config(self.endpoint))
+        publishers, _ = self.transport.make_publishers(self.settings())
+        return publishers()
 
     def subscriber_factory(self, topics: list[str], group: str) -> Callable[[], Any]:
         """The `subscriber_factory` of a Consumer daemon reading `topics` as `group`."""
-        if self.is_log:
-            from outbox.pglog import PgLogSubscriber
-
-            return lambda: PgLogSubscriber(self.endpoint, topics, group, rebalance_interval=0.2)
-        from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
-
-        config = consumer_config(self.endpoint, group, self.consumer_settings)
-        return lambda: KafkaSubscriber(config, topics)
+        subscribers, _ = self.transport.make_subscribers(
+            self.settings(self.consumer_settings), group, topics
+        )
+        return subscribers
 
     def consumer(self, url: str, topics: list[str], group: str, **options: Any) -> Consumer:
         """A Consumer daemon (not started) storing `topics` into `url`'s inbox."""
@@ -386,7 +390,11 @@ class RelayTransport:
             group=group,
             **options,
         )
-        return Consumer(config, subscriber_factory=self.subscriber_factory(topics, group))
+        return Consumer(
+            config,
+            subscriber_factory=self.subscriber_factory(topics, group),
+            inbox=transports.postgres_inbox(),
+        )
 
     def producer(self, url: str, **options: Any) -> Producer:
         """A Producer daemon (not started) relaying `url`'s outbox."""

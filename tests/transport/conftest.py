@@ -3,6 +3,7 @@
 `memory` needs no server; `kafka` is the session's real broker (Tansu locally, or Kafka from
 OUTBOX_TEST_KAFKA_BOOTSTRAP / testcontainers), through the same adapters the daemons use;
 `postgres` is the PostgreSQL log (outbox.pglog) in a fresh database of the session's server.
+Both are made as the daemons get them: by the transport registry (outbox/transports.py).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from outbox.kafka.publisher import KafkaPublisher, producer_config
-from outbox.kafka.subscriber import KafkaSubscriber, consumer_config
+from outbox import transports
 from outbox.memory import InMemoryTransport
-from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber
+from outbox.pglog import PgLog
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.ports import Publisher, Subscriber
 from outbox.testing.plugin import TANSU_CONSUMER_SETTINGS, TopicFactory
@@ -89,11 +89,16 @@ class Kafka(TransportUnderTest):
         return self._topics(partitions)
 
     def publisher(self) -> Publisher:
-        return self._keep(KafkaPublisher(producer_config(self.bootstrap)))  # type: ignore[no-any-return]
+        settings = transports.TransportSettings(kafka_bootstrap=self.bootstrap)
+        publishers, _ = transports.KAFKA.make_publishers(settings)
+        return self._keep(publishers())  # type: ignore[no-any-return]
 
     def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
-        config = consumer_config(self.bootstrap, group, self._consumer_settings)
-        return self._keep(KafkaSubscriber(config, topics))  # type: ignore[no-any-return]
+        settings = transports.TransportSettings(
+            kafka_bootstrap=self.bootstrap, kafka_config=self._consumer_settings
+        )
+        subscribers, _ = transports.KAFKA.make_subscribers(settings, group, topics)
+        return self._keep(subscribers())  # type: ignore[no-any-return]
 
 
 class PostgresLog(TransportUnderTest):
@@ -112,10 +117,15 @@ class PostgresLog(TransportUnderTest):
         return name
 
     def publisher(self) -> Publisher:
-        return self._keep(PgLogPublisher(self.url))  # type: ignore[no-any-return]
+        publishers, _ = transports.LOG.make_publishers(
+            transports.TransportSettings(log_url=self.url)
+        )
+        return self._keep(publishers())  # type: ignore[no-any-return]
 
     def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
-        return self._keep(PgLogSubscriber(self.url, topics, group))  # type: ignore[no-any-return]
+        settings = transports.TransportSettings(log_url=self.url)
+        subscribers, _ = transports.LOG.make_subscribers(settings, group, topics)
+        return self._keep(subscribers())  # type: ignore[no-any-return]
 
 
 @pytest.fixture(params=["memory", "kafka", "postgres"])

@@ -52,7 +52,9 @@ def _files(*packages: str) -> list[Path]:
 
 
 def _violations(
-    sources: list[Path], forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()
+    sources: list[Path],
+    forbidden: tuple[str, ...],
+    allowed: tuple[str, ...] = (),
 ) -> list[str]:
     bad = []
     for path in sources:
@@ -107,12 +109,11 @@ def test_daemons_import_no_transport_adapter() -> None:
 
 #: What the daemons never import: they speak to the ports (outbox/ports.py) only, so a daemon
 #: loop runs over an in-memory store (tests/unit/test_relay_over_memory.py).
-ADAPTERS = ("outbox.postgres", "outbox.kafka", "outbox.pglog", "psycopg")
+ADAPTERS = ("outbox.postgres", "outbox.kafka", "outbox.pglog", "psycopg", "confluent_kafka")
 
-#: Daemon modules that still import an adapter (the consumer's side, issue 25). Each is
-#: expected to fail the check below (strictly: a module freed must leave this list).
-#: Empty it, don't grow it.
-KNOWN_ADAPTER_IMPORTS = {"outbox.daemons.consumer", "outbox.daemons.routing"}
+#: Daemon modules that still import an adapter. Each is expected to fail the check below
+#: (strictly: a module freed must leave this list). Empty it, don't grow it.
+KNOWN_ADAPTER_IMPORTS: set[str] = set()
 
 
 @pytest.mark.parametrize(
@@ -148,6 +149,70 @@ def test_the_import_check_sees_third_party_modules(tmp_path: Path) -> None:
         "outbox.postgres",
         "psycopg",
     ]
+
+
+#: The wiring that picks a transport by its name: only through outbox/transports.py.
+_CHOOSERS = ("outbox.cli", "outbox.console", "outbox.runtime", "outbox.testing.draining")
+#: What makes a transport's publishers, subscribers and lag readers (outbox/transports.py does).
+_TRANSPORT_FACTORIES = (
+    "outbox.kafka.publisher.KafkaPublisher",
+    "outbox.kafka.subscriber.KafkaSubscriber",
+    "outbox.kafka.lag",
+    "outbox.pglog.PgLogPublisher",
+    "outbox.pglog.PgLogSubscriber",
+    "outbox.pglog.publisher",
+    "outbox.pglog.subscriber",
+)
+
+
+def test_the_wiring_makes_transports_through_the_registry() -> None:
+    """The CLI, the console, `outbox run` and the drain make no transport themselves: they ask
+    outbox/transports.py's registry for the one named (issue 25)."""
+    assert _violations(_files(*_CHOOSERS), _TRANSPORT_FACTORIES) == []
+
+
+def _transport_switches(path: Path, names: frozenset[str]) -> list[str]:
+    """Comparisons of something called `transport` with a transport's name (`transport ==
+    "postgres"`, `transport in ("kafka", "postgres")`), and tuples of the names."""
+
+    def named(node: ast.expr) -> bool:
+        if isinstance(node, ast.Call):  # mapping.get("transport"), getattr(args, "transport")
+            return any(isinstance(a, ast.Constant) and a.value == "transport" for a in node.args)
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+        return "transport" in name.lower()
+
+    def constants(node: ast.expr) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(constants(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(named(s) for s in sides) and any(constants(s) for s in sides):
+                found.append(f"{path.name}:{node.lineno}: compares a transport with its name")
+        elif (
+            isinstance(node, ast.Tuple)
+            and len(node.elts) > 1
+            and all(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+        ):
+            found.append(f"{path.name}:{node.lineno}: lists the transports' names")
+    return found
+
+
+def test_no_module_outside_the_registry_switches_on_transport_names() -> None:
+    from outbox import transports
+
+    names = frozenset(transports.names())
+    bad = [
+        switch
+        for path in _files(*_CHOOSERS, "outbox.daemons", "outbox.observability")
+        for switch in _transport_switches(path, names)
+    ]
+    assert bad == []
 
 
 def test_spark_reuses_stores_not_daemon_loops() -> None:
