@@ -141,12 +141,18 @@ def _handler_class(state: HealthState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _ProbeServer(ThreadingHTTPServer):
+    #: Connections waiting to be accepted: a probe that comes while the process is busy waits
+    #: in this queue rather than finding it full (socketserver's default is 5).
+    request_queue_size = 64
+
+
 class HealthServer:
     """Serves `/livez` and `/readyz` from a daemon thread until `stop()`."""
 
     def __init__(self, state: HealthState, host: str, port: int) -> None:
         try:
-            self._server = ThreadingHTTPServer((host, port), _handler_class(state))
+            self._server = _ProbeServer((host, port), _handler_class(state))
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot serve health checks on {host}:{port}: {exc.strerror or exc}"

@@ -75,6 +75,8 @@ def health(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+    except OSError as error:  # refused or reset on a machine too busy to accept: not an answer
+        return 0, str(error)
 
 
 def _send(url: str, topics: dict[str, int]) -> None:
