@@ -474,6 +474,22 @@ class InboxWriters(Protocol):
     def __call__(self, url: str, schema: str, *, connect_timeout: float) -> InboxWriter: ...
 
 
+_default_inbox_writers: list[InboxWriters] = []
+
+
+def use_inbox_writers(writers: InboxWriters) -> None:
+    """Make `writers` what the Consumer stores through when its wiring gives none
+    (outbox/__init__.py sets PostgreSQL's)."""
+    _default_inbox_writers[:] = [writers]
+
+
+def default_inbox_writers() -> InboxWriters:
+    """The inbox writers set by `use_inbox_writers`."""
+    if not _default_inbox_writers:
+        raise RuntimeError("no inbox writers: pass inbox= to the Consumer, or import outbox")
+    return _default_inbox_writers[0]
+
+
 class LagReader(Protocol):
     """Reads the lag of consumer groups from a transport (Kafka, the PostgreSQL log).
 

@@ -16,7 +16,6 @@ usual, that one is quarantined. Offsets are committed only after all of it is st
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import threading
 from collections import Counter
@@ -43,6 +42,7 @@ from outbox.ports import (
     InboxWriterSession,
     SubscriberFactory,
     TransportProbe,
+    default_inbox_writers,
 )
 
 log = logging.getLogger("outbox.consumer")
@@ -114,14 +114,9 @@ class ConsumerConfig:
 #: The inbox store when the wiring gives none: PostgreSQL's, loaded by name when first needed
 #: (outbox.transports and the CLI pass it; this keeps `Consumer(config, subscribers)` working
 #: without the daemons depending on the adapter).
-POSTGRES_INBOX = "outbox.postgres.inbox_writer:PostgresInbox"
-
-
 def default_inbox() -> InboxWriters:
-    """The PostgreSQL inbox store (`POSTGRES_INBOX`)."""
-    module, _, name = POSTGRES_INBOX.partition(":")
-    writers: InboxWriters = getattr(importlib.import_module(module), name)
-    return writers
+    """The inbox writers of the wiring's default (PostgreSQL's, set by outbox/__init__.py)."""
+    return default_inbox_writers()
 
 
 class _Refused(Exception):
