@@ -62,13 +62,12 @@ from outbox import settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     ENV_LOG_URL,
-    Once,
+    add_database,
     add_databases,
     add_groups,
     add_kafka,
     add_log,
     add_transport,
-    database_entry_type,
     databases_of,
     env_groups,
     require,
@@ -151,25 +150,6 @@ def _partitions(text: str) -> int:
     return number
 
 
-def _add_database(parser: argparse.ArgumentParser) -> None:
-    """--database-url (once: `[NAME[/SCHEMA]=]URL`, so that a line of a databases file names
-    its database) and --schema, for a command that serves one database."""
-    parser.add_argument(
-        "--database-url",
-        action=Once,
-        type=database_entry_type,
-        default=os.environ.get(ENV_DATABASE_URL),
-        metavar="[NAME[/SCHEMA]=]URL",
-        help="the PostgreSQL database, once; a line of a databases file also names one (its "
-        f"SCHEMA, when given, overrides --schema) (env {ENV_DATABASE_URL})",
-    )
-    parser.add_argument(
-        "--schema",
-        default=os.environ.get(settings.SCHEMA, "outbox"),
-        help=f"schema of the outbox tables (env {settings.SCHEMA}; default outbox)",
-    )
-
-
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `status`, `dead-letters`, `log-groups` and `log-topics` commands to the
     `outbox` command's subparsers."""
@@ -243,7 +223,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     )
 
     listing = actions.add_parser("list", help="the dead rows of a queue, oldest first")
-    _add_database(listing)
+    add_database(listing)
     _add_queue(listing)
     listing.add_argument("--topic", type=_topic, help="only the rows of this topic")
     listing.add_argument(
@@ -252,7 +232,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     listing.add_argument("--json", action="store_true", help="print one JSON document")
 
     show = actions.add_parser("show", help="everything about one row, with the whole error")
-    _add_database(show)
+    add_database(show)
     _add_queue(show)
     show.add_argument("id", type=_row_id, metavar="ID", help="row id or message UUID")
     show.add_argument("--json", action="store_true", help="print one JSON document")
@@ -274,7 +254,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
                 else ""
             ),
         )
-        _add_database(change)
+        add_database(change)
         _add_queue(change)
         change.add_argument(
             "ids", nargs="*", type=_row_id, metavar="ID", help="row ids or message UUIDs"
