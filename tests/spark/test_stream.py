@@ -105,7 +105,7 @@ def test_20000_messages_are_stored_once_across_a_stop_and_restart_and_all_handle
         second = InboxStream(spark, dataclasses.replace(config, available_now=True))
         second.run()
         wait_for(
-            lambda: count(url, "consumer_queue", "processed_at IS NOT NULL") == 20_000,
+            lambda: count(url, "consumer_processed") == 20_000,
             180,
             "the Handler to handle every message",
             interval=0.5,
@@ -198,7 +198,7 @@ def test_rows_are_the_consumer_daemons_and_a_sleeping_handler_is_woken(
 
 
 def _handled(url: str) -> int:
-    return count(url, "consumer_queue", "processed_at IS NOT NULL")
+    return count(url, "consumer_processed")
 
 
 def test_cli_consumer_streams_until_sigterm_then_exits_cleanly(
