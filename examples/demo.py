@@ -230,11 +230,14 @@ class _Tracer(threading.Thread):
                     (unrelayed,),
                 )
             }
-        # One statement, one snapshot: a shipment commits together with its processed_at.
+        # One statement, one snapshot: a shipment commits together with its message's move
+        # from the inbox (consumer_queue) to the handled ids (consumer_processed).
         inbox: dict[UUID, tuple[bool, bool, list[int]]] = {}
         for message_id, processed, dead, shipment_id in shipping_db.execute(
-            "SELECT q.message_id, q.processed_at IS NOT NULL, q.dead_at IS NOT NULL, s.id"
-            " FROM outbox.consumer_queue q"
+            "SELECT q.message_id, q.processed, q.dead, s.id"
+            " FROM (SELECT message_id, false AS processed, dead_at IS NOT NULL AS dead"
+            "       FROM outbox.consumer_queue"
+            "       UNION ALL SELECT message_id, true, false FROM outbox.consumer_processed) q"
             " LEFT JOIN shipments s ON s.message_id = q.message_id"
             " WHERE q.message_id = ANY(%s) ORDER BY s.id",
             ([o.message_id for o in pending],),
@@ -474,7 +477,7 @@ class _Demo:
         _say("     relayed   its row left the orders DB's outbox.producer_queue: Kafka has it")
         _say("     inbox     the consumer stored it in the shipping DB's outbox.consumer_queue")
         _say("               (it reads in batches, waiting up to 0.2 s to fill one)")
-        _say("     handled   ship_order ran; shipment and processed_at committed together\n")
+        _say("     handled   ship_order ran; shipment and processed mark committed together\n")
         header = ("order", "customer", "total", "message", "relayed", "inbox", "handled")
         rows: list[tuple[str, ...]] = [header]
         for o in self.orders:
@@ -547,8 +550,10 @@ class _Demo:
             in_inbox = {
                 row[0]
                 for row in conn.execute(
-                    "SELECT message_id FROM outbox.consumer_queue WHERE message_id = ANY(%s)",
-                    (list(rolled_back.values()),),
+                    "SELECT message_id FROM outbox.consumer_queue WHERE message_id = ANY(%s)"
+                    " UNION ALL"
+                    " SELECT message_id FROM outbox.consumer_processed WHERE message_id = ANY(%s)",
+                    (list(rolled_back.values()), list(rolled_back.values())),
                 )
             }
         with psycopg.connect(self.orders_url) as conn:

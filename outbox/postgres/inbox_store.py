@@ -1,9 +1,11 @@
-"""The inbox's statements on `consumer_queue` (the inbox store).
+"""The inbox's statements on `consumer_queue` and `consumer_processed` (the inbox store).
 
 For the Consumer: insert and quarantine, turning the core batches a transport delivers into the
-bind parameters of `inbox_insert` and `inbox_quarantine` (no transport knows them). For the
-Handler: fetch what is due, claim, mark done, record a failure, forget old processed rows, and
-end a transaction that overran its lease.
+bind parameters of `inbox_insert` and `inbox_quarantine` (no transport knows them); a message
+id pending in `consumer_queue` or handled within the dedup window (`consumer_processed`) is
+stored no more. For the Handler: fetch what is due, claim, mark done (the row leaves
+`consumer_queue`, its id is recorded in `consumer_processed`), record a failure, forget the
+handled ids past the dedup window, and end a transaction that overran its lease.
 
 The Handler's transactions are those of `outbox.postgres.sessions` (psycopg or SQLAlchemy, sync
 or async): their statements run through the session's `execute`; the Handler's control loop
@@ -61,7 +63,7 @@ Stored = Callable[[], Counter[str]]
 
 
 class InboxStore:
-    """The statements on `consumer_queue` (one schema): the Consumer's and the Handler's.
+    """The inbox's statements (one schema): the Consumer's and the Handler's.
 
     The Consumer's methods start one statement (atomic on its own in autocommit) and return a
     function that gives, once the statement's results are in, the rows stored per topic; a
@@ -98,12 +100,14 @@ class InboxStore:
         return float(row[0]) if row and row[0] is not None else None
 
     def forget_processed(self, conn: Connection, window: float, limit: int) -> int:
-        """Delete up to `limit` rows processed more than `window` seconds ago; how many."""
+        """Forget up to `limit` messages handled more than `window` seconds ago (their ids in
+        `consumer_processed`); how many."""
         params = {"window": window, "limit": limit}
         return conn.execute(self.sql["handler_retention"], params).rowcount
 
     def recent_topics(self, conn: Connection, limit: int) -> dict[str, int]:
-        """The topics of the last `limit` rows stored, whatever their state: rows per topic."""
+        """The topics of the last `limit` rows of `consumer_queue` (pending, retrying or dead;
+        handled rows have left it): rows per topic."""
         rows = conn.execute(self.sql["handler_recent_topics"], {"limit": limit}).fetchall()
         return {str(topic): int(count) for topic, count in rows}
 
@@ -120,12 +124,16 @@ class InboxStore:
     # -- in a handler transaction (a session's `execute`) --------------------------------------
 
     def claim_many(self, execute: Execute, ids: list[int]) -> dict[int, Claimed]:
-        """Lock the rows of `ids` that are still pending and not held by another transaction."""
+        """Lock the rows of `ids` that are still pending and not held by another transaction.
+
+        A row whose message id was handled meanwhile (a redelivery stored while its first
+        copy's handling committed) is deleted in this transaction instead, and not returned."""
         rows = execute(self.sql["handler_claim_many"], {"ids": ids}).fetchall()
         return {row[0]: Claimed._make(row) for row in rows}
 
     def done_many(self, execute: Execute, ids: list[int]) -> None:
-        """Mark rows processed; they stay (payload cleared) for the dedup window."""
+        """Mark rows processed: they leave `consumer_queue` and their ids are kept in
+        `consumer_processed` for the dedup window."""
         execute(self.sql["handler_done_many"], {"ids": ids})
 
     def fail(self, execute: Execute, failed: FailedAttempt) -> None:
@@ -133,7 +141,8 @@ class InboxStore:
         execute(self.sql["handler_fail"], failed._asdict())
 
     async def claim_async(self, execute: AsyncExecute, row_id: int) -> Claimed | None:
-        """Lock one pending row, or None if it is handled or held by another transaction."""
+        """Lock one pending row, or None if it is handled or held by another transaction (as
+        `claim_many`)."""
         row = await fetch_one(await execute(self.sql["handler_claim"], {"id": row_id}))
         return None if row is None else Claimed._make(row)
 

@@ -39,6 +39,8 @@ TABLES: dict[Queue, str] = {"producer": "producer_queue", "consumer": "consumer_
 #: Where a queue's dead rows are: a dead producer row moves to producer_dead, a dead consumer
 #: row stays in consumer_queue. Reports about dead rows name this table.
 DEAD_TABLES: dict[Queue, str] = {"producer": "producer_dead", "consumer": "consumer_queue"}
+#: Where a handled consumer message is kept for the dedup window (migration 0007).
+PROCESSED_TABLE = "consumer_processed"
 #: The column the age of a queue's rows is measured from.
 AGE_COLUMNS: dict[Queue, str] = {"producer": "created_at", "consumer": "received_at"}
 #: A row named on the command line: its bigserial `id` or its message UUID.
@@ -416,7 +418,13 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
         )
     return QueueRow(
         queue=queue,
-        table=DEAD_TABLES[queue] if row[13] == "dead" else TABLES[queue],
+        table=(
+            DEAD_TABLES[queue]
+            if row[13] == "dead"
+            else PROCESSED_TABLE
+            if row[13] == "processed"
+            else TABLES[queue]
+        ),
         id=row[0],
         message_id=row[1],
         topic=row[2],

@@ -25,6 +25,7 @@ PRODUCER_QUEUE = "producer_queue"
 CONSUMER_QUEUE = "consumer_queue"
 RELAY_STATE = "relay_state"
 PRODUCER_DEAD = "producer_dead"
+CONSUMER_PROCESSED = "consumer_processed"
 
 
 def _message_columns() -> list[Column[object]]:
@@ -88,8 +89,9 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column(
             "received_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
         ),
+        #: Set only by releases before migration 0007 (a handled row now leaves the table):
+        #: NULL and 0 on every row since; the partial indexes still name processed_at.
         Column("processed_at", DateTime(timezone=True)),
-        #: Committed handlings of the message (the audit's "handled twice" is a value above 1).
         Column("handled_count", Integer, nullable=False, server_default=text("0")),
         #: Every header of a quarantined record, base64: [[name, value or null], ...].
         Column("raw_headers", JSONB),
@@ -106,11 +108,27 @@ def metadata(schema: str = "outbox") -> MetaData:
         consumer.c.key,
         postgresql_where=text("attempts > 0 AND processed_at IS NULL AND dead_at IS NULL"),
     )
-    Index(
-        "consumer_queue_processed",
-        consumer.c.processed_at,
-        postgresql_where=text("processed_at IS NOT NULL"),
+    # The messages handled within the dedup window, out of consumer_queue (migration 0007):
+    # the Handler deletes a handled row and records it here in the same transaction. `id`,
+    # `key` and `lane` are the inbox row's (the operator tools' order per key).
+    processed = Table(
+        CONSUMER_PROCESSED,
+        md,
+        Column("message_id", Uuid, primary_key=True),
+        Column("id", BigInteger, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("key", LargeBinary),
+        Column("lane", SmallInteger, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column(
+            "processed_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
+        ),
+        #: Committed handlings (the audit's "handled twice" is a value above 1).
+        Column("handled_count", Integer, nullable=False, server_default=text("1")),
+        #: Attempts of the message, the one that succeeded included.
+        Column("attempts", Integer, nullable=False, server_default=text("1")),
     )
+    Index("consumer_processed_at", processed.c.processed_at)
     Table(
         RELAY_STATE,
         md,

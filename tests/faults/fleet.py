@@ -530,6 +530,18 @@ def where_is(message_id: Any, sender: Service, receiver: Service) -> str:
             f"{partition} offset {offset}, attempts {attempts}, due {due}, processed "
             f"{processed}, dead {dead_at}, last error {error!r}"
         )
+    handled = _rows(
+        receiver.url,
+        f'SELECT processed_at, attempts, handled_count FROM "{receiver.schema}".consumer_processed'
+        " WHERE message_id = %s",
+        (message_id,),
+    )
+    if handled:
+        processed, attempts, times = handled[0]
+        return (
+            f"{message_id}: handled by {receiver.name} at {processed} (attempts {attempts},"
+            f" handled {times} time(s))"
+        )
     return f"{message_id}: in neither queue: relayed, never stored by {receiver.name}"
 
 

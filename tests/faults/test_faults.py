@@ -172,7 +172,7 @@ def _dead(url: str, table: str) -> set[Any]:
 
 
 def _handled(url: str) -> int:
-    return count(url, "consumer_queue", "processed_at IS NOT NULL")
+    return count(url, "consumer_processed")
 
 
 @pytest.fixture
@@ -364,7 +364,7 @@ def test_handler_that_hangs_past_its_lease(
         pipeline.stop()
     with psycopg.connect(receiver) as conn:
         attempts = conn.execute(
-            "SELECT attempts FROM outbox.consumer_queue WHERE message_id = %s", (ids[10],)
+            "SELECT attempts FROM outbox.consumer_processed WHERE message_id = %s", (ids[10],)
         ).fetchone()
     assert attempts == (2,), "the hung attempt should count, the second one succeed"
     _account("handler hangs past lease", sender, receiver, ids, fault_results, started)

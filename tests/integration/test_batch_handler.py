@@ -52,7 +52,7 @@ def test_a_batch_handler_gets_runs_of_messages_in_order(outbox_database_url: str
         wait_for(lambda: processed(url) == 500, 30, "500 handled")
 
     assert sorted(r[0] for r in _effects(url)) == sorted(ids)
-    assert count(url, "consumer_queue", "handled_count <> 1") == 0
+    assert count(url, "consumer_processed", "handled_count <> 1") == 0
     assert all(1 <= len(call) <= 100 for call in calls)
     assert len(calls) < 100, f"{len(calls)} calls for 500 messages: not batched"
     # Within a call, and for each key across calls, messages come in the order they were stored.
@@ -76,7 +76,7 @@ def test_a_failing_batch_is_split_and_blames_its_own_message(
 
     # Every other message's effect exactly once; nothing of the failing lists committed.
     assert sorted(int(r[2]) for r in _effects(url)) == [n for n in range(60) if n not in (17, 42)]
-    assert count(url, "consumer_queue", "handled_count > 1") == 0
+    assert count(url, "consumer_processed", "handled_count > 1") == 0
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT message_id, last_error FROM outbox.consumer_queue "

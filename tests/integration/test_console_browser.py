@@ -74,7 +74,7 @@ def browser_page() -> Iterator[Any]:
 
 
 def _handled(url: str) -> int:
-    return count(url, "consumer_queue", "processed_at IS NOT NULL")
+    return count(url, "consumer_processed")
 
 
 def _dead(url: str) -> int:

@@ -392,7 +392,7 @@ def test_workers_refused_connections_back_off_quietly_and_fail_readyz_until_they
         assert count(admin, "consumer_queue", "attempts > 0") == 0  # no attempt counted
         _grant(admin, "ALTER ROLE {role} CONNECTION LIMIT -1", role)
         wait_for(
-            lambda: count(admin, "consumer_queue", "processed_at IS NOT NULL") == 1,
+            lambda: count(admin, "consumer_processed") == 1,
             60,
             "the message handled once the worker connects",
         )
@@ -429,7 +429,7 @@ def test_daemons_ride_out_postgres_down_then_up_quietly(
         with psycopg.connect(url) as conn, conn.transaction():
             Broker().send(conn, topic, {"n": 1}, key="k")
         wait_for(
-            lambda: count(url, "consumer_queue", "processed_at IS NOT NULL") == 1,
+            lambda: count(url, "consumer_processed") == 1,
             90,
             "the message sent after the restart to be handled",
         )

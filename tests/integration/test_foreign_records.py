@@ -226,10 +226,18 @@ def produce(producer: Producer, topic: str, batch: list[Record]) -> list[int]:
     return [o for o in offsets if o is not None]
 
 
+# The inbox's rows of the offsets: those still in consumer_queue (dead ones), and the handled
+# ones (consumer_processed, which keeps no offset: found through what the handler saw).
 ROWS = """
-SELECT source_offset, processed_at IS NOT NULL, dead_at IS NOT NULL, last_error, raw_headers,
-       handled_count, message_id
-FROM outbox.consumer_queue WHERE source_partition = 0 AND source_offset = ANY(%s)
+SELECT source_offset, false, dead_at IS NOT NULL, last_error, raw_headers, handled_count,
+       message_id
+FROM outbox.consumer_queue WHERE source_partition = 0 AND source_offset = ANY(%(offsets)s)
+UNION ALL
+SELECT s.source_offset, true, false, NULL, NULL, p.handled_count, p.message_id
+FROM outbox.consumer_processed p
+JOIN (SELECT DISTINCT message_id, source_partition, source_offset FROM seen) s
+  ON s.message_id = p.message_id
+WHERE s.source_partition = 0 AND s.source_offset = ANY(%(offsets)s)
 """
 
 
@@ -255,6 +263,7 @@ def test_foreign_records_are_handled_once_or_quarantined(
         admin.execute(SEEN)
         admin.execute("DELETE FROM seen")
         admin.execute("DELETE FROM outbox.consumer_queue")
+        admin.execute("DELETE FROM outbox.consumer_processed")
         admin.execute("DELETE FROM outbox.producer_queue")
 
     offsets = produce(producer, topic, batch)
@@ -277,7 +286,7 @@ def test_foreign_records_are_handled_once_or_quarantined(
         handled = conn.execute(
             "SELECT source_offset, key, payload, message_id FROM seen"
         ).fetchall()
-        rows = conn.execute(ROWS, (offsets,)).fetchall()
+        rows = conn.execute(ROWS, {"offsets": offsets}).fetchall()
     assert [mid for *_, mid in handled].count(sentinel) == 1, "the sentinel was not handled once"
 
     by_offset: dict[int, list[tuple[Any, ...]]] = {}

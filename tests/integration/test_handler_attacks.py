@@ -158,7 +158,7 @@ def test_a_misbehaving_callback_is_a_recorded_failure(
     with handler_thread(url, handlers, concurrency=1, lease=30) as runner:
         wait_for(
             lambda: (
-                count(url, "consumer_queue", "processed_at IS NOT NULL") == 2
+                count(url, "consumer_processed") == 2
                 and count(url, "consumer_queue", "dead_at IS NOT NULL") == 1
             ),
             30,

@@ -64,7 +64,7 @@ def _put(
 def _done(url: str) -> bool:
     """One row processed and one dead."""
     return (
-        count(url, "consumer_queue", "processed_at IS NOT NULL") == 1
+        count(url, "consumer_processed") == 1
         and count(url, "consumer_queue", "dead_at IS NOT NULL") == 1
     )
 

@@ -79,7 +79,7 @@ def put(
 
 
 def processed(url: str) -> int:
-    return count(url, "consumer_queue", "processed_at IS NOT NULL")
+    return count(url, "consumer_processed")
 
 
 def dead(url: str) -> int:
@@ -154,8 +154,9 @@ def test_handler_failing_twice_runs_three_times_and_its_effect_exists_once(
     assert attempts == [1, 2, 3]
     assert _effects(url) == [(mid, 3, "")]  # the two failed attempts' writes rolled back
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT attempts, last_error FROM outbox.consumer_queue").fetchone()
-    assert row == (3, None)
+        row = conn.execute("SELECT attempts FROM outbox.consumer_processed").fetchone()
+        assert conn.execute("SELECT count(*) FROM outbox.consumer_queue").fetchone() == (0,)
+    assert row == (3,)
 
 
 def test_poison_message_goes_dead_others_flow_then_requeue_handles_it_once(
@@ -268,7 +269,8 @@ def test_handler_writes_commit_with_processed_or_not_at_all(
     with psycopg.connect(url) as conn:
         state = dict(
             conn.execute(
-                "SELECT message_id, processed_at IS NOT NULL FROM outbox.consumer_queue"
+                "SELECT message_id, true FROM outbox.consumer_processed UNION ALL"
+                " SELECT message_id, false FROM outbox.consumer_queue"
             ).fetchall()
         )
     assert state == {good: True, bad: False}
@@ -406,7 +408,7 @@ def test_end_to_end_with_daemons_killed_and_restarted(
         wait_for(lambda: processed(url) > 0, 60, "the handler to start handling")
         h.signal(signal.SIGKILL)
         h.wait(10)
-    assert 0 < processed(url) < count(url, "consumer_queue"), "the kill should land mid-way"
+    assert processed(url) > 0 and count(url, "consumer_queue") > 0, "the kill should land mid-way"
     with (
         spawn_consumer(url, outbox_kafka_bootstrap, outbox_topic, group) as c,
         spawn_handler(url, "tests.integration.inbox_app:handlers") as h,
@@ -415,7 +417,7 @@ def test_end_to_end_with_daemons_killed_and_restarted(
         for daemon in (h, c):
             daemon.terminate()
             assert daemon.wait(30) == 0, daemon.output()
-    assert count(url, "consumer_queue") == total
+    assert count(url, "consumer_queue") == 0  # every handled row left it
     effects = Counter(r[0] for r in _effects(url))
     assert set(effects) == set(ids)
     assert max(effects.values()) == 1, "a handler effect was applied twice"
@@ -493,8 +495,8 @@ def test_retention_keeps_up_while_a_backlog_keeps_the_handler_busy(
         def progressed() -> bool:
             nonlocal forgotten_while_busy
             handled = len(_effects(url))
-            left = count(url, "consumer_queue", "processed_at IS NULL")
-            kept = count(url, "consumer_queue", "processed_at IS NOT NULL")
+            left = count(url, "consumer_queue")
+            kept = count(url, "consumer_processed")
             if left > 0 and handled >= 100 and kept < handled:
                 forgotten_while_busy = True
             return left == 0

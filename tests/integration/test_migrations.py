@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -11,10 +15,17 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from outbox import Broker, SchemaNotMigrated, SchemaTooNew
+from outbox import Broker, Handlers, InboxMessage, SchemaNotMigrated, SchemaTooNew
+from outbox.core.batches import InboxBatch
+from outbox.core.lanes import lane_for
+from outbox.kafka.subscriber import InboxRow
 from outbox.postgres import migrate
+from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.queries import channel, queries, quote_ident
 from outbox.postgres.schema import metadata
 from outbox.testing.plugin import DatabaseFactory
+
+from .relay_helpers import handler_thread, wait_for
 
 
 def _tables(url: str, schema: str) -> set[str]:
@@ -81,6 +92,7 @@ def test_fresh_upgrade_matches_the_declared_schema(
         "producer_queue",
         "producer_dead",
         "consumer_queue",
+        "consumer_processed",
         "relay_state",
     }
     assert _diff(outbox_empty_database_url, schema) == []
@@ -285,3 +297,104 @@ def test_migrate_on_a_schema_a_newer_outbox_migrated_says_so(
     )
     assert result.returncode == 1
     assert "migrated by a newer outbox" in result.stderr and "unexpected" not in result.stderr
+
+
+def _store_with_the_consumers_statement(url: str, schema: str, ids: list[uuid.UUID]) -> int:
+    """Deliver messages `ids` (again) with the Consumer's statement; the rows stored."""
+    rows = [
+        InboxRow(
+            message_id=mid,
+            topic="migrated",
+            key=f"k{n % 3}".encode(),
+            payload=json.dumps({"n": n}).encode(),
+            headers={},
+            content_type="application/json",
+            lane=lane_for(f"k{n % 3}".encode(), mid),
+            created_at=datetime.now(UTC),
+            partition=0,
+            offset=n,
+        )
+        for n, mid in enumerate(ids)
+    ]
+    with psycopg.connect(url) as conn, conn.transaction():
+        found = conn.execute(
+            queries(schema)["inbox_insert"],
+            insert_params(InboxBatch.of(rows), channel(schema, "consumer_queue")),
+        ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+@pytest.mark.parametrize("schema", ["outbox", "billing_outbox"])
+def test_0007_moves_processed_ids_out_and_keeps_the_dedup_of_messages_in_flight(
+    outbox_empty_database_url: str, schema: str
+) -> None:
+    """Messages handled before the upgrade and delivered again after it are refused; messages
+    pending before it are handled once after it; the downgrade puts the ids back."""
+    url, q = outbox_empty_database_url, quote_ident(schema)
+    migrate.upgrade(url, schema, revision="0006")
+    handled_before = [uuid.uuid4() for _ in range(5)]
+    pending_before = [uuid.uuid4() for _ in range(4)]
+    with psycopg.connect(url) as conn, conn.transaction():
+        # as the previous release left them: processed in place (payload cleared), or pending
+        for n, mid in enumerate(handled_before + pending_before):
+            processed = mid in handled_before
+            conn.execute(
+                f"INSERT INTO {q}.consumer_queue (message_id, topic, key, payload, content_type,"
+                " lane, processed_at, handled_count, attempts) VALUES (%s, 'migrated', %s, %s,"
+                " 'application/json', %s, CASE WHEN %s THEN now() - interval '1 minute' END,"
+                " %s, %s)",
+                (
+                    mid,
+                    f"k{n % 3}".encode(),
+                    b"" if processed else json.dumps({"n": n}).encode(),
+                    lane_for(f"k{n % 3}".encode(), mid),
+                    processed,
+                    int(processed),
+                    int(processed),
+                ),
+            )
+        conn.execute("CREATE TABLE public.effects (message_id uuid)")
+    migrate.upgrade(url, schema)
+    assert _diff(url, schema) == []
+    with psycopg.connect(url) as conn:
+        moved = conn.execute(
+            f"SELECT message_id, handled_count, processed_at < now() - interval '30 seconds'"
+            f" FROM {q}.consumer_processed"
+        ).fetchall()
+        left = conn.execute(f"SELECT message_id FROM {q}.consumer_queue").fetchall()
+    assert sorted(moved) == sorted((mid, 1, True) for mid in handled_before)
+    assert sorted(r[0] for r in left) == sorted(pending_before)
+
+    # In flight: every message is delivered again after the upgrade; none is stored twice.
+    assert _store_with_the_consumers_statement(url, schema, handled_before + pending_before) == 0
+
+    handlers = Handlers()
+
+    @handlers.handler("migrated")
+    def effect(message: InboxMessage, conn: Any) -> None:
+        conn.execute("INSERT INTO public.effects VALUES (%s)", (message.id,))
+
+    def effects() -> list[uuid.UUID]:
+        with psycopg.connect(url) as conn:
+            return [r[0] for r in conn.execute("SELECT message_id FROM public.effects")]
+
+    with handler_thread(url, handlers, schema=schema):
+        wait_for(lambda: len(effects()) >= len(pending_before), 30, "the pending messages")
+        assert _store_with_the_consumers_statement(url, schema, handled_before) == 0
+        assert _store_with_the_consumers_statement(url, schema, pending_before) == 0
+    assert sorted(effects()) == sorted(pending_before)
+    with psycopg.connect(url) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {q}.consumer_queue").fetchone() == (0,)
+        assert conn.execute(f"SELECT count(*) FROM {q}.consumer_processed").fetchone() == (9,)
+
+    migrate.downgrade(url, schema, revision="0006")
+    with psycopg.connect(url) as conn:
+        back = conn.execute(
+            f"SELECT message_id, handled_count FROM {q}.consumer_queue"
+            " WHERE processed_at IS NOT NULL"
+        ).fetchall()
+    assert sorted(back) == sorted((mid, 1) for mid in handled_before + pending_before)
+    migrate.upgrade(url, schema)
+    assert _diff(url, schema) == []
+    assert _store_with_the_consumers_statement(url, schema, handled_before + pending_before) == 0

@@ -156,7 +156,7 @@ def test_metrics_count_every_message_per_topic_in_each_daemon(
             handler_port = _port(runner, "metrics_port")
             assert consumer_port != handler_port  # two daemons, two registries, one process
             wait_for(
-                lambda: count(url, "consumer_queue", "processed_at IS NOT NULL") == total,
+                lambda: count(url, "consumer_processed") == total,
                 60,
                 "every message handled",
             )
@@ -368,7 +368,7 @@ def test_handler_errors_carry_message_id_and_topic_in_json(
         env={"INBOX_APP_TOPIC": outbox_topic, "OUTBOX_LOG_FORMAT": "json"},
     ) as handler:
         wait_for(
-            lambda: count(url, "consumer_queue", "processed_at IS NOT NULL") == 1,
+            lambda: count(url, "consumer_processed") == 1,
             60,
             "the message handled after its retry",
         )

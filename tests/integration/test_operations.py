@@ -665,3 +665,49 @@ def test_requeue_of_a_dead_producer_row_whose_message_id_is_queued_again_is_refu
         == "requeued 1 row of producer_queue"
     )
     assert row_of(url, "producer", other)["dead_at"] is None
+
+
+def test_a_handled_message_is_counted_shown_and_never_requeued_or_purged(
+    outbox_database_url: str,
+) -> None:
+    """A handled message has left consumer_queue (migration 0007): status counts it processed,
+    show finds it in consumer_processed by message id and by row id, and requeue or purge by
+    its id refuse it and change nothing."""
+    from outbox.postgres.inbox_store import InboxStore
+
+    from .test_inbox import put
+
+    url = outbox_database_url
+    (mid,) = put(url, "ops.handled", [{"n": 1}], ["k"])
+    with psycopg.connect(url) as conn, conn.transaction():
+        found = conn.execute(
+            "SELECT id FROM outbox.consumer_queue WHERE message_id = %s", (mid,)
+        ).fetchone()
+        assert found is not None
+        row_id = int(found[0])
+        InboxStore("outbox").done_many(conn.execute, [row_id])
+    with psycopg.connect(url) as conn:
+        (consumer,) = [q for q in ops.status(conn, "outbox").queues if q.queue == "consumer"]
+        assert consumer.totals["processed"].rows == 1
+        assert consumer.topics["ops.handled"]["processed"].rows == 1
+        for ref in (mid, row_id):
+            shown = ops.show_row(conn, "outbox", "consumer", ref)
+            assert (shown.state, shown.table, shown.message_id, shown.id) == (
+                "processed",
+                "consumer_processed",
+                mid,
+                row_id,
+            )
+            assert shown.attempts == 1 and shown.processed_at is not None
+        for ref in (mid, row_id):
+            for change in (ops.requeue, ops.purge):
+                with pytest.raises(ops.NoSuchDeadLetter, match="is processed, not dead"):
+                    change(conn, "outbox", "consumer", ops.Selection(ids=(ref,)))
+    assert count_rows(url, "consumer_processed") == 1
+
+
+def count_rows(url: str, table: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(f"SELECT count(*) FROM outbox.{table}").fetchone()
+    assert row is not None
+    return int(row[0])

@@ -47,7 +47,7 @@ def test_a_pipelined_batch_handles_every_message_once(outbox_database_url: str) 
         wait_for(lambda: processed(url) == 300, 30, "300 handled")
     effects = _effects(url)
     assert sorted(r[0] for r in effects) == sorted(ids)
-    assert count(url, "consumer_queue", "handled_count <> 1") == 0
+    assert count(url, "consumer_processed", "handled_count <> 1") == 0
 
 
 @pytest.mark.parametrize("sql_failure", [True, False], ids=["failing statement", "exception"])

@@ -316,9 +316,12 @@ def test_the_inbox_reader_reads_each_row_of_the_window_once(
     wanted = put(url, "audited", [{"n": i} for i in range(7)], [f"k{i}" for i in range(7)])
     put(url, "other", [{"n": 0}], ["k"])
     with psycopg.connect(url) as conn:
-        conn.execute(
-            "UPDATE outbox.consumer_queue SET processed_at = created_at + interval '1 second',"
-            " handled_count = 2 WHERE message_id = %s",
+        conn.execute(  # handled twice, as the Handler would record it
+            "WITH handled AS (DELETE FROM outbox.consumer_queue WHERE message_id = %s"
+            " RETURNING message_id, id, topic, key, lane, created_at)"
+            " INSERT INTO outbox.consumer_processed"
+            " (message_id, id, topic, key, lane, created_at, processed_at, handled_count)"
+            " SELECT *, created_at + interval '1 second', 2 FROM handled",
             (wanted[0],),
         )
         conn.execute(
@@ -327,7 +330,7 @@ def test_the_inbox_reader_reads_each_row_of_the_window_once(
             (wanted[6],),
         )
         (created,) = conn.execute(
-            "SELECT created_at FROM outbox.consumer_queue WHERE message_id = %s", (wanted[0],)
+            "SELECT created_at FROM outbox.consumer_processed WHERE message_id = %s", (wanted[0],)
         ).fetchone() or (None,)
     now = datetime.now(UTC)
     window = audit.Window(now - timedelta(hours=1), now + timedelta(minutes=1), now)
@@ -552,8 +555,8 @@ def _send(url: str, topic: str, n: int) -> list[uuid.UUID]:
 def _inbox_state(url: str, schema: str) -> dict[uuid.UUID, tuple[bool, int]]:
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT message_id, processed_at IS NOT NULL, handled_count"
-            f" FROM {schema}.consumer_queue"
+            f"SELECT message_id, true, handled_count FROM {schema}.consumer_processed"
+            f" UNION ALL SELECT message_id, false, handled_count FROM {schema}.consumer_queue"
         ).fetchall()
     return {r[0]: (r[1], r[2]) for r in rows}
 
@@ -588,7 +591,8 @@ def _consume_and_handle(
     sabotage: tuple[uuid.UUID, uuid.UUID] | None = None,
 ) -> None:
     """Run a service's Consumer and Handler until every message is handled; with `sabotage`
-    (removed, twice), then delete the first one's row and have the second one handled again."""
+    (removed, twice), then forget the first one and record the second one as handled twice
+    (the claim keeps the Handler itself from doing it)."""
     with (
         consumer_thread(url, bootstrap, [topic], schema=schema, group=f"g-{schema}-{topic}"),
         handler_thread(url, _handlers(topic), schema=schema),
@@ -598,11 +602,10 @@ def _consume_and_handle(
             return
         removed, twice = sabotage
         with psycopg.connect(url) as conn:
-            table = f"{schema}.consumer_queue"
+            table = f"{schema}.consumer_processed"
             conn.execute(f"DELETE FROM {table} WHERE message_id = %s", (removed,))
             conn.execute(
-                f"UPDATE {table} SET processed_at = NULL,"
-                " payload = convert_to('{\"n\": 4}', 'UTF8') WHERE message_id = %s",
+                f"UPDATE {table} SET handled_count = handled_count + 1 WHERE message_id = %s",
                 (twice,),
             )
         wait_for(lambda: _inbox_state(url, schema)[twice] == (True, 2), 30, "handled again")

@@ -58,11 +58,13 @@ def _delete(url: str, message_ids: list[Any]) -> None:
 
 
 def _mark_processed(url: str, message_id: Any) -> None:
-    """As the Handler leaves a handled message: processed, payload cleared, kept for dedup."""
+    """As the Handler leaves a handled message: out of consumer_queue, its id kept for dedup."""
     with psycopg.connect(url) as conn:
         conn.execute(
-            "UPDATE outbox.consumer_queue SET processed_at = now(), payload = ''"
-            " WHERE message_id = %s",
+            "WITH handled AS (DELETE FROM outbox.consumer_queue WHERE message_id = %s"
+            " RETURNING message_id, id, topic, key, lane, created_at)"
+            " INSERT INTO outbox.consumer_processed (message_id, id, topic, key, lane, created_at)"
+            " SELECT * FROM handled",
             (message_id,),
         )
 
@@ -93,8 +95,8 @@ def test_replay_by_offsets_restores_a_deleted_message_and_skips_the_others(
 
     assert counts == {"read": 7, "inserted": 1, "skipped": 6}
     assert _row_id(url, 1, 5) == deleted
-    assert count(url, "consumer_queue") == 600
-    assert count(url, "consumer_queue", "processed_at IS NOT NULL") == 1  # left as it was
+    assert count(url, "consumer_queue") == 599  # the handled one is not stored again
+    assert count(url, "consumer_processed") == 1  # left as it was
     again = _replay(capsys, url, bootstrap, topic, "--from-offset", "1:3", "--to-offset", "1:10")
     assert again == {"read": 7, "inserted": 0, "skipped": 7}
 

@@ -102,8 +102,21 @@ SELECT id, message_id, left(topic, %(topic_chars)s),
        source_partition, source_offset, received_at, processed_at,
        CASE WHEN octet_length(raw_headers::text) <= %(headers_bytes)s THEN raw_headers END,
        octet_length(raw_headers::text)
-FROM {schema}.consumer_queue
-WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid)
+FROM (
+    SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at,
+           attempts, next_attempt_at, last_error, dead_at, source_partition, source_offset,
+           received_at, processed_at, raw_headers
+    FROM {schema}.consumer_queue
+    WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid)
+    UNION ALL
+    -- a handled message, as ops_consumer_show gives it
+    SELECT id, message_id, topic, key, ''::bytea, '{}'::jsonb, 'application/octet-stream',
+           lane, created_at, attempts, processed_at, NULL, NULL, NULL, NULL, processed_at,
+           processed_at, NULL
+    FROM {schema}.consumer_processed
+    WHERE message_id = CAST(%(message_id)s AS uuid)
+       OR (CAST(%(message_id)s AS uuid) IS NULL AND id = CAST(%(id)s AS bigint))
+) AS found
 LIMIT 1;
 
 -- name: console_throughput
@@ -117,7 +130,9 @@ LIMIT 1;
 --             id of the previous sample (read through the primary key, not from the
 --             statistics, which a session that went idle flushes only after 10 seconds); and
 --             the highest id now;
---   handled:  rows handled since %(since)s (processed_at is set when a message is handled).
+--   handled:  messages handled since %(since)s (consumer_processed, through its processed_at
+--             index). A handled row leaves consumer_queue, so the received ones are counted
+--             in both tables, and the highest id is also looked for among the last handled.
 -- The statistics count a row when its statement ran (a rolled-back send's rows too). A row
 -- whose transaction commits after a sample that saw a greater id is not counted as received.
 SELECT now(),
@@ -126,11 +141,16 @@ SELECT now(),
                    - COALESCE(sum(s.n_tup_ins) FILTER (WHERE s.relname = 'producer_dead'), 0)
        )::bigint,
        (SELECT count(*) FROM {schema}.consumer_queue
-        WHERE id > COALESCE(CAST(%(after)s AS bigint), 9223372036854775807)),
-       (SELECT COALESCE(max(id), 0) FROM {schema}.consumer_queue),
-       (SELECT count(*) FROM {schema}.consumer_queue
-        WHERE processed_at IS NOT NULL
-          AND processed_at > COALESCE(CAST(%(since)s AS timestamptz), 'infinity'))
+        WHERE id > COALESCE(CAST(%(after)s AS bigint), 9223372036854775807))
+       + (SELECT count(*) FROM {schema}.consumer_processed
+          WHERE processed_at > COALESCE(CAST(%(since)s AS timestamptz), 'infinity')
+            AND id > COALESCE(CAST(%(after)s AS bigint), 9223372036854775807)),
+       GREATEST((SELECT COALESCE(max(id), 0) FROM {schema}.consumer_queue),
+                (SELECT COALESCE(max(id), 0)
+                 FROM (SELECT id FROM {schema}.consumer_processed
+                       ORDER BY processed_at DESC LIMIT 1000) AS last_handled)),
+       (SELECT count(*) FROM {schema}.consumer_processed
+        WHERE processed_at > COALESCE(CAST(%(since)s AS timestamptz), 'infinity'))
 FROM pg_stat_user_tables s
 WHERE s.schemaname = %(schema)s
   AND s.relname IN ('producer_queue', 'producer_dead');

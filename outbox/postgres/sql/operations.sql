@@ -6,10 +6,12 @@
 --   producer_queue: pending (attempts = 0), retrying (attempts > 0); a dead producer row
 --                   (it can never be delivered) is in producer_dead, moved there by the
 --                   relay, and requeue moves it back with its id.
---   consumer_queue: processed (processed_at NOT NULL; kept for the dedup window), and among
---                   the rows not processed: pending, retrying, dead as above.
--- A processed consumer row is never dead here, even if dead_at were set: it is the dedup
--- record of a message that was handled, and requeue/purge must never touch it.
+--   consumer_queue: pending, retrying, dead as above; a handled message leaves it and is
+--                   recorded in consumer_processed (migration 0007): processed, kept for the
+--                   dedup window.
+-- A processed message is the dedup record of a message that was handled: requeue and purge
+-- never touch consumer_processed. (A consumer_queue row with processed_at set, left by a
+-- release before 0007, counts as processed too.)
 
 -- name: ops_status_producer
 -- Per topic and state: rows and the age (seconds) of the oldest by created_at. (A row of
@@ -29,15 +31,20 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: ops_status_consumer
--- Per topic and state: rows and the age (seconds) of the oldest by received_at.
-SELECT topic,
-       CASE WHEN processed_at IS NOT NULL THEN 'processed'
-            WHEN dead_at IS NOT NULL THEN 'dead'
-            WHEN attempts > 0 THEN 'retrying'
-            ELSE 'pending' END AS state,
-       count(*) AS rows,
-       GREATEST(0, EXTRACT(EPOCH FROM now() - min(received_at)))::float8 AS oldest_age
-FROM {schema}.consumer_queue
+-- Per topic and state: rows and the age (seconds) of the oldest by received_at (processed
+-- messages: by processed_at, when they were handled).
+SELECT topic, state, count(*) AS rows,
+       GREATEST(0, EXTRACT(EPOCH FROM now() - min(at)))::float8 AS oldest_age
+FROM (
+    SELECT topic, received_at AS at,
+           CASE WHEN processed_at IS NOT NULL THEN 'processed'
+                WHEN dead_at IS NOT NULL THEN 'dead'
+                WHEN attempts > 0 THEN 'retrying'
+                ELSE 'pending' END AS state
+    FROM {schema}.consumer_queue
+    UNION ALL
+    SELECT topic, processed_at, 'processed' FROM {schema}.consumer_processed
+) AS rows_
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
@@ -134,6 +141,10 @@ WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid)
 LIMIT 1;
 
 -- name: ops_consumer_show
+-- One row by id or message id: from consumer_queue, else a handled message from
+-- consumer_processed (its payload and headers are gone: empty; attempts: those it took;
+-- received_at and next_attempt_at: its processed_at). By message id it reads the primary key;
+-- by id alone consumer_processed is scanned (it has no index on id).
 SELECT id, message_id, topic, key, payload, headers, content_type, lane, created_at, attempts,
        next_attempt_at, last_error, dead_at,
        CASE WHEN processed_at IS NOT NULL THEN 'processed'
@@ -142,7 +153,22 @@ SELECT id, message_id, topic, key, payload, headers, content_type, lane, created
             ELSE 'pending' END AS state,
        source_partition, source_offset, received_at, processed_at, raw_headers
 FROM {schema}.consumer_queue
-WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid);
+WHERE id = CAST(%(id)s AS bigint) OR message_id = CAST(%(message_id)s AS uuid)
+UNION ALL
+SELECT * FROM (
+    SELECT id, message_id, topic, key, ''::bytea, '{}'::jsonb, 'application/octet-stream', lane,
+           created_at, attempts, processed_at, NULL::text, NULL::timestamptz, 'processed',
+           NULL::integer, NULL::bigint, processed_at, processed_at, NULL::jsonb
+    FROM {schema}.consumer_processed
+    WHERE message_id = CAST(%(message_id)s AS uuid)
+    UNION ALL
+    SELECT id, message_id, topic, key, ''::bytea, '{}'::jsonb, 'application/octet-stream', lane,
+           created_at, attempts, processed_at, NULL::text, NULL::timestamptz, 'processed',
+           NULL::integer, NULL::bigint, processed_at, processed_at, NULL::jsonb
+    FROM {schema}.consumer_processed
+    WHERE CAST(%(message_id)s AS uuid) IS NULL AND id = CAST(%(id)s AS bigint)
+) AS processed
+LIMIT 1;
 
 -- name: ops_producer_lock
 -- The rows named by id or message id, with whether each is dead; requeue and purge check every
@@ -163,16 +189,28 @@ WHERE id = ANY(CAST(%(ids)s AS bigint[]))
 ORDER BY id;
 
 -- name: ops_consumer_lock
-SELECT id, message_id,
-       CASE WHEN processed_at IS NOT NULL THEN 'processed'
-            WHEN dead_at IS NOT NULL THEN 'dead'
-            WHEN attempts > 0 THEN 'retrying'
-            ELSE 'pending' END AS state
-FROM {schema}.consumer_queue
-WHERE id = ANY(CAST(%(ids)s AS bigint[]))
-   OR message_id = ANY(CAST(%(message_ids)s AS uuid[]))
-ORDER BY id
-FOR UPDATE;
+-- The rows named by id or message id with their state, those of consumer_queue locked until
+-- the end of the transaction; handled messages (consumer_processed) are only reported, as
+-- 'processed' (named by id, consumer_processed is scanned: it has no index on id).
+WITH queued AS (
+    SELECT id, message_id,
+           CASE WHEN processed_at IS NOT NULL THEN 'processed'
+                WHEN dead_at IS NOT NULL THEN 'dead'
+                WHEN attempts > 0 THEN 'retrying'
+                ELSE 'pending' END AS state
+    FROM {schema}.consumer_queue
+    WHERE id = ANY(CAST(%(ids)s AS bigint[]))
+       OR message_id = ANY(CAST(%(message_ids)s AS uuid[]))
+    FOR UPDATE
+)
+SELECT id, message_id, state FROM queued
+UNION
+SELECT id, message_id, 'processed' FROM {schema}.consumer_processed
+WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]))
+UNION
+SELECT id, message_id, 'processed' FROM {schema}.consumer_processed
+WHERE cardinality(CAST(%(ids)s AS bigint[])) > 0 AND id = ANY(CAST(%(ids)s AS bigint[]))
+ORDER BY id;
 
 -- name: ops_producer_requeue_clashes
 -- Dead rows, selected as for requeue, that cannot go back to producer_queue because a row
@@ -214,12 +252,13 @@ WHERE dead_at IS NOT NULL AND processed_at IS NULL
 -- For each of the dead rows %(ids)s (as requeue selects them, before it changes them): how
 -- many later rows of the same key (id greater, any topic) were already handled. The Handler
 -- holds a key back only behind a message that waits for a retry, never behind a dead one, so
--- these ran before the requeued message will. Processed rows older than the dedup window are
--- forgotten: the count is a lower bound then. Rows without a key have no order.
+-- these ran before the requeued message will. Handled messages older than the dedup window
+-- are forgotten: the count is a lower bound then. Rows without a key have no order. Reads
+-- consumer_processed whole (an operator's command; no index on key).
 SELECT d.id, d.key, count(*) AS later
 FROM {schema}.consumer_queue d
-JOIN {schema}.consumer_queue l
-  ON l.lane = d.lane AND l.key = d.key AND l.id > d.id AND l.processed_at IS NOT NULL
+JOIN {schema}.consumer_processed l
+  ON l.lane = d.lane AND l.key = d.key AND l.id > d.id
 WHERE d.dead_at IS NOT NULL AND d.processed_at IS NULL AND d.key IS NOT NULL
   AND (CAST(%(ids)s AS bigint[]) IS NULL OR d.id = ANY(CAST(%(ids)s AS bigint[])))
   AND (CAST(%(topic)s AS text) IS NULL OR d.topic = %(topic)s)
@@ -233,7 +272,8 @@ WHERE (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))
   AND (CAST(%(topic)s AS text) IS NULL OR topic = %(topic)s);
 
 -- name: ops_consumer_purge
--- A processed row is the dedup record of a handled message: never deleted here.
+-- Only dead rows of consumer_queue: a handled message's record (consumer_processed) is never
+-- deleted here.
 DELETE FROM {schema}.consumer_queue
 WHERE dead_at IS NOT NULL AND processed_at IS NULL
   AND (CAST(%(ids)s AS bigint[]) IS NULL OR id = ANY(CAST(%(ids)s AS bigint[])))

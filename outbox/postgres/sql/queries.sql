@@ -251,9 +251,12 @@ FROM moved;
 
 -- name: inbox_insert
 -- Store a batch of Kafka records, once per message id: a record delivered again (by Kafka, by a
--- relay that re-sent it, or by a replay) meets the unique message_id, pending or processed,
--- and is skipped. Then wake a sleeping Handler. The arrays are bound in binary form (the b
--- placeholders): building their text form was most of the Consumer's time.
+-- relay that re-sent it, or by a replay) is skipped when its id is pending (the unique
+-- message_id of consumer_queue) or handled within the dedup window (consumer_processed). A
+-- redelivery that passes the second check while its first copy's handling commits is caught
+-- by the Handler's claim (handler_claim_many). Then wake a sleeping Handler. The arrays are
+-- bound in binary form (the b placeholders): building their text form was most of the
+-- Consumer's time.
 WITH inserted AS (
     INSERT INTO {schema}.consumer_queue
         (message_id, topic, key, payload, headers, content_type, lane, created_at,
@@ -269,7 +272,10 @@ WITH inserted AS (
         CAST(%(created_ats)b AS timestamptz[]),
         CAST(%(partitions)b AS integer[]),
         CAST(%(offsets)b AS bigint[])
-    )
+    ) AS r(message_id, topic, key, payload, headers, content_type, lane, created_at,
+           source_partition, source_offset)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.consumer_processed p
+                      WHERE p.message_id = r.message_id)
     ON CONFLICT (message_id) DO NOTHING
     RETURNING topic
 ), woken AS (
@@ -306,6 +312,7 @@ WITH inserted AS (
         CAST(%(raw_headers)s AS jsonb[]),
         CAST(%(errors)s AS text[])
     ) AS q(m, t, k, p, l, c, sp, so, r, e)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.consumer_processed d WHERE d.message_id = q.m)
     ON CONFLICT (message_id) DO NOTHING
     RETURNING topic
 )
@@ -360,13 +367,24 @@ FROM (
 ) AS keys;
 
 -- name: handler_claim
--- Lock one pending row for the handler's transaction. SKIP LOCKED: a row another process is
--- handling right now is left to it.
+-- Lock one pending row for the handler's transaction (see handler_claim_many). SKIP LOCKED: a
+-- row another process is handling right now is left to it.
+WITH locked AS MATERIALIZED (
+    SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+           attempts, source_partition, source_offset, processed_at, dead_at
+    FROM {schema}.consumer_queue
+    WHERE id = %(id)s
+    FOR UPDATE SKIP LOCKED
+), handled AS MATERIALIZED (
+    SELECT l.id FROM locked l
+    WHERE EXISTS (SELECT 1 FROM {schema}.consumer_processed p WHERE p.message_id = l.message_id)
+), dropped AS (
+    DELETE FROM {schema}.consumer_queue WHERE id = ANY(ARRAY(SELECT id FROM handled))
+)
 SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
        attempts, source_partition, source_offset
-FROM {schema}.consumer_queue
-WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL
-FOR UPDATE SKIP LOCKED;
+FROM locked
+WHERE processed_at IS NULL AND dead_at IS NULL AND id NOT IN (SELECT id FROM handled);
 
 -- name: handler_claim_many
 -- Lock a batch of pending rows for one handler transaction (see handler_claim). The rows are
@@ -374,6 +392,9 @@ FOR UPDATE SKIP LOCKED;
 -- the pending conditions in the same WHERE, a planner that believes the table small (its
 -- statistics are often stale) reads the whole pending index and tests each entry against the
 -- ids, 50 ms per claim at 50,000 pending rows instead of 0.3.
+-- A row whose message id is already in consumer_processed is a redelivery stored while its
+-- first copy's handling committed (inbox_insert's check read a snapshot taken before): it is
+-- deleted here, in the handler's transaction, and never handled.
 WITH locked AS MATERIALIZED (
     SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
            attempts, source_partition, source_offset, processed_at, dead_at
@@ -381,29 +402,49 @@ WITH locked AS MATERIALIZED (
     WHERE id = ANY(CAST(%(ids)s AS bigint[]))
     ORDER BY id
     FOR UPDATE SKIP LOCKED
+), handled AS MATERIALIZED (
+    SELECT l.id FROM locked l
+    WHERE EXISTS (SELECT 1 FROM {schema}.consumer_processed p WHERE p.message_id = l.message_id)
+), dropped AS (
+    DELETE FROM {schema}.consumer_queue WHERE id = ANY(ARRAY(SELECT id FROM handled))
 )
 SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
        attempts, source_partition, source_offset
 FROM locked
-WHERE processed_at IS NULL AND dead_at IS NULL
+WHERE processed_at IS NULL AND dead_at IS NULL AND id NOT IN (SELECT id FROM handled)
 ORDER BY id;
 
 -- name: handler_done_many
 -- Mark a batch of rows processed (see handler_done).
-UPDATE {schema}.consumer_queue
-SET processed_at = now(), attempts = attempts + 1, handled_count = handled_count + 1,
-    payload = ''::bytea, last_error = NULL
-WHERE id = ANY(CAST(%(ids)s AS bigint[]));
+WITH handled AS (
+    DELETE FROM {schema}.consumer_queue
+    WHERE id = ANY(CAST(%(ids)s AS bigint[]))
+    RETURNING message_id, id, topic, key, lane, created_at, attempts
+)
+INSERT INTO {schema}.consumer_processed AS p
+    (message_id, id, topic, key, lane, created_at, attempts)
+SELECT message_id, id, topic, key, lane, created_at, attempts + 1 FROM handled
+ON CONFLICT (message_id) DO UPDATE
+SET handled_count = p.handled_count + 1, processed_at = now(),
+    attempts = p.attempts + excluded.attempts;
 
 -- name: handler_done
--- Mark a row processed in the handler's transaction. The row stays (payload cleared) for the
--- dedup window, so that a redelivery of the same message id is not stored again.
--- handled_count counts the committed handlings: above 1 means handled twice (the audit's
--- "duplicated"), which the claim's `processed_at IS NULL` should make impossible.
-UPDATE {schema}.consumer_queue
-SET processed_at = now(), attempts = attempts + 1, handled_count = handled_count + 1,
-    payload = ''::bytea, last_error = NULL
-WHERE id = %(id)s;
+-- Mark a row processed in the handler's transaction: the row leaves consumer_queue and its
+-- message is recorded in consumer_processed for the dedup window, so that a redelivery of the
+-- same message id is not stored again (migration 0007). handled_count counts the committed
+-- handlings: above 1 means handled twice (the audit's "duplicated"), which the claim's check
+-- of consumer_processed should make impossible.
+WITH handled AS (
+    DELETE FROM {schema}.consumer_queue
+    WHERE id = %(id)s
+    RETURNING message_id, id, topic, key, lane, created_at, attempts
+)
+INSERT INTO {schema}.consumer_processed AS p
+    (message_id, id, topic, key, lane, created_at, attempts)
+SELECT message_id, id, topic, key, lane, created_at, attempts + 1 FROM handled
+ON CONFLICT (message_id) DO UPDATE
+SET handled_count = p.handled_count + 1, processed_at = now(),
+    attempts = p.attempts + excluded.attempts;
 
 -- name: handler_fail
 -- Record a failed attempt: retry after `delay` seconds, or (dead) keep it for an operator.
@@ -416,16 +457,16 @@ SET attempts = attempts + 1,
 WHERE id = %(id)s AND processed_at IS NULL;
 
 -- name: handler_retention
--- Forget processed rows older than the dedup window, a bounded batch at a time.
-DELETE FROM {schema}.consumer_queue
-WHERE id IN (
-    SELECT id FROM {schema}.consumer_queue
+-- Forget handled messages older than the dedup window, a bounded batch at a time.
+DELETE FROM {schema}.consumer_processed
+WHERE message_id IN (
+    SELECT message_id FROM {schema}.consumer_processed
     WHERE processed_at < now() - make_interval(secs => %(window)s)
     LIMIT %(limit)s
 );
 
 -- name: handler_recent_topics
--- The topics of the last %(limit)s rows stored in consumer_queue, whatever their state, and
+-- The topics of the last %(limit)s rows in consumer_queue (pending, retrying or dead), and
 -- how many rows each: what the consumers have been storing. The primary key read backwards
 -- and a bound: cheap at any table size (the Handler asks once, at start).
 SELECT topic, count(*)

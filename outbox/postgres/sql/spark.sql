@@ -29,8 +29,8 @@ FROM STDIN (FORMAT BINARY);
 
 -- name: spark_inbox_merge
 -- The staged records into the inbox, once per message id, exactly as `inbox_insert` does for
--- the Consumer daemon: a record already there, pending or processed within the dedup window,
--- is skipped. Rows get their ids in Kafka order, so a key keeps its order for the Handler.
+-- the Consumer daemon: a record already there, pending (consumer_queue) or handled within the
+-- dedup window (consumer_processed), is skipped. Rows get their ids in Kafka order, so a key keeps its order for the Handler.
 -- Then wake a sleeping Handler, under the same condition as the daemon.
 WITH inserted AS (
     INSERT INTO {schema}.consumer_queue
@@ -38,7 +38,9 @@ WITH inserted AS (
          source_partition, source_offset)
     SELECT message_id, topic, key, payload, headers, content_type, lane, created_at,
            source_partition, source_offset
-    FROM pg_temp.outbox_spark_inbox_stage
+    FROM pg_temp.outbox_spark_inbox_stage s
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.consumer_processed p
+                      WHERE p.message_id = s.message_id)
     ORDER BY topic, source_partition, source_offset
     ON CONFLICT (message_id) DO NOTHING
     RETURNING 1
