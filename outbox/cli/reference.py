@@ -137,8 +137,9 @@ FIELD_MEANINGS: dict[str, str] = {
     "backoff": "delay before a failed delivery is retried; the row's key waits meanwhile",
     "connect_timeout": "seconds to wait for PostgreSQL (and Kafka) when connecting",
     "relay_id": "this process's id in `relay_state` and `outbox status` (host:pid:random)",
-    "retention_interval": "seconds between two deletions of processed rows past the dedup window",
-    "retention_batch": "processed rows deleted per statement",
+    "retention_interval": "seconds between two deletions of handled message ids "
+    "(consumer_processed) past the dedup window",
+    "retention_batch": "handled message ids deleted per statement",
     "poll_timeout": "seconds one Kafka poll waits for records",
     "observability": "metrics and health servers of the daemon",
 }

@@ -7,8 +7,8 @@ wake-up NOTIFY) takes effect when the caller commits.
 
 Row states (see `sql/operations.sql`): a producer row is pending, retrying or dead (dead rows
 are in `producer_dead`; requeue moves them back to `producer_queue` with their id); a consumer
-row is processed (kept for the dedup window) or else pending, retrying or dead. A processed row
-is never dead here, so requeue and purge cannot touch it.
+row is processed (its id kept in `consumer_processed` for the dedup window) or else pending,
+retrying or dead. A processed message is never dead here, so requeue and purge cannot touch it.
 """
 
 from __future__ import annotations

@@ -22,12 +22,13 @@ For the messages created in a window `[since, until)`, per (topic, service):
 The exit code is 3 when anything is missing or duplicated (`EXIT_PROBLEMS`), so the audit can
 gate a deploy; 0 otherwise; 1 on bad input or an unreachable database or broker.
 
-**Limits.** A processed row is deleted once it is older than the Handler's dedup window
-(`outbox handler --dedup-window`, one day by default); a message handled before that would look
+**Limits.** A handled message's id (`consumer_processed`) is deleted once it is older than the
+Handler's dedup window (`outbox handler --dedup-window`, one day by default); a message handled
+before that would look
 missing. So the window starts, by default, a margin after `now - dedup window` (pass the
 service's `--dedup-window` when it is not the default); a `--since` further back is allowed
 with a warning. A message handled twice *after* its row was forgotten (a replay from the start
-of a topic) is a new row with handled_count 1: the audit cannot see it. Messages created in
+of a topic) is recorded again with handled_count 1: the audit cannot see it. Messages created in
 the last `--settle` seconds, or put on Kafka in that time, are left out: they may still be on
 their way. Dead rows purged by an operator look missing. Only messages on Kafka can be
 counted: a message still waiting in a producer's outbox is in neither column.
@@ -66,7 +67,7 @@ from outbox.spark.inbox_reader import InboxSource, default_partitions, inbox_bou
 
 log = logging.getLogger("outbox.spark.audit")
 
-#: The Handler's default dedup window (seconds): processed rows older than it are deleted.
+#: The Handler's default dedup window (seconds): handled message ids older than it are deleted.
 DEFAULT_DEDUP_WINDOW = 24 * 3600.0
 #: Default --settle (seconds): messages this recent are not audited yet.
 DEFAULT_SETTLE = 60.0

@@ -1,9 +1,10 @@
 """The Handler runner: `consumer_queue` -> the service's decorated callbacks.
 
 Contract: each message is handled in one database transaction that (1) locks its row, (2) runs
-the callback with that transaction's connection or session, and (3) marks the row processed.
-The callback's writes and "processed" commit together or not at all, and a processed row stays
-(payload cleared) for the dedup window, so a message is never handled twice. A callback that
+the callback with that transaction's connection or session, and (3) deletes the row and keeps its
+message id in `consumer_processed` (decision 17). The callback's writes and "handled" commit
+together or not at all, and the id stays for the dedup window, so a message is never handled
+twice. A callback that
 raises is rolled back, the error recorded, and the row retried with backoff until its handler's
 `max_attempts`, then kept as dead. Messages of one key are handled in order: they share a lane,
 a lane belongs to one worker of one process, and a key waits behind its failing message.
@@ -241,7 +242,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self._workers[worker.index] = self._worker(worker.index)
 
     def housekeeping(self, conn: InboxSession, *, busy: bool) -> None:
-        """Forget processed rows older than the dedup window, in bounded batches.
+        """Forget handled message ids older than the dedup window, in bounded batches.
 
         Runs every `retention_interval`, also while a backlog keeps the handler busy (then one
         batch at a time, so that handling is not held up), so the table cannot grow without
