@@ -19,7 +19,8 @@ Retention: `--dedup-window 0` makes a processed row eligible for deletion at onc
 handler deletes only every `HandlerConfig.retention_interval` (5 s; 30 s before 2026-11-26),
 and the CLI does not expose that interval. So "at the end" shows what the running handler left: the
 rows processed since its last retention pass. "after retention" starts a fresh handler process,
-whose first idle moment runs a retention pass at once, and waits until consumer_queue is empty.
+whose first idle moment runs a retention pass at once, and waits until consumer_processed (the
+handled messages' ids, decision 17) is empty.
 
 OUTBOX_BENCH_NAPTIME=10 runs it with the server's autovacuum_naptime at 10 s instead of 60 (the
 queue tables' own autovacuum settings come from migration 0006).
@@ -77,11 +78,12 @@ def _snapshot(sender: str, receiver: str, *, settle: float = 1.0) -> dict[str, d
     return {
         "producer_queue": _table(sender, "producer_queue"),
         "consumer_queue": _table(receiver, "consumer_queue"),
+        "consumer_processed": _table(receiver, "consumer_processed"),
     }
 
 
 def _row(variant: str, snap: dict[str, dict[str, int]], notes: str = "") -> Result:
-    p, c = snap["producer_queue"], snap["consumer_queue"]
+    p, c, h = snap["producer_queue"], snap["consumer_queue"], snap["consumer_processed"]
     return Result(
         SCENARIO,
         variant,
@@ -91,6 +93,8 @@ def _row(variant: str, snap: dict[str, dict[str, int]], notes: str = "") -> Resu
             "consumer_queue MB": c["bytes"] / 1e6,
             "consumer_queue rows": c["rows"],
             "consumer_queue dead tuples": c["dead"],
+            "consumer_processed MB": h["bytes"] / 1e6,
+            "consumer_processed rows": h["rows"],
         },
         notes=notes,
     )
@@ -257,7 +261,7 @@ def _retention(ctx: Context, messages: int) -> list[Result]:
     results.append(_row("at the end", end, notes=autovacuums))
 
     # A fresh handler runs a retention pass at its first idle moment (the interval is not on
-    # the CLI): wait until it has forgotten every processed row.
+    # the CLI): wait until it has forgotten every handled message's id (decision 17).
     daemons = []
     with psycopg.connect(receiver, autocommit=True) as conn:
         try:
@@ -266,7 +270,9 @@ def _retention(ctx: Context, messages: int) -> list[Result]:
                 Daemon(*handler_args(receiver, 1, "--dedup-window", "0"), env=env),
             )
             retention_s = wait_for(
-                lambda: scalar(conn, "SELECT min(id) FROM outbox.consumer_queue") is None,
+                lambda: (
+                    scalar(conn, "SELECT min(processed_at) FROM outbox.consumer_processed") is None
+                ),
                 since=retention_started,
                 timeout=timeout,
                 daemons=daemons,
