@@ -163,14 +163,12 @@ class PostgresInboxSession(PostgresRelaySession):
 class _Database:
     """A relay's database in PostgreSQL: connecting and the start-up check."""
 
-    def __init__(
-        self, database_url: str, schema: str, kind: str, relay_id: str, timeout: float, app: str
-    ) -> None:
-        self.database_url = database_url
-        self.schema = schema
-        self.timeout = timeout
-        self.application_name = app
-        self.lanes = Lanes(schema, TABLES[kind], kind, relay_id)
+    def __init__(self, target: RelayTarget) -> None:
+        self.database_url = target.database_url
+        self.schema = target.schema
+        self.timeout = target.connect_timeout
+        self.application_name = target.application_name
+        self.lanes = Lanes(target.schema, TABLES[target.kind], target.kind, target.relay_id)
 
     def _connect(self) -> Connection:
         return connect(
@@ -190,14 +188,7 @@ class PostgresOutbox(_Database):
     a `RelayTarget`)."""
 
     def __init__(self, target: RelayTarget) -> None:
-        super().__init__(
-            target.database_url,
-            target.schema,
-            target.kind,
-            target.relay_id,
-            target.connect_timeout,
-            target.application_name,
-        )
+        super().__init__(target)
         self.store = OutboxStore(target.schema)
 
     def connect(self) -> PostgresOutboxSession:
@@ -214,14 +205,7 @@ class PostgresInbox(_Database):
     def __init__(
         self, target: RelayTarget, worker_application_name: str = "outbox-handler"
     ) -> None:
-        super().__init__(
-            target.database_url,
-            target.schema,
-            target.kind,
-            target.relay_id,
-            target.connect_timeout,
-            target.application_name,
-        )
+        super().__init__(target)
         self.store = InboxStore(target.schema)
         self.work = self.store
         self.disconnects = disconnects()
