@@ -171,6 +171,11 @@ def add_database(parser: argparse.ArgumentParser) -> None:
         help="the PostgreSQL database, once; a line of a databases file also names one (its "
         f"SCHEMA, when given, overrides --schema) (env {ENV_DATABASE_URL})",
     )
+    add_schema(parser)
+
+
+def add_schema(parser: argparse.ArgumentParser) -> None:
+    """--schema: the schema of the outbox tables."""
     parser.add_argument(
         "--schema",
         default=os.environ.get(ENV_SCHEMA, "outbox"),
@@ -199,20 +204,26 @@ def add_databases(parser: argparse.ArgumentParser) -> None:
         help="a file of more databases, one [NAME[/SCHEMA]=]URL per line (# comments); a "
         f"daemon re-reads it while running (env {settings.DATABASES_FILE})",
     )
-    parser.add_argument(
-        "--schema",
-        default=os.environ.get(ENV_SCHEMA, "outbox"),
-        help=f"schema of the outbox tables (env {ENV_SCHEMA}; default outbox)",
-    )
+    add_schema(parser)
+
+
+def named_url(text: str) -> tuple[str, str] | None:
+    """(NAME[/SCHEMA], URL) of a `NAME[/SCHEMA]=scheme://...` entry, or None for anything
+    else (a URL, libpq `key=value` settings): the one test of that form for the CLI."""
+    label, sep, rest = text.partition("=")
+    if sep and "://" in rest and "://" not in label and label.strip():
+        return label, rest
+    return None
 
 
 def database_entry_type(text: str) -> str:
     """The argparse `type=` of one `[NAME[/SCHEMA]=]URL`: the URL part checked as
     `postgres_url_type` checks a URL (a SQLAlchemy driver name dropped, another scheme refused)."""
     check = postgres_url_type(ENV_DATABASE_URL)
-    label, sep, rest = text.partition("=")
-    if sep and "://" in rest and "://" not in label and " " not in label.strip():
-        return f"{label}={check(rest)}"
+    named = named_url(text)
+    if named is not None:
+        label, url = named
+        return f"{label}={check(url)}"
     return check(text)
 
 
@@ -223,10 +234,7 @@ def single_database(args: argparse.Namespace) -> None:
     from outbox.core.databases import parse_entry
 
     text = getattr(args, "database_url", None)
-    if not isinstance(text, str) or "=" not in text:
-        return
-    label, _sep, rest = text.partition("=")
-    if "://" not in rest or "://" in label or not label.strip():
+    if not isinstance(text, str) or named_url(text) is None:
         return
     database = parse_entry(text, getattr(args, "schema", None) or "outbox")
     args.database_url = database.url

@@ -31,6 +31,7 @@ from outbox.cli.arguments import (
     add_topics,
     add_transport,
     databases_of,
+    named_url,
     require,
     runtime_config,
     single_database,
@@ -468,22 +469,15 @@ def _many_producers(
     probe: TransportProbe | None,
 ) -> int:
     """One Producer relay per database, one transport publisher for all (see supervisor.py)."""
-    import dataclasses
 
     from outbox.daemons.producer import Producer, SharedPublisher
-    from outbox.observability.runtime import Observability, ObservabilityConfig
+    from outbox.observability.runtime import Observability
 
     if probe is not None:
         probe.check(config.connect_timeout)  # the transport is the process's: exit 1 if down
 
     def make(database: Database) -> Producer:
-        one = dataclasses.replace(
-            config,
-            database_url=database.url,
-            schema=database.schema,
-            observability=ObservabilityConfig(),
-        )
-        return Producer(one, factory)
+        return Producer(_one_of_many(config, database), factory)
 
     # A publisher failure that retrying cannot fix is the process's: the supervisor stops.
     publisher = SharedPublisher(factory(), lambda exc: supervisor.fail(exc))
@@ -506,6 +500,24 @@ def _many_producers(
     finally:
         publisher.close()
     return 0
+
+
+C = TypeVar("C", "ProducerConfig", "HandlerConfig")
+
+
+def _one_of_many(config: C, database: Database) -> C:
+    """`config` for the relay of `database` among several: its URL and schema, and no
+    observability of its own (the process's serves them all)."""
+    import dataclasses
+
+    from outbox.observability.runtime import ObservabilityConfig
+
+    return dataclasses.replace(
+        config,
+        database_url=database.url,
+        schema=database.schema,
+        observability=ObservabilityConfig(),
+    )
 
 
 def _supervisor(
@@ -646,22 +658,15 @@ def _many_handlers(
     handlers: Handlers,
 ) -> int:
     """One Handler relay (and its workers) per database (see supervisor.py)."""
-    import dataclasses
 
     from outbox.daemons.handler import HandlerRunner
     from outbox.daemons.handler.config import check_async_support
-    from outbox.observability.runtime import Observability, ObservabilityConfig
+    from outbox.observability.runtime import Observability
 
     check_async_support(handlers)  # the registry is the process's: exit 1
 
     def make(database: Database) -> HandlerRunner:
-        one = dataclasses.replace(
-            config,
-            database_url=database.url,
-            schema=database.schema,
-            observability=ObservabilityConfig(),
-        )
-        return HandlerRunner(one, handlers)
+        return HandlerRunner(_one_of_many(config, database), handlers)
 
     supervisor = _supervisor("handler", args, databases, make, lambda relay: relay.serve_database())
     supervisor.observe(
@@ -883,9 +888,9 @@ def _remember_secrets(args: argparse.Namespace) -> None:
         for url in value if isinstance(value, list) else [value]:
             if isinstance(url, str):
                 remember_secrets(secrets_of_url(url))
-                _name, sep, rest = url.partition("=")
-                if sep and "://" in rest:
-                    remember_secrets(secrets_of_url(rest))
+                named = named_url(url)
+                if named is not None:
+                    remember_secrets(secrets_of_url(named[1]))
     remember_secrets(secrets_of_settings(dict(getattr(args, "kafka_config", None) or [])))
 
 
