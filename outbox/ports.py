@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
 
 from outbox.core.batches import InboxBatch, OutgoingRecord, Quarantined
-from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.inbox_rows import Claimed, ClaimedBatch, FailedAttempt, Pending
 from outbox.core.lag import GroupLag
 
 
@@ -326,6 +326,13 @@ class AsyncHandlerSession(Protocol):
 class HandlerWork(Protocol):
     """The inbox store's statements in a handler transaction (`tx`: what the session's
     `transaction` yields first)."""
+
+    def claim_next(
+        self, tx: Any, lanes: list[int], limit: int, unordered: list[str]
+    ) -> ClaimedBatch:
+        """Fetch and lock, in one statement, up to `limit` rows of `lanes` due for handling,
+        in id order; a key waits behind its retrying row, except on the `unordered` topics."""
+        ...
 
     def claim_many(self, tx: Any, ids: list[int]) -> dict[int, Claimed]:
         """Lock the rows of `ids` that are still pending and held by no other transaction."""

@@ -8,7 +8,7 @@ from uuid import UUID
 
 
 class Pending(NamedTuple):
-    """A row due for handling, as the dispatcher hands it to a worker."""
+    """A row due for handling: what a worker needs to order it, before or after claiming it."""
 
     id: int
     lane: int
@@ -42,3 +42,15 @@ class FailedAttempt(NamedTuple):
     error: str
     dead: bool
     delay: float
+
+
+class ClaimedBatch(NamedTuple):
+    """The next rows of a worker's lanes, fetched and locked in one statement."""
+
+    #: The rows to handle, in id order.
+    rows: list[Pending]
+    #: What each of them is made of, by row id.
+    claimed: dict[int, Claimed]
+    #: Every row taken, also those dropped as already handled (a redelivery): fewer than asked
+    #: for means the lanes had no more rows due.
+    taken: int

@@ -105,6 +105,15 @@ class LaneRelay(Generic[Row, S]):
         """Process one batch completely (a stop request waits for it)."""
         raise NotImplementedError
 
+    def work(self, conn: S, lanes: list[int]) -> bool:
+        """Process the next rows of `lanes` (in a turn when serving one of several databases);
+        whether there were any. By default `fetch` and then `process` them."""
+        rows = self.fetch(conn, lanes)
+        if rows:
+            with self._turn():
+                self.process(conn, rows)
+        return bool(rows)
+
     def next_due(self, conn: S, lanes: list[int]) -> float | None:
         """Seconds until the earliest scheduled retry in `lanes`, or None."""
         return None
@@ -216,13 +225,12 @@ class LaneRelay(Generic[Row, S]):
             while not self.stopping:
                 self.heartbeat.beat()
                 self._rebalance(conn)
-                rows = self.fetch(conn, sorted(self.lanes)) if self.lanes else []
+                looked = time.monotonic()
+                found = self.work(conn, sorted(self.lanes)) if self.lanes else False
                 self.outage.recovered()
-                if rows:
+                if found:
                     if busy_since is None:
-                        busy_since = time.monotonic()
-                    with self._turn():
-                        self.process(conn, rows)
+                        busy_since = looked
                     idle_since = time.monotonic()
                     if sleeping and time.monotonic() - busy_since >= AWAKE_AFTER:
                         # Sustained load (outbox/core/naps.py): writers stop notifying. After

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from outbox.core.batches import InboxBatch, Quarantined
-from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.inbox_rows import Claimed, ClaimedBatch, FailedAttempt, Pending
 from outbox.postgres.connection import Connection
 from outbox.postgres.queries import channel, queries
 from outbox.postgres.sessions import AsyncExecute, Execute, fetch_one
@@ -122,6 +122,22 @@ class InboxStore:
         conn.execute(self.sql["handler_terminate"], {"pid": backend_pid})
 
     # -- in a handler transaction (a session's `execute`) --------------------------------------
+
+    def claim_next(
+        self, execute: Execute, lanes: list[int], limit: int, unordered: list[str]
+    ) -> ClaimedBatch:
+        """Fetch and lock the next rows of `lanes` due for handling, in id order (a key waits
+        behind its retrying row, except on the `unordered` topics), as `claim_many` locks them:
+        one statement instead of a fetch and a claim."""
+        params = {"lanes": lanes, "limit": limit, "unordered": unordered}
+        rows = execute(self.sql["handler_claim_next"], params).fetchall()
+        pending: list[Pending] = []
+        claimed: dict[int, Claimed] = {}
+        for row in rows:
+            if not row[13]:  # not `dropped` (a redelivery of a handled message, deleted)
+                pending.append(Pending(row[0], row[12], row[3], row[2]))
+                claimed[row[0]] = Claimed._make(row[:12])
+        return ClaimedBatch(pending, claimed, len(rows))
 
     def claim_many(self, execute: Execute, ids: list[int]) -> dict[int, Claimed]:
         """Lock the rows of `ids` that are still pending and not held by another transaction.

@@ -156,12 +156,16 @@ def test_the_handler_claim_looks_its_ids_up(outbox_database_url: str) -> None:
     assert nodes[0]["Actual Rows"] == len(ids) - 1  # the handled one is not claimed
 
 
-def test_the_handler_fetch_reads_about_one_batch_not_the_backlog(outbox_database_url: str) -> None:
-    """The Handler fetches the oldest pending rows of all its lanes. With the pending index on
-    (lane, id) that meant reading and sorting every pending row for each batch (36 ms per fetch
-    of 200 at 60,000 pending); and the keys in retry, looked up per owned lane, made a planner
-    that believed the table empty read every pending row instead of the small retry index. In
-    id order (migration 0005), both read about one batch, whatever the statistics say."""
+@pytest.mark.parametrize("statement", ["handler_fetch", "handler_claim_next"])
+def test_the_handler_fetch_reads_about_one_batch_not_the_backlog(
+    outbox_database_url: str, statement: str
+) -> None:
+    """The Handler fetches the oldest pending rows of all its lanes (its runner's look; its
+    workers fetch and claim them in one statement). With the pending index on (lane, id) that
+    meant reading and sorting every pending row for each batch (36 ms per fetch of 200 at
+    60,000 pending); and the keys in retry, looked up per owned lane, made a planner that
+    believed the table empty read every pending row instead of the small retry index. In id
+    order (migration 0005), both read about one batch, whatever the statistics say."""
     with psycopg.connect(outbox_database_url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE outbox.consumer_queue")  # seen empty
         conn.execute(
@@ -176,7 +180,7 @@ def test_the_handler_fetch_reads_about_one_batch_not_the_backlog(outbox_database
             "WHERE id = (SELECT min(id) FROM outbox.consumer_queue)"
         )
         params = {"lanes": list(range(LANES)), "limit": 200, "unordered": []}
-        nodes = _explain(conn, sql["handler_fetch"], params)
+        nodes = _explain(conn, sql[statement], params)
         held = conn.execute(
             "SELECT count(*) FROM outbox.consumer_queue WHERE key = "
             "(SELECT key FROM outbox.consumer_queue ORDER BY id LIMIT 1)"

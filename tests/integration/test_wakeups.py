@@ -192,20 +192,20 @@ def test_a_handler_woken_for_a_few_rows_does_not_look_again_after_them(
     with handler_thread(url, handlers, poll_interval=5) as runner:
         wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the handler to sleep")
         time.sleep(1.0)  # idle, its quick polls over: only a wake-up is left
-        fetch = runner.fetch
-        fetched: list[int] = []
+        work = runner.work
+        looks: list[bool] = []
 
-        def counted(conn: psycopg.Connection, lanes: list[int]) -> object:
-            rows = fetch(conn, lanes)
-            fetched.append(len(rows))
-            return rows
+        def counted(conn: psycopg.Connection, lanes: list[int]) -> bool:
+            found = work(conn, lanes)
+            looks.append(found)
+            return found
 
-        runner.fetch = counted
+        runner.work = counted
         for n in range(3):
             put_inbox(url, "t.few", [b'{"n": %d}' % n])
             wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
             time.sleep(0.2)
-    assert fetched == [1, 1, 1], fetched
+    assert looks == [True, True, True], looks
 
 
 def test_a_key_held_behind_a_retry_goes_on_as_soon_as_the_retry_succeeds(

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import NoReturn, Self
 
 from outbox.core.batches import OutgoingRecord
-from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.inbox_rows import Claimed, ClaimedBatch, FailedAttempt, Pending
 from outbox.core.lanes import lane_for
 from outbox.ports import RelayStores, RelayTarget
 
@@ -422,6 +422,13 @@ class MemoryHandlerWork:
 
     def __init__(self, inbox: MemoryInbox) -> None:
         self.inbox = inbox
+
+    def claim_next(
+        self, tx: MemoryTransaction, lanes: list[int], limit: int, unordered: list[str]
+    ) -> ClaimedBatch:
+        rows = self.inbox.fetch(lanes, limit, unordered)
+        claimed = self.claim_many(tx, [row.id for row in rows])
+        return ClaimedBatch([row for row in rows if row.id in claimed], claimed, len(rows))
 
     def claim_many(self, tx: MemoryTransaction, ids: list[int]) -> dict[int, Claimed]:
         with self.inbox.lock:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from contextlib import suppress
-from typing import Any
+from typing import Any, NamedTuple
 
 from outbox import tracing
 from outbox.core.handlers import Handlers, HandlerSpec
@@ -28,9 +28,20 @@ from outbox.daemons.handler.outcomes import Outcomes
 from outbox.ports import HandlerSession, InboxDatabase
 
 
+class Claim(NamedTuple):
+    """What a claiming transaction took (`Batches.claim_batch`)."""
+
+    #: Rows taken, also those dropped as already handled.
+    taken: int
+    #: The rows claimed, in id order (from `claim_batch`: those left to the caller).
+    rows: list[Pending]
+    #: How many of `rows` the claiming transaction handles.
+    cut: int
+
+
 class Batches:
     """The sync side of a worker (its base): a session and the batch transactions on it, and
-    what the dispatcher reads to enforce the lease."""
+    what the runner reads to enforce the lease."""
 
     def __init__(
         self, config: HandlerConfig, handlers: Handlers, inbox: InboxDatabase, outcomes: Outcomes
@@ -45,13 +56,16 @@ class Batches:
         self.disconnects = inbox.disconnects
         self.outcomes = outcomes
         #: The row being handled, when it started, and the backend running its transaction;
-        #: read by the dispatcher to enforce the lease.
+        #: read by the runner to enforce the lease.
         self.current: Pending | None = None
         self.started = 0.0
         self.backend_pid: int | None = None
-        #: Set by the dispatcher when this worker overran its lease and was replaced.
+        #: Set by the runner when this worker overran its lease and was replaced.
         self.retired = False
         self._sync: HandlerSession | None = None
+        self._unordered = handlers.unordered_topics
+        #: What the last claiming transaction took.
+        self._claim = Claim(0, [], 0)
 
     def session(self) -> HandlerSession:
         """The sync session, opened when first needed (again after it broke)."""
@@ -87,6 +101,32 @@ class Batches:
         if row.key is not None and (spec is None or spec.ordered):
             failed_keys.add(row.key)
 
+    def claim_batch(
+        self, lanes: list[int], limit: int, failed_keys: set[bytes]
+    ) -> tuple[int, list[Pending]]:
+        """Fetch and claim up to `limit` rows of `lanes` in one statement at the start of a
+        batch transaction, and handle them in it: those before the first row that needs a
+        transaction of its own (an async callback's, or one that overran its lease), which are
+        left, with the rows after them, to the caller. A failure splits the batch as in
+        `handle_batches`. The rows taken, and those left."""
+        self._claim = Claim(0, [], 0)
+        failure = self._try_batch(None, lanes=lanes, limit=limit)
+        claim = self._claim
+        if failure is not None:
+            pending = self._after_failure(claim.rows[: claim.cut], failure, failed_keys)
+            self.handle_batches(pending, failed_keys)
+        return claim.taken, claim.rows[claim.cut :]
+
+    def _cut(self, rows: list[Pending]) -> int:
+        """Where the rows a claim handles in its own transaction end: at the first row that
+        needs a transaction of its own."""
+        alone = self.outcomes.alone
+        for index, row in enumerate(rows):
+            spec = self.handlers.get(row.topic)
+            if (spec is not None and spec.is_async) or row.id in alone:
+                return index
+        return len(rows)
+
     def handle_batches(self, rows: list[Pending], failed_keys: set[bytes]) -> None:
         """Handle `rows` in as few transactions as their failures allow (see the module)."""
         pending = [row for row in rows if not self.blocked(row, failed_keys)]
@@ -94,38 +134,62 @@ class Batches:
             failed_at = self._try_batch(pending)
             if failed_at is None:
                 return
-            index, row, spec, claimed, exc, size = failed_at
-            # pending[:index] succeeded but were rolled back with the failure: run them again.
-            if index:
-                self.handle_batches(pending[:index], failed_keys)
-            if size > 1:
-                # A batch callback failed for several messages: handle each alone, which
-                # records the failure against the message that causes it.
-                for single in pending[index : index + size]:
-                    if not self.retired and not self.blocked(single, failed_keys):
-                        self.handle_batches([single], failed_keys)
-                pending = [r for r in pending[index + size :] if not self.blocked(r, failed_keys)]
-                continue
-            self._record_failure(row, spec, claimed, exc)
-            self.note_failure(row, spec, failed_keys)
-            pending = [r for r in pending[index + 1 :] if not self.blocked(r, failed_keys)]
+            pending = self._after_failure(pending, failed_at, failed_keys)
 
-    def _try_batch(self, rows: list[Pending], *, pipelined: bool | None = None) -> Failure | None:
+    def _after_failure(
+        self, pending: list[Pending], failed_at: Failure, failed_keys: set[bytes]
+    ) -> list[Pending]:
+        """After `failed_at` rolled back a batch of `pending`: handle the rows before it again,
+        record the failure, and return the rows after it that are still to handle."""
+        index, row, spec, claimed, exc, size = failed_at
+        # pending[:index] succeeded but were rolled back with the failure: run them again.
+        if index:
+            self.handle_batches(pending[:index], failed_keys)
+        if size > 1:
+            # A batch callback failed for several messages: handle each alone, which
+            # records the failure against the message that causes it.
+            for single in pending[index : index + size]:
+                if not self.retired and not self.blocked(single, failed_keys):
+                    self.handle_batches([single], failed_keys)
+            return [r for r in pending[index + size :] if not self.blocked(r, failed_keys)]
+        self._record_failure(row, spec, claimed, exc)
+        self.note_failure(row, spec, failed_keys)
+        return [r for r in pending[index + 1 :] if not self.blocked(r, failed_keys)]
+
+    def _try_batch(
+        self,
+        rows: list[Pending] | None,
+        *,
+        pipelined: bool | None = None,
+        lanes: list[int] | None = None,
+        limit: int = 0,
+    ) -> Failure | None:
         """Run one batch transaction; on a callback failure return where and why, rolled back.
+
+        The batch is `rows`, claimed by id, or (`rows` None) the rows that the transaction's
+        first statement fetches and claims from `lanes` (recorded in `_claim`).
 
         Pipelined (`Handlers(pipeline=True)`), a failed statement may surface after later
         callbacks ran, so any failure rolls the batch back and runs it again unpipelined, which
         names the failing message exactly.
         """
         if pipelined is None:
-            pipelined = self.handlers.pipeline and len(rows) > 1
+            pipelined = self.handlers.pipeline and (rows is None or len(rows) > 1)
         tx = self.session()
         self.backend_pid = tx.backend_pid
         handled: list[tuple[str, float]] = []  # (topic, seconds) of each callback
         failure: Failure | None = None
         try:
             with tx.transaction(pipelined=pipelined) as (execute, handle):
-                claimed = self.store.claim_many(execute, [row.id for row in rows])
+                if rows is None:
+                    assert lanes is not None
+                    batch = self.store.claim_next(execute, lanes, limit, self._unordered)
+                    claimed = batch.claimed
+                    cut = self._cut(batch.rows)
+                    self._claim = Claim(batch.taken, batch.rows, cut)
+                    rows = batch.rows[:cut]
+                else:
+                    claimed = self.store.claim_many(execute, [row.id for row in rows])
                 done: list[int] = []
                 dead: list[FailedAttempt] = []
                 index = 0
@@ -187,13 +251,14 @@ class Batches:
                 failpoint("handler.before_commit")
         except RollBack:
             if pipelined:
-                return self._try_batch(rows, pipelined=False)
+                return self._try_batch(rows, pipelined=False, lanes=lanes, limit=limit)
             return failure
         except self.errors as exc:
             if failure is not None:
                 return self._lost_in_callback(failure)
             if pipelined and not tx.broken:
-                return self._try_batch(rows, pipelined=False)  # a statement failed, late
+                # A statement failed, late: again unpipelined (the claim too if it was that).
+                return self._try_batch(rows, pipelined=False, lanes=lanes, limit=limit)
             raise_lost(exc)
         except self.disconnects as exc:
             if failure is not None:
@@ -241,7 +306,7 @@ class Batches:
         """The connection was lost (or closed) while a callback ran, or the transaction could
         not end after a callback failed: a failed attempt of that callback's message if the
         database answers a new connection, else a database outage (`ConnectionLost`, nothing
-        counted). A retired worker's loss is its lease's, counted by the dispatcher."""
+        counted). A retired worker's loss is its lease's, counted by the runner."""
         self._reset()
         if self.retired:
             raise ConnectionLost(failure.error)

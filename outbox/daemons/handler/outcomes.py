@@ -1,6 +1,6 @@
 """What became of each message, counted and logged: handled, failed, dead, past its lease.
 
-Shared by the dispatcher and the workers (thread-safe). The counts are for logs and tests; the
+Shared by the runner and the workers (thread-safe). The counts are for logs and tests; the
 tally feeds the metrics and the log line of each batch.
 """
 

@@ -9,8 +9,9 @@ raises is rolled back, the error recorded, and the row retried with backoff unti
 `max_attempts`, then kept as dead. Messages of one key are handled in order: they share a lane,
 a lane belongs to one worker of one process, and a key waits behind its failing message.
 
-This module is the relay's side: the loop's hooks (fetch, dispatch to the workers, the lease,
-retention) and the counts. The workers (worker.py, batches.py) run the transactions; every
+This module is the relay's side: the loop's hooks (a round of the workers over their own lanes,
+the lease, retention) and the counts. The workers (worker.py, batches.py) fetch, claim and
+handle their rows in their transactions, one statement taking the rows of a batch; every
 statement is the inbox store's, reached through the ports of `outbox.ports` (`InboxDatabase`:
 PostgreSQL's in outbox/postgres/relay_stores.py unless the wiring gives another).
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 
 from outbox.core.handlers import Handlers
 from outbox.core.inbox_rows import Pending
@@ -36,9 +36,9 @@ from outbox.ports import InboxSession, RelayStores, RelayTarget, default_relay_s
 
 log = logging.getLogger("outbox.handler")
 
-#: While a backlog keeps fetches full, each fetch asks for twice the rows of the last one, up to
-#: this many times `batch_size`: fewer fetches, and fewer waits for the slowest worker, per
-#: message. A fetch that comes back short (the backlog is drained) goes back to `batch_size`.
+#: While a backlog keeps rounds full, each round takes up to twice the rows of the last one, up
+#: to this many times `batch_size`: fewer rounds, and fewer waits for the slowest worker, per
+#: message. A round that comes back short (the backlog is drained) goes back to `batch_size`.
 BUSY_BATCH_FACTOR = 8
 
 #: The last rows of consumer_queue whose topics the Handler compares with its registry at start.
@@ -74,7 +74,8 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self._unordered = handlers.unordered_topics
         self._workers: list[Worker] = []
         self._limit = config.batch_size
-        #: The last fetch came back with fewer rows than it asked for.
+        #: The last round came back short: every worker's last claim took fewer rows than it
+        #: asked for (its lanes were drained).
         self._short = False
         self._next_retention = 0.0
         self.outcomes = Outcomes(handlers)
@@ -158,14 +159,23 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
 
     # -- the relay hooks -----------------------------------------------------------------------
 
+    def work(self, conn: InboxSession, lanes: list[int]) -> bool:
+        """A round: each worker fetches and claims the rows of its own lanes, a transaction
+        at a time, up to its share of the round's limit; whether any row was taken.
+
+        After a round that came back short (the lanes were drained), the runner first looks
+        for a row (the relay's idle looks cost no turn and no worker round); while a backlog
+        keeps rounds full it goes straight to the next."""
+        if self._short and not conn.fetch(lanes, 1, self._unordered):
+            return False
+        with self._turn():
+            taken = self._round(conn, lanes)
+        return taken > 0
+
     def fetch(self, conn: InboxSession, lanes: list[int]) -> list[Pending]:
-        limit = self._limit
-        rows = conn.fetch(lanes, limit, self._unordered)
-        self._short = len(rows) < limit
-        batch_size = self.config.batch_size
-        grow = len(rows) >= limit and not self.contended()
-        self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if grow else batch_size
-        return rows
+        """The next rows of `lanes` due for handling (at most this round's limit): what a
+        round would take, without claiming them."""
+        return conn.fetch(lanes, self._limit, self._unordered)
 
     def next_due(self, conn: InboxSession, lanes: list[int]) -> float | None:
         return conn.next_due(lanes)
@@ -179,17 +189,24 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
     def peek(self, conn: InboxSession) -> bool:
         return bool(conn.fetch(list(range(LANES)), 1, self._unordered))
 
-    def process(self, conn: InboxSession, rows: Sequence[Pending]) -> None:
+    def _round(self, conn: InboxSession, lanes: list[int]) -> int:
+        """Give each worker its lanes (`lane % concurrency`) and an even share of the limit,
+        wait for them while enforcing the lease, and size the next round: twice this one's
+        limit while rounds come back full (up to `BUSY_BATCH_FACTOR` times `batch_size`; not
+        while another database waits for a turn), else `batch_size`. The rows taken."""
         self._start_workers()
-        groups: list[list[Pending]] = [[] for _ in self._workers]
-        for row in rows:
-            groups[row.lane % len(self._workers)].append(row)
+        workers = len(self._workers)
+        limit = self._limit
+        quota = -(-limit // workers)
         waits = []
-        for worker, group in zip(self._workers, groups, strict=True):
-            if group:
+        for worker in self._workers:
+            mine = [lane for lane in lanes if lane % workers == worker.index]
+            if mine:
                 done = threading.Event()
-                worker.jobs.put((group, done))
+                worker.jobs.put((mine, quota, done))
                 waits.append((worker, done))
+        taken = 0
+        short = True
         lost: ConnectionLost | None = None
         while waits:
             self.heartbeat.beat()
@@ -201,10 +218,17 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
                     raise error  # retrying cannot fix it: the daemon stops (decision 15)
                 if worker.lost is not None:
                     lost, worker.lost = worker.lost, None
+                taken += worker.taken
+                short = short and worker.short and not worker.retired
                 continue
             for other, _ in waits:
                 self._enforce_lease(conn, other)
-        self.observability.handler_batch(len(rows), self.outcomes.take_tally())
+        self._short = short and lost is None
+        batch_size = self.config.batch_size
+        grow = not short and not self.contended()
+        self._limit = min(2 * limit, BUSY_BATCH_FACTOR * batch_size) if grow else batch_size
+        if taken:
+            self.observability.handler_batch(taken, self.outcomes.take_tally())
         if lost is None:
             self.workers_outage.recovered()
         else:
@@ -212,6 +236,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             self.workers_outage.pause(
                 self.workers_outage.failed(lost.error), self._stop, self.heartbeat.beat
             )
+        return taken
 
     def _enforce_lease(self, conn: InboxSession, worker: Worker) -> None:
         """Take a message back from a callback that overran its lease, and replace its worker."""
@@ -271,7 +296,9 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
     # -- the workers and the counts ------------------------------------------------------------
 
     def _worker(self, index: int) -> Worker:
-        return Worker(index, self.config, self.handlers, self.inbox, self.outcomes)
+        return Worker(
+            index, self.config, self.handlers, self.inbox, self.outcomes, lambda: self.stopping
+        )
 
     @property
     def handled(self) -> int:

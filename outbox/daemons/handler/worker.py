@@ -1,10 +1,12 @@
-"""A worker: one thread, its own database sessions, the rows of its lanes in order.
+"""A worker: one thread, its own database sessions, the rows of its own lanes in order.
 
-Contract: a worker handles the rows it is given in their order; a row whose key already failed
-in this group is not handled (it waits behind the failure, unless its handler is unordered).
-Runs of sync callbacks share batch transactions (`batches.py`); an async callback has a
-transaction of its own on the worker's event loop. The dispatcher reads `current`, `started`
-and `backend_pid` to enforce the lease, and sets `retired` when it replaced this worker.
+Contract: a worker fetches and claims the next rows of its lanes in one statement, at the start
+of the transaction that handles them (no row passes from thread to thread), and handles them in
+their order; a row whose key already failed in this round is not handled (it waits behind the
+failure, unless its handler is unordered). Runs of sync callbacks share batch transactions
+(`batches.py`); an async callback has a transaction of its own on the worker's event loop. The
+runner gives each worker its lanes and a quota per round, reads `current`, `started` and
+`backend_pid` to enforce the lease, and sets `retired` when it replaced this worker.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 
 from outbox import tracing
@@ -25,11 +28,13 @@ from outbox.daemons.handler.failures import ConnectionLost, raise_lost
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.ports import AsyncHandlerSession, InboxDatabase
 
-Job = tuple[list[Pending], threading.Event]
+#: A round: the worker's lanes, how many rows it may take from them, and the event it sets
+#: when it is done.
+Job = tuple[list[int], int, threading.Event]
 
 
 class Worker(Batches):
-    """One thread handling the groups of rows the dispatcher puts on `jobs`."""
+    """One thread handling the rounds the runner puts on `jobs`."""
 
     def __init__(
         self,
@@ -38,14 +43,20 @@ class Worker(Batches):
         handlers: Handlers,
         inbox: InboxDatabase,
         outcomes: Outcomes,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__(config, handlers, inbox, outcomes)
         self.index = index
         self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self._stopping = stopping
+        #: The last round's rows taken, and whether its last claim came back short (the lanes
+        #: had no more rows due).
+        self.taken = 0
+        self.short = False
         #: What stopped a group (not a callback's failure) that retrying cannot fix: the
-        #: dispatcher re-raises it, which stops the daemon.
+        #: runner re-raises it, which stops the daemon.
         self.error: BaseException | None = None
-        #: What stopped a group that retrying can fix: the dispatcher backs off.
+        #: What stopped a group that retrying can fix: the runner backs off.
         self.lost: ConnectionLost | None = None
         self._async: AsyncHandlerSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,10 +71,10 @@ class Worker(Batches):
                 job = self.jobs.get()
                 if job is None:
                     return
-                rows, done = job
+                lanes, quota, done = job
                 try:
-                    self._run(rows)
-                except BaseException as exc:  # handed to the dispatcher, which re-raises it
+                    self._round(lanes, quota)
+                except BaseException as exc:  # handed to the runner, which re-raises it
                     if not self.retired:
                         self.error = exc
                 finally:
@@ -81,43 +92,67 @@ class Worker(Batches):
         if self._loop is not None:
             self._loop.close()
 
-    def _run(self, rows: list[Pending]) -> None:
-        """Handle a group in order: runs of sync handlers in batched transactions."""
-        if self.outcomes.alone:
-            rows = self._hung_last(rows)
+    def _round(self, lanes: list[int], quota: int) -> None:
+        """Claim and handle the rows of `lanes`, a transaction at a time, until `quota` rows
+        were taken, a claim comes back short, or the runner stops or retires this worker."""
+        self.taken = 0
+        self.short = False
         failed_keys: set[bytes] = set()
-        chunk: list[Pending] = []
-        limit = self.config.transaction_size
         try:
-            for row in rows:
-                if row.id in self.outcomes.alone:
-                    # Its callback overran its lease last time: alone, after the other keys.
-                    self.handle_batches(chunk, failed_keys)
-                    chunk = []
-                    self.outcomes.alone.discard(row.id)
-                    self.handle_batches([row], failed_keys)
-                    if self.retired:
-                        return
-                    continue
-                spec = self.handlers.get(row.topic)
-                if spec is not None and spec.is_async:
-                    self.handle_batches(chunk, failed_keys)
-                    chunk = []
-                    self._async_row(row, spec, failed_keys)
-                else:
-                    chunk.append(row)
-                    if len(chunk) >= limit:
-                        self.handle_batches(chunk, failed_keys)
-                        chunk = []
-                if self.retired:
+            while not self.retired and not self._stopping():
+                limit = min(self.config.transaction_size, quota - self.taken)
+                taken = self._claim_and_handle(lanes, limit, failed_keys)
+                self.taken += taken
+                if taken < limit:
+                    self.short = True
                     return
-            self.handle_batches(chunk, failed_keys)
+                if self.taken >= quota:
+                    return
         except ConnectionLost as exc:
             if not self.retired:
-                self.lost = exc  # the dispatcher logs it and backs off
+                self.lost = exc  # the runner logs it and backs off
             self._reset()
         finally:
             self.current = None
+
+    def _claim_and_handle(self, lanes: list[int], limit: int, failed_keys: set[bytes]) -> int:
+        """One claiming transaction (`Batches.claim_batch`), then what it left: the rows after
+        a failure, and those from the first async or lease-overrunning one on. How many rows
+        the claim took."""
+        taken, rest = self.claim_batch(lanes, limit, failed_keys)
+        if rest:
+            self._handle_rows(rest, failed_keys)
+        return taken
+
+    def _handle_rows(self, rows: list[Pending], failed_keys: set[bytes]) -> None:
+        """Handle rows in order: runs of sync handlers in batched transactions."""
+        if self.outcomes.alone:
+            rows = self._hung_last(rows)
+        chunk: list[Pending] = []
+        limit = self.config.transaction_size
+        for row in rows:
+            if row.id in self.outcomes.alone:
+                # Its callback overran its lease last time: alone, after the other keys.
+                self.handle_batches(chunk, failed_keys)
+                chunk = []
+                self.outcomes.alone.discard(row.id)
+                self.handle_batches([row], failed_keys)
+                if self.retired:
+                    return
+                continue
+            spec = self.handlers.get(row.topic)
+            if spec is not None and spec.is_async:
+                self.handle_batches(chunk, failed_keys)
+                chunk = []
+                self._async_row(row, spec, failed_keys)
+            else:
+                chunk.append(row)
+                if len(chunk) >= limit:
+                    self.handle_batches(chunk, failed_keys)
+                    chunk = []
+            if self.retired:
+                return
+        self.handle_batches(chunk, failed_keys)
 
     def _hung_last(self, rows: list[Pending]) -> list[Pending]:
         """`rows` with those whose callback overran its lease, and the later rows of their

@@ -344,6 +344,45 @@ WHERE q.lane = ANY(%(lanes)s)
 ORDER BY q.id
 LIMIT %(limit)s;
 
+-- name: handler_claim_next
+-- Fetch and lock the next pending rows of a worker's lanes in one statement, for one handler
+-- transaction: handler_fetch's rows (id order; a key waits behind its retrying row except on
+-- the unordered topics) with what their messages are made of, locked as handler_claim_many
+-- locks them. The lanes are the worker's alone (its process holds their advisory locks), so
+-- SKIP LOCKED passes over a row only while a transaction ended for overrunning its lease
+-- still holds it. Rows whose message id is already in consumer_processed are deleted, not
+-- handled (see handler_claim_many): they come back marked `dropped`, and count as taken, so
+-- that a batch cut short by them is not mistaken for the last rows of the lanes.
+WITH blocked AS (
+    SELECT DISTINCT lane, key
+    FROM {schema}.consumer_queue
+    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL
+      AND next_attempt_at > now()
+), locked AS MATERIALIZED (
+    SELECT q.id, q.message_id, q.topic, q.key, q.payload, q.headers, q.content_type,
+           q.created_at, q.received_at, q.attempts, q.source_partition, q.source_offset, q.lane
+    FROM {schema}.consumer_queue q
+    WHERE q.lane = ANY(%(lanes)s)
+      AND q.processed_at IS NULL
+      AND q.dead_at IS NULL
+      AND q.next_attempt_at <= now()
+      AND (q.topic = ANY(%(unordered)s)
+           OR NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key))
+    ORDER BY q.id
+    LIMIT %(limit)s
+    FOR UPDATE OF q SKIP LOCKED
+), handled AS MATERIALIZED (
+    SELECT l.id FROM locked l
+    WHERE EXISTS (SELECT 1 FROM {schema}.consumer_processed p WHERE p.message_id = l.message_id)
+), dropped AS (
+    DELETE FROM {schema}.consumer_queue WHERE id = ANY(ARRAY(SELECT id FROM handled))
+)
+SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+       attempts, source_partition, source_offset, lane,
+       id IN (SELECT id FROM handled) AS dropped
+FROM locked
+ORDER BY id;
+
 -- name: handler_next_retry
 -- Seconds until the earliest moment a row of the owned lanes that waits for a retry can be
 -- fetched, or NULL when none waits. handler_fetch holds a key while any of its retrying rows
