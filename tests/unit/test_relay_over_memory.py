@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from outbox import Handlers, InboxMessage
+from outbox.core.inbox_rows import ClaimedBatch, Pending
 from outbox.core.retry import Backoff
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.ports import DeliveryFailure
 from outbox.testing.memory import InMemoryTransport
 
-from .memory_relay import MemoryInbox, MemoryOutbox, MemoryTransaction
+from .memory_relay import MemoryHandlerWork, MemoryInbox, MemoryOutbox, MemoryTransaction
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -142,3 +143,59 @@ def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_or
         assert isinstance(effect, tuple)
         effects[effect[0]].append(effect[1])
     assert effects == sent  # once each (the failed attempt's write rolled back), in key order
+
+
+def test_each_handler_worker_claims_its_own_lanes_and_the_runner_reads_no_rows() -> None:
+    """No row passes from the runner to a worker (decision 18): each worker fetches and claims
+    the rows of its own lanes (lane % concurrency) in its transactions, and the runner's own
+    looks (after a round that drained the lanes) read one row at most."""
+    inbox = MemoryInbox()
+    handlers = Handlers()
+    handled_by: dict[int, set[str]] = {}
+
+    @handlers.handler("orders")
+    def on_order(message: InboxMessage[object], tx: MemoryTransaction) -> None:
+        tx.write(message.id)
+
+    claims: list[tuple[str, list[int], int]] = []
+    looks: list[int] = []
+    work_claim = MemoryHandlerWork.claim_next
+    inbox_fetch = inbox.fetch
+
+    def claim_next(
+        self: MemoryHandlerWork, tx: MemoryTransaction, lanes: list[int], limit: int, u: list[str]
+    ) -> ClaimedBatch:
+        batch = work_claim(self, tx, lanes, limit, u)
+        claims.append((threading.current_thread().name, lanes, limit))
+        for row in batch.rows:
+            handled_by.setdefault(row.lane, set()).add(threading.current_thread().name)
+        return batch
+
+    def fetch(lanes: list[int], limit: int, unordered: list[str]) -> list[Pending]:
+        if not threading.current_thread().name.startswith("outbox-handler-"):
+            looks.append(limit)  # the runner's control session (claims call inbox.fetch too)
+        return inbox_fetch(lanes, limit, unordered)
+
+    MemoryHandlerWork.claim_next = claim_next  # type: ignore[method-assign,assignment]
+    inbox.fetch = fetch  # type: ignore[method-assign]
+    try:
+        for n in range(400):
+            inbox.store("orders", f"key-{n % 37}".encode(), b"%d" % n)
+        config = HandlerConfig("memory://", concurrency=3, batch_size=30, poll_interval=0.05)
+        runner = HandlerRunner(config, handlers, stores=inbox.stores())
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
+        try:
+            _wait_for(lambda: runner.handled == 400, "every message handled")
+        finally:
+            runner.stop()
+            thread.join(10)
+    finally:
+        MemoryHandlerWork.claim_next = work_claim  # type: ignore[method-assign]
+    assert len(inbox.effects) == 400
+    assert claims, "the workers claimed nothing themselves"
+    for name, lanes, _limit in claims:
+        index = int(name.rsplit("-", 1)[1])
+        assert all(lane % 3 == index for lane in lanes), (name, lanes)
+    assert all(len(names) == 1 for names in handled_by.values()), handled_by
+    assert looks and set(looks) == {1}, looks
