@@ -75,8 +75,8 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self._workers: list[Worker] = []
         self._limit = config.batch_size
         #: The last round came back short: every worker's last claim took fewer rows than it
-        #: asked for (its lanes were drained).
-        self._short = False
+        #: asked for (its lanes were drained). At start: look before the first round.
+        self._short = True
         self._next_retention = 0.0
         self.outcomes = Outcomes(handlers)
         #: The workers' run of failures that retrying can fix (their sessions' connections).
@@ -163,19 +163,28 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         """A round: each worker fetches and claims the rows of its own lanes, a transaction
         at a time, up to its share of the round's limit; whether any row was taken.
 
-        After a round that came back short (the lanes were drained), the runner first looks
-        for a row (the relay's idle looks cost no turn and no worker round); while a backlog
-        keeps rounds full it goes straight to the next."""
-        if self._short and not conn.fetch(lanes, 1, self._unordered):
-            return False
+        A worker without a database session takes part only once a look of the runner (one
+        `fetch` of up to `batch_size` rows, whose rows it does not hand on) showed a row in its
+        lanes: a worker whose lanes never have rows never connects, as when the runner handed
+        out rows. The runner looks after a round that came back short (an idle Handler's polls
+        and wake-ups start no round and take no turn) and before every round while a worker is
+        without a session; while rounds come back full and every worker has one it goes
+        straight to the next round."""
+        self._start_workers()
+        workers = len(self._workers)
+        dormant = any(
+            not worker.connected and any(lane % workers == worker.index for lane in lanes)
+            for worker in self._workers
+        )
+        wanted: set[int] = set()
+        if self._short or dormant:
+            rows = conn.fetch(lanes, self.config.batch_size, self._unordered)
+            if self._short and not rows:
+                return False
+            wanted = {row.lane % workers for row in rows}
         with self._turn():
-            taken = self._round(conn, lanes)
+            taken = self._round(conn, lanes, wanted)
         return taken > 0
-
-    def fetch(self, conn: InboxSession, lanes: list[int]) -> list[Pending]:
-        """The next rows of `lanes` due for handling (at most this round's limit): what a
-        round would take, without claiming them."""
-        return conn.fetch(lanes, self._limit, self._unordered)
 
     def next_due(self, conn: InboxSession, lanes: list[int]) -> float | None:
         return conn.next_due(lanes)
@@ -189,19 +198,19 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
     def peek(self, conn: InboxSession) -> bool:
         return bool(conn.fetch(list(range(LANES)), 1, self._unordered))
 
-    def _round(self, conn: InboxSession, lanes: list[int]) -> int:
-        """Give each worker its lanes (`lane % concurrency`) and an even share of the limit,
+    def _round(self, conn: InboxSession, lanes: list[int], wanted: set[int]) -> int:
+        """Give each worker with a session, or `wanted` (by index), its lanes
+        (`lane % concurrency`) and an even share of the limit,
         wait for them while enforcing the lease, and size the next round: twice this one's
         limit while rounds come back full (up to `BUSY_BATCH_FACTOR` times `batch_size`; not
         while another database waits for a turn), else `batch_size`. The rows taken."""
-        self._start_workers()
         workers = len(self._workers)
         limit = self._limit
         quota = -(-limit // workers)
         waits = []
         for worker in self._workers:
             mine = [lane for lane in lanes if lane % workers == worker.index]
-            if mine:
+            if mine and (worker.connected or worker.index in wanted):
                 done = threading.Event()
                 worker.jobs.put((mine, quota, done))
                 waits.append((worker, done))

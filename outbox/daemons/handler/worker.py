@@ -85,6 +85,11 @@ class Worker(Batches):
         finally:
             self._close()
 
+    @property
+    def connected(self) -> bool:
+        """Whether the worker has a database session (it had rows in its lanes)."""
+        return self._sync is not None or self._async is not None
+
     def _close(self) -> None:
         self.close_session()
         if self._async is not None and self._loop is not None:
