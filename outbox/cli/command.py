@@ -210,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=flag_type("count"),
         default=200,
-        help="rows fetched per look at the queue; doubled while a backlog keeps fetches full, "
-        "up to 8 times",
+        help="rows the workers claim per round, shared among them; doubled while a backlog "
+        "keeps rounds full, up to 8 times",
     )
     handler.add_argument(
         "--poll-interval",
