@@ -188,7 +188,7 @@ METRICS: tuple[MetricInfo, ...] = (
         "outbox_handler_batch_size",
         "histogram",
         (),
-        "rows per batch fetched from consumer_queue",
+        "rows per round claimed from consumer_queue by the workers",
         ("handler",),
     ),
     MetricInfo(
