@@ -1,13 +1,14 @@
 """Where the Handler's time goes per message: CPU per message and a profile of its threads.
 
     PYTHONPATH=. python -m benchmarks.profile_handler [--messages 20000] [--concurrency 1]
-        [--variant plain|pipelined|batch] [--rounds 3] [--profile [--top 20]]
+        [--variant plain|pipelined|batch|noop] [--rounds 3] [--profile [--top 20]]
 
 Starts the servers the tests use, and per round: fills a fresh database's `consumer_queue`
 with `--messages` JSON rows (the Consumer's own statement), runs the bare select-insert-delete
 loop over them (the floor, `floors.handler_floor`), fills another database alike and runs a
 `HandlerRunner` in this process over it with the benchmarks' one-INSERT callback
-(`bench_handlers`). It prints the floor and the Handler in msg/s with their ratio, and the
+(`bench_handlers`; `--variant noop`: a callback that does nothing, so that the CPU per message
+is what the Handler costs around a callback). It prints the floor and the Handler in msg/s with their ratio, and the
 process CPU per message (all threads: the Handler's Python, psycopg and libpq; the server's
 CPU is not counted). With `--profile`, every thread the Handler starts runs under cProfile
 (which slows it: read the CPU figures of a run without it), and the functions with the most
@@ -38,6 +39,10 @@ from outbox.daemons.handler.runner import HandlerRunner
 def _handlers(variant: str) -> Handlers:
     from benchmarks import bench_handlers
 
+    if variant == "noop":  # a callback that does nothing: what the Handler costs around it
+        noop = Handlers()
+        noop.handler(DEFAULT_TOPIC)(lambda message, conn: None)
+        return noop
     return {
         "plain": bench_handlers.handlers,
         "pipelined": bench_handlers.pipelined_handlers,
@@ -84,7 +89,7 @@ def _handle(
         thread.start()
         with psycopg.connect(url, autocommit=True) as conn:
             while True:
-                done = conn.execute("SELECT count(*) FROM effects").fetchone()
+                done = conn.execute("SELECT count(*) FROM outbox.consumer_processed").fetchone()
                 if done is not None and done[0] >= messages:
                     break
                 time.sleep(0.01)
@@ -101,7 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--variant", choices=("plain", "pipelined", "batch"), default="plain")
+    parser.add_argument(
+        "--variant", choices=("plain", "pipelined", "batch", "noop"), default="plain"
+    )
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="profile the Handler's threads")
