@@ -58,7 +58,9 @@ def relay_floor(
 ) -> float:
     """Drain `table` (`id, key, payload`) with the bare loop; returns its msg/s from the first
     delete (the first batch done) to empty, as the relay's figure is measured, or with
-    `from_start` from before the first select (every row counted). With `messages` it waits
+    `from_start` from before the first select (every row counted; one warm-up record is
+    produced and flushed first, so that the producer has its id and the partitions' leaders
+    before the clock, as a relay that is already running has). With `messages` it waits
     for rows while the table is empty until it has relayed that many (a stage of
     `pipeline_floor`, whose writer fills the table meanwhile)."""
     from confluent_kafka import Producer
@@ -73,6 +75,10 @@ def relay_floor(
             failed.append(str(err))
 
     producer.list_topics(topic, timeout=10)  # metadata and producer id before the clock
+    if from_start:
+        producer.produce(topic, b"warm-up", key=b"warm-up", on_delivery=report)
+        if producer.flush(30) or failed:
+            raise RuntimeError(f"bare relay loop: warm-up delivery failed: {failed[:1]}")
     done = first = 0
     first_at = 0.0
     with psycopg.connect(url) as conn:
@@ -109,10 +115,19 @@ def relay_floor(
     return (done - first) / seconds if done > first else float("nan")
 
 
-def inbox_floor(url: str, bootstrap: str, topic: str, messages: int) -> tuple[float, float]:
+def inbox_floor(
+    url: str, bootstrap: str, topic: str, messages: int, *, eager: bool = False
+) -> tuple[float, float]:
     """Store `messages` records of `topic` with the bare consumer loop; returns (msg/s from the
-    first stored batch to the last, seconds until the first)."""
+    first stored batch to the last, seconds until the first).
+
+    With `eager` (a stage of `pipeline_floor`, whose records arrive while it runs) it reads as
+    outbox's consumer does: its fetch wait (`fetch.wait.max.ms`), and it waits for one record,
+    then takes what else is there without waiting; otherwise it waits up to 0.5 s for a full
+    batch, with librdkafka's fetch wait, which on a backlog costs nothing."""
     from confluent_kafka import Consumer
+
+    from outbox.kafka.subscriber import DEFAULTS as CONSUMER_DEFAULTS
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
@@ -127,6 +142,7 @@ def inbox_floor(url: str, bootstrap: str, topic: str, messages: int) -> tuple[fl
             "enable.auto.commit": False,
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1000,
+            **({"fetch.wait.max.ms": CONSUMER_DEFAULTS["fetch.wait.max.ms"]} if eager else {}),
         }
     )
     consumer.subscribe([topic])
@@ -139,7 +155,12 @@ def inbox_floor(url: str, bootstrap: str, topic: str, messages: int) -> tuple[fl
             while stored < messages:
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"bare consumer loop stored {stored} of {messages}")
-                records = [r for r in consumer.consume(INBOX_BATCH, 0.5) if r.error() is None]
+                if eager:
+                    first = consumer.poll(0.5)
+                    batch = [first, *consumer.consume(INBOX_BATCH - 1, 0)] if first else []
+                else:
+                    batch = consumer.consume(INBOX_BATCH, 0.5)
+                records = [r for r in batch if r.error() is None]
                 if not records:
                     continue
                 with conn.transaction():
@@ -308,7 +329,7 @@ def pipeline_floor(
                 row = conn.execute(query).fetchone()
                 return row[0] if row else None
 
-            start("consumer", inbox_floor, url, bootstrap, topic, total)
+            start("consumer", inbox_floor, url, bootstrap, topic, total, eager=True)
             wait(lambda: scalar("SELECT to_regclass('bare_inbox')") is not None, 60, "start")
             start(
                 "handler",

@@ -24,8 +24,9 @@ Every row of (a), (b) and (e) shows its `figure` beside a `floor` measured in th
 floors of scenarios (a), (b) and (e) (`benchmarks/floors.py`): for (a) the business transaction
 plus one plain INSERT into a bare table through the same SQLAlchemy stack and writer count; for
 (b) the bare relay loop (select 1,000 in id order, produce, flush, delete) over a backlog of as
-many messages of the same size; for (e) a producer with outbox's default settings -> the same
-plain consumer at the same rate (`latency.broker_floor`).
+many messages of the same size, timed from its start as the relays here are; for (e) a producer
+that sends each record at once (`linger.ms=0`, as a relay that flushes or awaits each delivery
+does) -> the same plain consumer at the same rate (`latency.broker_floor`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ import psycopg
 from benchmarks.floors import against_floor, relay_floor
 from benchmarks.harness import Context, Result, percentiles
 from benchmarks.latency import (
-    VARIANTS,
     Daemon,
     Reader,
+    Variant,
     broker_floor,
     latency_result,
     outbox_daemon,
@@ -409,13 +410,15 @@ def _e2e_seconds(ctx: Context) -> float:
 
 def _floors(ctx: Context) -> tuple[float, Result]:
     """This run's floors of (b) and (e): the bare relay loop over a backlog like (b)'s, and the
-    broker floor at (e)'s rate with outbox's default settings (the plain reader's fetch wait)."""
+    broker floor at (e)'s rate: a producer sending each record at once -> the plain reader with
+    its fetch wait (outbox's consumer's)."""
     url = ctx.new_database()
     topic = ctx.new_topic("peer-floor")
     _fill_ours(url, topic, _backlog_size(ctx))
     relay_rate = relay_floor(url, ctx.bootstrap, topic, from_start=True)
     count = int(E2E_RATE * _e2e_seconds(ctx) / 2)
-    latency = broker_floor(ctx.bootstrap, ctx.new_topic("peer-floor"), E2E_RATE, count, VARIANTS[0])
+    at_once = Variant("peer floor", producer_kafka=("linger.ms=0",))
+    latency = broker_floor(ctx.bootstrap, ctx.new_topic("peer-floor"), E2E_RATE, count, at_once)
     latency.scenario = SCENARIO
     latency.variant = f"(e) {E2E_RATE}/s: broker floor"
     return relay_rate, latency
