@@ -20,6 +20,8 @@ bare loop).
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
 import uuid
 from typing import Any
@@ -315,7 +317,10 @@ def pipeline_floor(
         while not predicate():
             failed = [p for p in processes if p.exitcode not in (None, 0)]
             if failed:
-                reasons = [errors.get(timeout=1) for _ in range(errors.qsize() or 1)]
+                reasons = [f"{p.name} exited with {p.exitcode}" for p in failed]
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        reasons.append(errors.get(timeout=1))
                 raise RuntimeError(f"bare pipeline: {'; '.join(reasons)}")
             if time.perf_counter() - started > timeout:
                 raise TimeoutError(f"bare pipeline: {what} took more than {timeout:.0f}s")
