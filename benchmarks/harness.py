@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks import targets
 from outbox.core.batches import OutgoingRecord, outgoing_batch
 from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
@@ -204,6 +205,7 @@ def write_results(
         "smoke": smoke,
         "quick": quick,
         "results": [{k: v for k, v in asdict(r).items() if k != "samples"} for r in results],
+        "targets": [asdict(v) for v in targets.judge(results)],
     }
     json_path = out_dir / f"{stamp}.json"
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -228,7 +230,7 @@ def _fmt(value: float) -> str:
 def markdown(
     results: list[Result], info: dict[str, Any], smoke: bool, *, quick: bool = False
 ) -> str:
-    """The results as markdown tables, one per scenario."""
+    """The results as markdown tables, one per scenario, then issue 26's targets beside them."""
     kind = (
         " (smoke run: sizes too small to quote)"
         if smoke
@@ -266,4 +268,5 @@ def markdown(
             "loop).",
             "",
         ]
+    lines += targets.markdown(results)
     return "\n".join(lines)

@@ -19,6 +19,14 @@ client stack, payloads and broker:
 * (e) end-to-end latency at 100/s from the sender's commit to receipt by a plain
   confluent-kafka consumer reading the topic (not outbox's consumer and handler: the peer has
   no inbox, so scenario (e)'s end point does not exist for it).
+
+Every row of (a), (b) and (e) shows its `figure` beside a `floor` measured in the same run, the
+floors of scenarios (a), (b) and (e) (`benchmarks/floors.py`): for (a) the business transaction
+plus one plain INSERT into a bare table through the same SQLAlchemy stack and writer count; for
+(b) the bare relay loop (select 1,000 in id order, produce, flush, delete) over a backlog of as
+many messages of the same size, timed from its start as the relays here are; for (e) a producer
+that sends each record at once (`linger.ms=0`, as a relay that flushes or awaits each delivery
+does) -> the same plain consumer at the same rate (`latency.broker_floor`).
 """
 
 from __future__ import annotations
@@ -32,8 +40,16 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.floors import against_floor, relay_floor
 from benchmarks.harness import Context, Result, percentiles
-from benchmarks.latency import Daemon, Reader, latency_result, outbox_daemon
+from benchmarks.latency import (
+    Daemon,
+    Reader,
+    Variant,
+    broker_floor,
+    latency_result,
+    outbox_daemon,
+)
 from benchmarks.send_overhead import PAYLOAD, SETUP, WRITERS
 
 SCENARIO = "g. peer: faststream-outbox"
@@ -92,8 +108,14 @@ def _bodies(variant: str) -> Body:
     ours = Broker()
     peer = OutboxBroker(outbox_table=_peer_table())
 
+    bare = text("INSERT INTO bare (payload) VALUES (:payload)")
+
     async def business(conn: Any, i: int) -> None:
         await conn.execute(order, {"customer": "c", "total": i})
+
+    async def floor(conn: Any, i: int) -> None:
+        await business(conn, i)
+        await conn.execute(bare, {"payload": b"x" * 80})
 
     async def send(conn: Any, i: int) -> None:
         await business(conn, i)
@@ -103,7 +125,8 @@ def _bodies(variant: str) -> Body:
         await business(conn, i)
         await peer.publish(PAYLOAD, queue=QUEUE, session=conn)
 
-    return {"business only": business, "send": send, "publish": publish}[variant]
+    bodies = {"business only": business, "floor": floor, "send": send, "publish": publish}
+    return bodies[variant]
 
 
 async def _write(url: str, variant: str, seconds: float, start_at: float) -> list[float]:
@@ -161,6 +184,7 @@ def _send_overhead(ctx: Context, url: str) -> list[Result]:
     psycopg_url = _driver_url(url, "psycopg")
     variants = [
         ("business only", "business only", "insert one order row"),
+        ("+ plain INSERT (floor)", "floor", "one more plain INSERT into a bare table"),
         (
             "+ outbox send_async",
             "send",
@@ -175,14 +199,16 @@ def _send_overhead(ctx: Context, url: str) -> list[Result]:
     ]
     results: list[Result] = []
     for writers in WRITERS:
-        base = 0.0
+        base = floor = 0.0
         for label, variant, what in variants:
             rate, latencies = _run_writers(psycopg_url, variant, writers, seconds)
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(f"TRUNCATE orders, {TABLE}, outbox.producer_queue")
+                conn.execute(f"TRUNCATE orders, bare, {TABLE}, outbox.producer_queue")
                 conn.execute("VACUUM ANALYZE")
             if variant == "business only":
                 base = rate
+            if variant == "floor":
+                floor = rate
             p = percentiles(latencies)
             metrics = {
                 "writers": writers,
@@ -192,6 +218,7 @@ def _send_overhead(ctx: Context, url: str) -> list[Result]:
             }
             if base and variant != "business only":
                 metrics["% of business only"] = 100 * rate / base
+                metrics = against_floor(metrics, rate, floor)
             results.append(
                 Result(
                     SCENARIO,
@@ -293,8 +320,11 @@ def _relay_rounds(
     table: str,
     label: str,
     notes: str,
+    floors: tuple[float, Result],
 ) -> list[Result]:
-    """With a relay running: warm up, (e) at 100/s, then (b) a backlog; one Result each."""
+    """With a relay running: warm up, (e) at 100/s, then (b) a backlog; one Result each, beside
+    `floors`: the bare relay loop's msg/s and the broker floor's latency row."""
+    relay_rate, latency_floor = floors
     results: list[Result] = []
     reader = Reader(ctx.bootstrap, topic)
     try:
@@ -304,29 +334,33 @@ def _relay_rounds(
             raise TimeoutError(
                 f"{label}: warm-up messages did not reach {topic}:\n{relay.output()}"
             )
-        seconds = 2.0 if ctx.smoke else 20.0
-        count = int(E2E_RATE * seconds)
+        count = int(E2E_RATE * _e2e_seconds(ctx))
         committed, elapsed = asyncio.run(_send_paced(url, which, E2E_RATE, count, topic))
         reader.wait_for(list(committed), 30 + count / 50)
         relay.check()
-        results.append(
-            latency_result(
-                f"(e) {E2E_RATE}/s: {label}",
-                committed,
-                reader.received,
-                {"writers": 1, "target /s": E2E_RATE, "achieved /s": count / elapsed},
-                f"{notes}; sender commit -> receipt by a plain confluent-kafka consumer "
-                "(outbox's consumer + handler do not apply: the peer has no inbox); 'to relay "
-                "produce' = commit -> the record's CreateTime, set when the relay called "
-                "produce() (1 ms resolution)",
-                stage=("to relay produce", reader.produced),
-                scenario=SCENARIO,
-            )
+        row = latency_result(
+            f"(e) {E2E_RATE}/s: {label}",
+            committed,
+            reader.received,
+            {"writers": 1, "target /s": E2E_RATE, "achieved /s": count / elapsed},
+            f"{notes}; sender commit -> receipt by a plain confluent-kafka consumer "
+            "(outbox's consumer + handler do not apply: the peer has no inbox); 'to relay "
+            "produce' = commit -> the record's CreateTime, set when the relay called "
+            "produce() (1 ms resolution)",
+            stage=("to relay produce", reader.produced),
+            scenario=SCENARIO,
         )
+        row.metrics = against_floor(
+            {**row.metrics, "floor p99 ms": latency_floor.metrics["p99 ms"]},
+            row.metrics["p50 ms"],
+            latency_floor.metrics["p50 ms"],
+            lower_is_better=True,
+        )
+        results.append(row)
     finally:
         reader.close()
     # (b) without a reader running; what reached the topic is read back afterwards.
-    backlog = ctx.scale(50_000, 2_000)
+    backlog = _backlog_size(ctx)
     if which == "ours":
         _fill_ours(url, topic, backlog)
     else:
@@ -355,12 +389,39 @@ def _relay_rounds(
         Result(
             SCENARIO,
             f"(b) {backlog:,} backlog: {label}",
-            {"messages": backlog, "relayed/s": relayed / elapsed},
+            against_floor(
+                {"messages": backlog, "relayed/s": relayed / elapsed}, relayed / elapsed, relay_rate
+            ),
             notes=f"{notes}; about 100 B of JSON each, committed in one transaction; from the "
-            f"commit until the queue table is empty, then read back from the topic{check}",
+            f"commit until the queue table is empty, then read back from the topic{check}; "
+            "floor: the bare relay loop over as many messages, from its start to empty",
         )
     )
     return results
+
+
+def _backlog_size(ctx: Context) -> int:
+    return ctx.scale(50_000, 2_000)
+
+
+def _e2e_seconds(ctx: Context) -> float:
+    return 2.0 if ctx.smoke else 20.0
+
+
+def _floors(ctx: Context) -> tuple[float, Result]:
+    """This run's floors of (b) and (e): the bare relay loop over a backlog like (b)'s, and the
+    broker floor at (e)'s rate: a producer sending each record at once -> the plain reader with
+    its fetch wait (outbox's consumer's)."""
+    url = ctx.new_database()
+    topic = ctx.new_topic("peer-floor")
+    _fill_ours(url, topic, _backlog_size(ctx))
+    relay_rate = relay_floor(url, ctx.bootstrap, topic, from_start=True)
+    count = int(E2E_RATE * _e2e_seconds(ctx) / 2)
+    at_once = Variant("peer floor", producer_kafka=("linger.ms=0",))
+    latency = broker_floor(ctx.bootstrap, ctx.new_topic("peer-floor"), E2E_RATE, count, at_once)
+    latency.scenario = SCENARIO
+    latency.variant = f"(e) {E2E_RATE}/s: broker floor"
+    return relay_rate, latency
 
 
 def run(ctx: Context) -> list[Result]:
@@ -388,6 +449,8 @@ def run(ctx: Context) -> list[Result]:
         engine.dispose()
 
     results = _send_overhead(ctx, url)
+    floors = _floors(ctx)
+    results.append(floors[1])
 
     topic = ctx.new_topic("peer-ours")
     producer = outbox_daemon(
@@ -403,6 +466,7 @@ def run(ctx: Context) -> list[Result]:
             "outbox.producer_queue",
             "outbox producer",
             "`outbox producer` process, defaults (reference)",
+            floors,
         )
     finally:
         producer.stop()
@@ -439,6 +503,7 @@ def run(ctx: Context) -> list[Result]:
                 f"{PEER} relay, {name}",
                 f"relay process (benchmarks.peer_app, asyncpg driver, LISTEN on), "
                 f"{RELAY_NOTES[name]}",
+                floors,
             )
         finally:
             relay.stop()

@@ -22,6 +22,12 @@ rows processed since its last retention pass. "after retention" starts a fresh h
 whose first idle moment runs a retention pass at once, and waits until consumer_processed (the
 handled messages' ids, decision 17) is empty.
 
+The end-to-end row shows its msg/s as `figure` beside a `floor` measured in the same run: the
+bare loops of `benchmarks/floors.py` chained over the same servers and run at once
+(`pipeline_floor`): a writer inserting as many messages of the same size 1,000 per transaction
+-> a bare relay -> Kafka -> a bare consumer -> a bare handler (one INSERT per message, one
+loop), timed the same way, from the writer's start until the last effect is committed.
+
 OUTBOX_BENCH_NAPTIME=10 runs it with the server's autovacuum_naptime at 10 s instead of 60 (the
 queue tables' own autovacuum settings come from migration 0006).
 """
@@ -37,6 +43,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from benchmarks.floors import against_floor, pipeline_floor
 from benchmarks.harness import Context, Result
 from benchmarks.throughput import (
     KEYS,
@@ -186,6 +193,15 @@ def _retention(ctx: Context, messages: int) -> list[Result]:
     group = f"bench-retention-{uuid.uuid4().hex[:8]}"
     env = handler_env(topic)
     timeout = timeout_for(messages)
+    floor_topic = ctx.new_topic("retention-floor", partitions=3)
+    floor, _ = pipeline_floor(
+        ctx.new_database(migrated=False),
+        ctx.bootstrap,
+        floor_topic,
+        messages,
+        payload=PAYLOAD,
+        write=True,
+    )
     results = [_row("before the run", _snapshot(sender, receiver))]
 
     daemons: list[Daemon] = []
@@ -225,6 +241,9 @@ def _retention(ctx: Context, messages: int) -> list[Result]:
         handled = scalar(conn, "SELECT count(*) FROM effects") - 1
 
     notes = [f"{KEYS} keys, handler concurrency {CONCURRENCY}"]
+    notes.append(
+        "floor: a writer, the bare relay, consumer and handler loops at once, as many messages"
+    )
     if handled != messages:
         notes.append(f"effects holds {handled} rows, expected {messages}")
     results.insert(
@@ -232,13 +251,17 @@ def _retention(ctx: Context, messages: int) -> list[Result]:
         Result(
             SCENARIO,
             f"{messages:,} messages end to end",
-            {
-                "messages": messages,
-                "seconds": seconds,
-                "msg/s": messages / seconds,
-                "send msg/s": messages / send_s,
-                "startup s": startup,
-            },
+            against_floor(
+                {
+                    "messages": messages,
+                    "seconds": seconds,
+                    "msg/s": messages / seconds,
+                    "send msg/s": messages / send_s,
+                    "startup s": startup,
+                },
+                messages / seconds,
+                floor,
+            ),
             notes="; ".join(notes),
         ),
     )

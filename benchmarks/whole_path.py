@@ -16,11 +16,18 @@ the warm-up and the benchmark's own polling), and the broker, read from /proc be
 With OUTBOX_BENCH_STATEMENTS=1 the server is restarted with pg_stat_statements loaded and each
 row's notes list the statements that took the most server time, per message.
 OUTBOX_BENCH_HANDLER_ARGS adds flags to the handler's command line (an experiment, noted).
+
+Each row shows its msg/s as `figure` beside a `floor` measured in the same run: the bare loops
+of `benchmarks/floors.py` chained over the same servers and run at once (`pipeline_floor`), a
+bare relay over a backlog of as many messages of the same size -> Kafka -> a bare consumer ->
+a bare handler (one INSERT per message; one executemany for the `batch_handler` row), timed the
+same way: from the relay's start until the last effect is committed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -28,6 +35,7 @@ from collections.abc import Iterable, Sequence
 
 import psycopg
 
+from benchmarks.floors import against_floor, pipeline_floor
 from benchmarks.harness import Context, Result
 from benchmarks.throughput import (
     BATCH_HANDLERS_TARGET,
@@ -201,7 +209,30 @@ def run(ctx: Context) -> list[Result]:
     messages = ctx.scale(60_000, 3_000)
     if statements_enabled():
         load_pg_stat_statements(ctx)
-    return [_run(ctx, messages, variant) for variant in VARIANTS]
+    floors = {batch: _floor(ctx, messages, batch) for batch in (False, True)}
+    results = []
+    for variant in VARIANTS:
+        result = _run(ctx, messages, variant)
+        batch = variant == "batch"
+        result.metrics = against_floor(result.metrics, result.metrics["msg/s"], floors[batch])
+        floor_note = (
+            "floor: the bare relay, consumer and handler loops at once over the same backlog, "
+            "one INSERT per message" + (" (executemany)" if batch else "")
+        )
+        result.notes = "; ".join(n for n in (result.notes, floor_note) if n)
+        results.append(result)
+    return results
+
+
+def _floor(ctx: Context, messages: int, batch: bool) -> float:
+    """msg/s of the bare pipeline over a backlog of `messages` messages of the same size."""
+    payload = json.dumps({"n": 0, "note": "x" * 70}).encode()
+    url = ctx.new_database(migrated=False)
+    topic = ctx.new_topic("whole-floor", partitions=3)
+    rate, _ = pipeline_floor(
+        url, ctx.bootstrap, topic, messages, payload=payload, write=False, batch=batch
+    )
+    return rate
 
 
 def _run(ctx: Context, messages: int, variant: str) -> Result:

@@ -1,0 +1,302 @@
+"""Issue 26's targets beside a run's measurements: the "Targets" section of every results file.
+
+Each target names the row of a scenario that measures it; its line shows that row's
+measurement, the floor measured in the same run and their ratio (`benchmarks/floors.py`), and a
+verdict:
+
+- `met`: the measurement reaches the target;
+- `missed`: it does not;
+- `smaller run`: it reaches the target's number at a smaller size than the target names (a
+  quick run's 100,000 messages for "one million end to end"), which proves nothing about it;
+- `not run`: the run has no row for it (its scenario was not run, or failed).
+
+Rows are given as the results JSON holds them (`{"scenario", "variant", "metrics", "notes"}`)
+or as `harness.Result`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, is_dataclass
+from typing import Any
+
+Row = Mapping[str, Any]
+
+MET = "met"
+MISSED = "missed"
+SMALLER = "smaller run"
+NOT_RUN = "not run"
+
+#: The end-to-end target's size: one million messages.
+MILLION = 1_000_000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target's line of the table."""
+
+    target: str
+    measurement: str
+    floor: float
+    ratio: float
+    verdict: str
+    row: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target: where it is measured (`scenario`, the key of `python -m benchmarks --only`),
+    how its row is found among a run's rows, and how the row is judged."""
+
+    text: str
+    scenario: str
+    find: Callable[[Sequence[Row]], Row | None]
+    judge: Callable[[Row, Sequence[Row]], tuple[str, str]]
+    """(verdict, measurement) of the row found; the other rows are there for context."""
+
+
+def _metrics(row: Row) -> Mapping[str, float]:
+    metrics: Mapping[str, float] = row.get("metrics") or {}
+    return metrics
+
+
+def _get(row: Row, name: str) -> float:
+    value = _metrics(row).get(name)
+    return float("nan") if value is None else float(value)
+
+
+def _of(scenario: str, rows: Sequence[Row]) -> list[Row]:
+    """The rows of the scenario whose name starts with `scenario` (such as "w.")."""
+    return [r for r in rows if str(r.get("scenario", "")).startswith(scenario)]
+
+
+def _one(scenario: str, variant: str) -> Callable[[Sequence[Row]], Row | None]:
+    def find(rows: Sequence[Row]) -> Row | None:
+        return next((r for r in _of(scenario, rows) if r.get("variant") == variant), None)
+
+    return find
+
+
+def _rate(minimum: float) -> Callable[[Row, Sequence[Row]], tuple[str, str]]:
+    def judge(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+        figure = _get(row, "figure")
+        if figure != figure:
+            figure = _get(row, "msg/s")
+        verdict = MET if figure >= minimum else MISSED
+        return verdict, f"{figure:,.0f} msg/s"
+
+    return judge
+
+
+def _latency(p50: float, p99: float) -> Callable[[Row, Sequence[Row]], tuple[str, str]]:
+    def judge(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+        got50, got99 = _get(row, "p50 ms"), _get(row, "p99 ms")
+        verdict = MET if got50 < p50 and got99 < p99 else MISSED
+        text = f"p50 {got50:.2f} ms, p99 {got99:.2f} ms"
+        floor99 = _get(row, "floor p99 ms")
+        if floor99 == floor99:
+            text += f" (floor p99 {floor99:.2f})"
+        return verdict, text
+
+    return judge
+
+
+def _end_to_end(rows: Sequence[Row]) -> Row | None:
+    return next(
+        (r for r in _of("f.", rows) if str(r.get("variant", "")).endswith("messages end to end")),
+        None,
+    )
+
+
+def _judge_end_to_end(row: Row, rows: Sequence[Row]) -> tuple[str, str]:
+    """>= 10,000 msg/s, and retention left both inbox tables empty (the tables are bounded)."""
+    rate = _get(row, "msg/s")
+    messages = _get(row, "messages")
+    after = next((r for r in _of("f.", rows) if r.get("variant") == "after retention"), None)
+    left = (
+        _get(after, "consumer_queue rows") + _get(after, "consumer_processed rows")
+        if after is not None
+        else float("nan")
+    )
+    bounded = left == 0
+    peak = next((r for r in _of("f.", rows) if r.get("variant") == "peak during the run"), None)
+    text = f"{rate:,.0f} msg/s over {messages:,.0f} messages; "
+    text += (
+        "after retention the inbox tables hold no rows"
+        if bounded
+        else f"after retention the inbox tables hold {left:,.0f} rows"
+        if left > 0
+        else "no count of the inbox tables' rows after retention"
+    )
+    if peak is not None:
+        text += (
+            f"; peak producer_queue {_get(peak, 'producer_queue MB'):.0f} MB, "
+            f"consumer_queue {_get(peak, 'consumer_queue MB'):.0f} MB"
+        )
+    if rate < 10_000 or not bounded:
+        return MISSED, text
+    return (MET if messages >= MILLION else SMALLER), text
+
+
+def _relay(rows: Sequence[Row]) -> Row | None:
+    """(b)'s one-producer row of 100 B messages over the largest backlog."""
+    candidates = [
+        r
+        for r in _of("b.", rows)
+        if str(r.get("variant", "")).startswith("100 B") and "1 producer" in str(r["variant"])
+    ]
+    return max(candidates, key=lambda r: _get(r, "messages"), default=None)
+
+
+def _judge_relay(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+    figure, ratio = _get(row, "figure"), _get(row, "ratio")
+    if figure != figure:  # a run from before the floors
+        figure = _get(row, "msg/s after 1st")
+    verdict = MET if figure >= 150_000 or ratio >= 2 else MISSED
+    return (
+        verdict,
+        f"{figure:,.0f} msg/s after the first delete, {_get(row, 'messages'):,.0f} messages",
+    )
+
+
+SEND = "+ broker.send"
+NAIVE = "+ queue INSERT + NOTIFY (naive)"
+
+
+def _send(rows: Sequence[Row]) -> Row | None:
+    return next(
+        (r for r in _of("a.", rows) if r.get("variant") == SEND and _get(r, "writers") == 16),
+        None,
+    )
+
+
+def _judge_send(row: Row, rows: Sequence[Row]) -> tuple[str, str]:
+    ratio = _get(row, "ratio")
+    naive = next(
+        (r for r in _of("a.", rows) if r.get("variant") == NAIVE and _get(r, "writers") == 16),
+        None,
+    )
+    naive_ratio = _get(naive, "ratio") if naive is not None else float("nan")
+    verdict = MET if ratio >= 0.90 and ratio > naive_ratio else MISSED
+    text = f"{_get(row, 'commits/s'):,.0f} commits/s, {ratio:.2f} of the floor"
+    text += f" (naive {naive_ratio:.2f})" if naive is not None else " (no naive row)"
+    return verdict, text
+
+
+def _log_latency(rows: Sequence[Row]) -> Row | None:
+    """The log's commit -> handler row at 1,000/s (the transports scenario's detail)."""
+    return next(
+        (
+            r
+            for r in _of("transports", rows)
+            if r.get("variant") == "PostgreSQL log, 1,000/s" and "p50 ms" in _metrics(r)
+        ),
+        None,
+    )
+
+
+#: Issue 26's targets, in its order.
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "whole path, one-INSERT per-message handler >= 12,000 msg/s",
+        "w",
+        _one("w.", "per message"),
+        _rate(12_000),
+    ),
+    Target("whole path, batch_handler >= 25,000 msg/s", "w", _one("w.", "batch"), _rate(25_000)),
+    Target(
+        "one million messages end to end >= 10,000 msg/s, tables bounded",
+        "f",
+        _end_to_end,
+        _judge_end_to_end,
+    ),
+    Target(
+        "relay >= 150,000 msg/s from the first delete, or >= 2x the bare loop",
+        "b",
+        _relay,
+        _judge_relay,
+    ),
+    Target(
+        "commit -> handler p50 < 5 ms, p99 < 25 ms at 500/s on Kafka (fetch wait 1 ms)",
+        "e",
+        _one("e.", "low latency: 500/s, 1 sender"),
+        _latency(5, 25),
+    ),
+    Target(
+        "commit -> handler p50 < 3 ms, p99 < 15 ms at 1,000/s on the log",
+        "transports",
+        _log_latency,
+        _latency(3, 15),
+    ),
+    Target(
+        "send >= 0.90 of the floor at 16 writers and ahead of the naive design",
+        "a",
+        _send,
+        _judge_send,
+    ),
+)
+
+
+def as_rows(results: Iterable[Any]) -> list[Row]:
+    """Rows as the results JSON holds them, from dicts or `Result`s."""
+    fields = ("scenario", "variant", "metrics", "notes")
+    return [{name: getattr(r, name) for name in fields} if is_dataclass(r) else r for r in results]
+
+
+def judge(results: Iterable[Any], targets: Sequence[Target] = TARGETS) -> list[Verdict]:
+    """Each target beside the run's measurement, floor and ratio, with its verdict."""
+    rows = as_rows(results)
+    verdicts = []
+    for target in targets:
+        row = target.find(rows)
+        if row is None:
+            verdicts.append(
+                Verdict(
+                    target.text,
+                    f"scenario {target.scenario} not in this run",
+                    float("nan"),
+                    float("nan"),
+                    NOT_RUN,
+                    "",
+                )
+            )
+            continue
+        verdict, measurement = target.judge(row, rows)
+        verdicts.append(
+            Verdict(
+                target.text,
+                measurement,
+                _get(row, "floor"),
+                _get(row, "ratio"),
+                verdict,
+                f"{row.get('scenario')}: {row.get('variant')}",
+            )
+        )
+    return verdicts
+
+
+def _cell(value: float) -> str:
+    if value != value:
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+
+
+def markdown(results: Iterable[Any]) -> list[str]:
+    """The "Targets" section: one line per target of issue 26."""
+    lines = [
+        "## Targets",
+        "",
+        "Issue 26's targets on this 2-core machine beside this run's measurement, its floor "
+        "measured in the same run and their ratio (`n/a`: that row has no floor). "
+        "`smaller run`: reached at a smaller size than the target names.",
+        "",
+        "| target | measurement | floor | ratio | verdict | row |",
+        "|---|---|---:|---:|---|---|",
+    ]
+    for v in judge(results):
+        lines.append(
+            f"| {v.target} | {v.measurement} | {_cell(v.floor)} | {_cell(v.ratio)} | "
+            f"{v.verdict} | {v.row} |"
+        )
+    lines.append("")
+    return lines
