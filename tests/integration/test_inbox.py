@@ -12,10 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Producer as KafkaProducer
+from psycopg.types.json import Jsonb
 from sqlalchemy import text
 
 from outbox import Backoff, Broker, Handlers, InboxMessage, Message
 from outbox.core.batches import InboxBatch
+from outbox.core.headers import to_json
 from outbox.core.lanes import lane_for
 from outbox.kafka.subscriber import InboxRow, foreign_id
 from outbox.postgres.inbox_store import insert_params
@@ -503,3 +505,42 @@ def test_retention_keeps_up_while_a_backlog_keeps_the_handler_busy(
 
         wait_for(progressed, 60, "the backlog to be handled")
     assert forgotten_while_busy, "processed rows were only forgotten once the handler was idle"
+
+
+def test_a_callback_gets_each_messages_headers_and_no_headers_as_an_empty_dict(
+    outbox_database_url: str,
+) -> None:
+    """The claims return empty headers as NULL (nothing to parse): a callback still gets `{}`
+    for them, and every header of the others, text and bytes, whichever claim took the row."""
+    url = outbox_database_url
+    handlers = Handlers()
+    seen: dict[str, dict[str, Any]] = {}
+
+    @handlers.handler("headers.one")
+    def one(message: InboxMessage, conn: Any) -> None:
+        seen[message.payload["n"]] = dict(message.headers)
+
+    @handlers.batch_handler("headers.many")
+    def many(messages: list[InboxMessage], conn: Any) -> None:
+        for message in messages:
+            seen[message.payload["n"]] = dict(message.headers)
+
+    @handlers.handler("headers.async")
+    async def later(message: InboxMessage, conn: Any) -> None:
+        seen[message.payload["n"]] = dict(message.headers)
+
+    sent = {"text": "v", "raw": b"\x00\xff"}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for topic in ("headers.one", "headers.many", "headers.async"):
+            for n, headers in ((f"{topic}-none", {}), (f"{topic}-some", sent)):
+                conn.execute(
+                    "INSERT INTO outbox.consumer_queue (message_id, topic, key, payload, headers,"
+                    " content_type, lane) VALUES (gen_random_uuid(), %s, NULL, %s, %s,"
+                    " 'application/json', 0)",
+                    (topic, json.dumps({"n": n}).encode(), Jsonb(to_json(headers))),
+                )
+    with handler_thread(url, handlers):
+        wait_for(lambda: len(seen) == 6, 30, "every message handled")
+    for topic in ("headers.one", "headers.many", "headers.async"):
+        assert seen[f"{topic}-none"] == {}
+        assert seen[f"{topic}-some"] == sent

@@ -110,7 +110,7 @@ def decode(
         payload=decoded,
         raw_payload=payload,
         content_type=claimed.content_type,
-        headers=from_json(claimed.headers),
+        headers=from_json(claimed.headers) if claimed.headers is not None else {},
         attempt=claimed.attempts + 1,
         created_at=claimed.created_at,
         received_at=claimed.received_at,

@@ -377,7 +377,8 @@ WITH blocked AS (
 ), dropped AS (
     DELETE FROM {schema}.consumer_queue WHERE id = ANY(ARRAY(SELECT id FROM handled))
 )
-SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+SELECT id, message_id, topic, key, payload, NULLIF(headers, '{}'::jsonb) AS headers,
+       content_type, created_at, received_at,
        attempts, source_partition, source_offset, lane,
        id IN (SELECT id FROM handled) AS dropped
 FROM locked
@@ -407,7 +408,8 @@ FROM (
 
 -- name: handler_claim
 -- Lock one pending row for the handler's transaction (see handler_claim_many). SKIP LOCKED: a
--- row another process is handling right now is left to it.
+-- row another process is handling right now is left to it. The claims return empty headers as
+-- NULL, which the Handler reads as no headers without parsing JSON.
 WITH locked AS MATERIALIZED (
     SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
            attempts, source_partition, source_offset, processed_at, dead_at
@@ -420,7 +422,8 @@ WITH locked AS MATERIALIZED (
 ), dropped AS (
     DELETE FROM {schema}.consumer_queue WHERE id = ANY(ARRAY(SELECT id FROM handled))
 )
-SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+SELECT id, message_id, topic, key, payload, NULLIF(headers, '{}'::jsonb) AS headers,
+       content_type, created_at, received_at,
        attempts, source_partition, source_offset
 FROM locked
 WHERE processed_at IS NULL AND dead_at IS NULL AND id NOT IN (SELECT id FROM handled);
@@ -447,7 +450,8 @@ WITH locked AS MATERIALIZED (
 ), dropped AS (
     DELETE FROM {schema}.consumer_queue WHERE id = ANY(ARRAY(SELECT id FROM handled))
 )
-SELECT id, message_id, topic, key, payload, headers, content_type, created_at, received_at,
+SELECT id, message_id, topic, key, payload, NULLIF(headers, '{}'::jsonb) AS headers,
+       content_type, created_at, received_at,
        attempts, source_partition, source_offset
 FROM locked
 WHERE processed_at IS NULL AND dead_at IS NULL AND id NOT IN (SELECT id FROM handled)
