@@ -189,6 +189,53 @@ def send_paced(url: str, topic: str, rate: float, count: int) -> tuple[dict[str,
     return committed, elapsed
 
 
+def _paced_sender(url: str, topic: str, rate: float, count: int, start_at: float, out: Any) -> None:
+    """One process of `send_paced_by`: `count` sends at `rate`/s from `start_at` (epoch s)."""
+    from outbox import Broker
+
+    broker = Broker()
+    sent: list[tuple[str, float]] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        for i in range(count):
+            delay = start_at + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            with conn.transaction():
+                message_id = broker.send(conn, topic, _payload(i), key=f"order-{os.getpid()}-{i}")
+            sent.append((str(message_id), time.time()))
+    out.put(sent)
+
+
+def send_paced_by(
+    url: str, topic: str, rate: float, count: int, senders: int
+) -> tuple[dict[str, float], float]:
+    """`send_paced` from `senders` processes: each sends `count / senders` messages, one per
+    transaction, at `rate / senders` per second, their schedules interleaved so that the
+    commits come at `rate` in all; returns commit times and seconds."""
+    if senders <= 1:
+        return send_paced(url, topic, rate, count)
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    start_at = time.time() + 0.5 + 0.05 * senders
+    each = count // senders
+    procs = [
+        context.Process(
+            target=_paced_sender,
+            args=(url, topic, rate / senders, each, start_at + k / rate, queue),
+        )
+        for k in range(senders)
+    ]
+    for p in procs:
+        p.start()
+    committed: dict[str, float] = {}
+    for _ in procs:
+        committed.update(queue.get(timeout=each * senders / rate + 60))
+    for p in procs:
+        p.join(30)
+    return committed, max(committed.values()) - start_at
+
+
 def _flood_writer(url: str, topic: str, seconds: float, start_at: float, out: Any) -> None:
     from outbox import Broker
 
