@@ -307,7 +307,7 @@ def latencies(
                 + "\n".join(f"-- {d.name}:\n{d.output()}" for d in daemons)
             )
         total = WARMUP
-        plural = "s" if senders > 1 else ""
+        plural = "es" if senders > 1 else ""
         for rate in rates:
             count = int(rate * seconds) // senders * senders
             committed, elapsed = send_paced_by(sender, topic, rate, count, senders)
@@ -337,7 +337,7 @@ def _log_sender(url: str, topic: str, rate: float, count: int, start_at: float, 
     """One process of `log_floor`: `count` records, one `publish` each, at `rate`/s."""
     from outbox.pglog import PgLogPublisher
 
-    publisher = PgLogPublisher(url)
+    publisher = PgLogPublisher(url, partitions=PARTITIONS)
     sent: list[tuple[str, float]] = []
     try:
         for i in range(count):
