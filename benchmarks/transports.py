@@ -1,6 +1,10 @@
 """(transports) Kafka and the log kept in PostgreSQL side by side, in one run, on the same servers.
 
     python -m benchmarks --only transports
+    python -m benchmarks.transports [--rate 1000] [--senders 4] [--seconds 10] [--rounds 1]
+
+The second form measures only the log's commit -> handler latency, from several sender
+processes, beside the log's bare round trip in the same run (`log_latency`, `log_floor`).
 
 For each transport, with the daemons as real processes (as production runs them):
 
