@@ -18,7 +18,8 @@ The stages of a message, each measured from the sender's commit:
 - "to Kafka": the record's CreateTime, which librdkafka stamps when the relay calls produce()
   (read back from the topic once the daemons stopped; 1 ms resolution, truncated, so about
   0.5 ms early on average);
-- "to inbox": `consumer_queue.received_at`, the start of the consumer's insert;
+- "to inbox": the message's `received_at`, the start of the consumer's insert (the callback
+  records it: handled rows leave `consumer_queue`);
 - the total: the callback's start.
 
 Last, the broker floor of each variant: the same rates from a bare confluent-kafka producer with
@@ -295,12 +296,12 @@ def wait_arrivals(
 
 
 def arrivals_of(url: str, ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
-    """Callback start times and inbox arrival times (`consumer_queue.received_at`) by id."""
+    """Callback start times and inbox arrival times (the message's `received_at`, which the
+    callback records) by id."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT a.message_id::text, a.started, extract(epoch FROM q.received_at) "
-            "FROM arrivals a LEFT JOIN outbox.consumer_queue q ON q.message_id = a.message_id "
-            "WHERE a.message_id = ANY(%s::uuid[])",
+            "SELECT message_id::text, started, received FROM arrivals "
+            "WHERE message_id = ANY(%s::uuid[])",
             (ids,),
         ).fetchall()
     started = {r[0]: float(r[1]) for r in rows}
