@@ -18,7 +18,8 @@ The stages of a message, each measured from the sender's commit:
 - "to Kafka": the record's CreateTime, which librdkafka stamps when the relay calls produce()
   (read back from the topic once the daemons stopped; 1 ms resolution, truncated, so about
   0.5 ms early on average);
-- "to inbox": `consumer_queue.received_at`, the start of the consumer's insert;
+- "to inbox": the message's `received_at`, the start of the consumer's insert (the callback
+  records it: handled rows leave `consumer_queue`);
 - the total: the callback's start.
 
 Last, the broker floor of each variant: the same rates from a bare confluent-kafka producer with
@@ -189,6 +190,53 @@ def send_paced(url: str, topic: str, rate: float, count: int) -> tuple[dict[str,
     return committed, elapsed
 
 
+def _paced_sender(url: str, topic: str, rate: float, count: int, start_at: float, out: Any) -> None:
+    """One process of `send_paced_by`: `count` sends at `rate`/s from `start_at` (epoch s)."""
+    from outbox import Broker
+
+    broker = Broker()
+    sent: list[tuple[str, float]] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        for i in range(count):
+            delay = start_at + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            with conn.transaction():
+                message_id = broker.send(conn, topic, _payload(i), key=f"order-{os.getpid()}-{i}")
+            sent.append((str(message_id), time.time()))
+    out.put(sent)
+
+
+def send_paced_by(
+    url: str, topic: str, rate: float, count: int, senders: int
+) -> tuple[dict[str, float], float]:
+    """`send_paced` from `senders` processes: each sends `count / senders` messages, one per
+    transaction, at `rate / senders` per second, their schedules interleaved so that the
+    commits come at `rate` in all; returns commit times and seconds."""
+    if senders <= 1:
+        return send_paced(url, topic, rate, count)
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    start_at = time.time() + 0.5 + 0.05 * senders
+    each = count // senders
+    procs = [
+        context.Process(
+            target=_paced_sender,
+            args=(url, topic, rate / senders, each, start_at + k / rate, queue),
+        )
+        for k in range(senders)
+    ]
+    for p in procs:
+        p.start()
+    committed: dict[str, float] = {}
+    for _ in procs:
+        committed.update(queue.get(timeout=each * senders / rate + 60))
+    for p in procs:
+        p.join(30)
+    return committed, max(committed.values()) - start_at
+
+
 def _flood_writer(url: str, topic: str, seconds: float, start_at: float, out: Any) -> None:
     from outbox import Broker
 
@@ -248,12 +296,12 @@ def wait_arrivals(
 
 
 def arrivals_of(url: str, ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
-    """Callback start times and inbox arrival times (`consumer_queue.received_at`) by id."""
+    """Callback start times and inbox arrival times (the message's `received_at`, which the
+    callback records) by id."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT a.message_id::text, a.started, extract(epoch FROM q.received_at) "
-            "FROM arrivals a LEFT JOIN outbox.consumer_queue q ON q.message_id = a.message_id "
-            "WHERE a.message_id = ANY(%s::uuid[])",
+            "SELECT message_id::text, started, received FROM arrivals "
+            "WHERE message_id = ANY(%s::uuid[])",
             (ids,),
         ).fetchall()
     started = {r[0]: float(r[1]) for r in rows}

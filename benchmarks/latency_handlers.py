@@ -1,8 +1,9 @@
 """The handler of scenario (e), run by `outbox handler benchmarks.latency_handlers:handlers`.
 
 The topic comes from LATENCY_TOPIC. The callback's first act is to read the clock; it then
-records that time in `arrivals`, in the handler's own transaction, so a message counts as
-arrived only if its handling committed.
+records that time in `arrivals`, with the message's `received_at` (the start of the Consumer's
+insert: handled rows leave `consumer_queue`, so it is kept here), in the handler's own
+transaction, so a message counts as arrived only if its handling committed.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from outbox import Handlers, InboxMessage
 TOPIC = os.environ.get("LATENCY_TOPIC", "bench.latency")
 handlers = Handlers()
 
-SCHEMA = "CREATE TABLE IF NOT EXISTS arrivals (message_id uuid NOT NULL, started double precision NOT NULL)"
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS arrivals (message_id uuid NOT NULL, started double precision "
+    "NOT NULL, received double precision NOT NULL)"
+)
 
 
 @handlers.handler(TOPIC)
 def arrived(message: InboxMessage, conn: Any) -> None:
     started = time.time()
     conn.execute(
-        "INSERT INTO arrivals (message_id, started) VALUES (%s, %s)", (message.id, started)
+        "INSERT INTO arrivals (message_id, started, received) VALUES (%s, %s, %s)",
+        (message.id, started, message.received_at.timestamp()),
     )

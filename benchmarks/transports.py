@@ -1,6 +1,10 @@
 """(transports) Kafka and the log kept in PostgreSQL side by side, in one run, on the same servers.
 
     python -m benchmarks --only transports
+    python -m benchmarks.transports [--rate 1000] [--senders 4] [--seconds 10] [--rounds 1]
+
+The second form measures only the log's commit -> handler latency, from several sender
+processes, beside the log's bare round trip in the same run (`log_latency`, `log_floor`).
 
 For each transport, with the daemons as real processes (as production runs them):
 
@@ -25,12 +29,19 @@ figures (/work/shared/reference/postgres-log-design.md: 4 vCPU, readers polling,
 
 from __future__ import annotations
 
+import argparse
+import multiprocessing as mp
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import psycopg
 
+from benchmarks.floors import against_floor
 from benchmarks.harness import Context, Result, outgoing_records
 from benchmarks.latency import (
     WARMUP,
@@ -38,6 +49,7 @@ from benchmarks.latency import (
     latency_result,
     outbox_daemon,
     send_paced,
+    send_paced_by,
     wait_arrivals,
 )
 from benchmarks.throughput import (
@@ -253,7 +265,15 @@ def inbox_rate(ctx: Context, endpoint: Endpoint, messages: int) -> tuple[float, 
 # -- latency -----------------------------------------------------------------------------------
 
 
-def latencies(ctx: Context, endpoint: Endpoint, seconds: float) -> list[Result]:
+def latencies(
+    ctx: Context,
+    endpoint: Endpoint,
+    seconds: float,
+    rates: Sequence[int] = RATES,
+    senders: int = 1,
+) -> list[Result]:
+    """Commit -> handler latency at each of `rates`, one send per transaction, from `senders`
+    processes (each at rate / senders, interleaved; `send_paced_by`)."""
     from benchmarks.latency_handlers import SCHEMA
 
     sender, receiver = ctx.new_database(), ctx.new_database()
@@ -291,19 +311,22 @@ def latencies(ctx: Context, endpoint: Endpoint, seconds: float) -> list[Result]:
                 + "\n".join(f"-- {d.name}:\n{d.output()}" for d in daemons)
             )
         total = WARMUP
-        for rate in RATES:
-            count = int(rate * seconds)
-            committed, elapsed = send_paced(sender, topic, rate, count)
+        plural = "es" if senders > 1 else ""
+        for rate in rates:
+            count = int(rate * seconds) // senders * senders
+            committed, elapsed = send_paced_by(sender, topic, rate, count, senders)
             total += count
             wait_arrivals(receiver, total, 60 + count / 100, daemons)
             started, received = arrivals_of(receiver, list(committed))
             results.append(
                 latency_result(
-                    f"{LABELS[endpoint.name]}, {rate:,}/s",
+                    f"{LABELS[endpoint.name]}, {rate:,}/s"
+                    + (f", {senders} sender processes" if senders > 1 else ""),
                     committed,
                     started,
                     {"target /s": rate, "achieved /s": count / elapsed},
-                    f"one send per transaction, daemons as processes, handler 4 workers; {how}",
+                    f"one send per transaction from {senders} process{plural}, daemons as "
+                    f"processes, handler 4 workers; {how}",
                     stage=("to inbox", received),
                     scenario=DETAIL,
                 )
@@ -312,6 +335,99 @@ def latencies(ctx: Context, endpoint: Endpoint, seconds: float) -> list[Result]:
         for d in daemons:
             d.stop()
     return results
+
+
+def _log_sender(url: str, topic: str, rate: float, count: int, start_at: float, out: Any) -> None:
+    """One process of `log_floor`: `count` records, one `publish` each, at `rate`/s."""
+    from outbox.pglog import PgLogPublisher
+
+    publisher = PgLogPublisher(url, partitions=PARTITIONS)
+    sent: list[tuple[str, float]] = []
+    try:
+        for i in range(count):
+            delay = start_at + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            record = outgoing_records(topic, 1, b"x" * 80, lambda _i: uuid.uuid4().bytes)
+            if publisher.publish(record) != [None]:
+                raise RuntimeError("the log floor's publish failed")
+            sent.append((record[0].message_id, time.time()))
+    finally:
+        publisher.close()
+    out.put(sent)
+
+
+def log_floor(url: str, rate: int, seconds: float, senders: int) -> Result:
+    """The log's bare round trip, the floor of its commit -> handler latency: `senders`
+    processes each append one record per transaction (`PgLogPublisher.publish`) at
+    rate / senders, interleaved, and one `PgLogSubscriber` member holding every partition
+    polls (waiting on LISTEN/NOTIFY, as the Consumer does) and commits; latency = the record
+    polled - its append committed. No outbox table, no daemon."""
+    from outbox.pglog import PgLog, PgLogSubscriber
+
+    topic = f"bench.floor.{uuid.uuid4().hex[:8]}"
+    PgLog(url).create_topic(topic, PARTITIONS)
+    subscriber = PgLogSubscriber(url, [topic], f"floor-{uuid.uuid4().hex[:6]}")
+    count = int(rate * seconds) // senders * senders
+    received: dict[str, float] = {}
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    procs: list[Any] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(subscriber.partitions) < PARTITIONS and time.monotonic() < deadline:
+            subscriber.poll(1000, 0.05)
+        start_at = time.time() + 0.5 + 0.05 * senders
+        procs = [
+            context.Process(
+                target=_log_sender,
+                args=(url, topic, rate / senders, count // senders, start_at + k / rate, queue),
+            )
+            for k in range(senders)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + seconds + 60
+        while len(received) < count and time.monotonic() < deadline:
+            batch = subscriber.poll(1000, 0.2)
+            now = time.time()
+            for message_id in batch.message_ids:
+                received[message_id] = now
+            if batch:
+                subscriber.commit(batch)
+        committed: dict[str, float] = {}
+        for _ in procs:
+            committed.update(queue.get(timeout=60))
+    finally:
+        for p in procs:
+            p.join(30)
+        subscriber.close()
+    plural = "es" if senders > 1 else ""
+    return latency_result(
+        f"PostgreSQL log floor, {rate:,}/s, {senders} sender process{plural}",
+        committed,
+        received,
+        {"target /s": rate, "achieved /s": count / (max(committed.values()) - start_at)},
+        "floor: PgLogPublisher.publish of one record per transaction -> one PgLogSubscriber "
+        "member (LISTEN/NOTIFY), no outbox table or daemon",
+        scenario=DETAIL,
+    )
+
+
+def log_latency(ctx: Context, rate: int, seconds: float, senders: int) -> list[Result]:
+    """The log's commit -> handler latency at `rate` from `senders` processes, beside its floor
+    measured right after it on the same servers (`figure` the p50, `floor` the floor's p50,
+    `ratio` floor / figure)."""
+    endpoint = Endpoint(ctx, "postgres")
+    (result,) = latencies(ctx, endpoint, seconds, (rate,), senders)
+    floor = log_floor(endpoint.log_url, rate, seconds, senders)
+    result.metrics = against_floor(
+        {**result.metrics, "floor p99 ms": floor.metrics["p99 ms"]},
+        result.metrics["p50 ms"],
+        floor.metrics["p50 ms"],
+        lower_is_better=True,
+    )
+    return [result, floor]
 
 
 # -- the scenario ------------------------------------------------------------------------------
@@ -387,3 +503,37 @@ def run(ctx: Context) -> list[Result]:
                 )
             )
     return rows + detail
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The PostgreSQL log's commit -> handler latency from several sender processes, beside the
+    log's bare round trip measured in the same run (issue 26); `--rounds` repeats both."""
+    from benchmarks.harness import machine, markdown, write_results
+    from outbox.testing.servers import start_servers
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.transports", description=main.__doc__
+    )
+    parser.add_argument("--rate", type=int, default=1000, help="messages per second in all")
+    parser.add_argument("--senders", type=int, default=4, help="sender processes")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also write <stamp>.json and .md here")
+    args = parser.parse_args(argv)
+    if args.senders < 1 or args.rate < args.senders or args.rounds < 1:
+        parser.error("need --senders >= 1, --rate >= --senders and --rounds >= 1")
+    results: list[Result] = []
+    with start_servers(Path(tempfile.mkdtemp(prefix="outbox-log-latency-"))) as servers:
+        ctx = Context(servers=servers, smoke=False, out_dir=args.out or Path("."))
+        for _ in range(args.rounds):
+            results += log_latency(ctx, args.rate, args.seconds, args.senders)
+        info = machine(servers)
+    print(markdown(results, info, False))
+    if args.out is not None:
+        for path in write_results(results, info, args.out, False, complete=False):
+            print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

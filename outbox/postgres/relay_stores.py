@@ -107,6 +107,7 @@ class PostgresOutboxSession(PostgresRelaySession):
     def __init__(self, conn: Connection, lanes: Lanes, store: OutboxStore) -> None:
         super().__init__(conn, lanes)
         self.store = store
+        store.adapt(conn)
 
     def fetch(
         self, lanes: list[int], limit: int, exclude: list[int]

@@ -194,7 +194,7 @@ WHERE q.lane = ANY(%(lanes)s)
   -- array when it is a constant of the plan (the relay plans each execution: Producer.
   -- planner_settings). The cast matters: psycopg sends small ints as int2[], and a cross-type
   -- comparison is not hashed.
-  AND q.id <> ALL(CAST(%(exclude)b AS bigint[]))
+  AND q.id <> ALL(CAST(%(exclude)t AS bigint[]))
 ORDER BY q.id
 LIMIT %(limit)s;
 
@@ -213,8 +213,8 @@ WHERE q.attempts > 0 AND q.dead_at IS NULL AND q.lane = ANY(%(lanes)s)
   );
 
 -- name: producer_delete
--- The ids are bound in binary form (the b placeholder): cheaper to build than text.
-DELETE FROM {schema}.producer_queue WHERE id = ANY(CAST(%(ids)b AS bigint[]));
+-- The ids come as one bigint[] in text form (OutboxStore's Ids: built in one join).
+DELETE FROM {schema}.producer_queue WHERE id = ANY(CAST(%(ids)t AS bigint[]));
 
 -- name: producer_fail
 -- Record failed deliveries in one statement: a row with a delay is counted, keeps its error
