@@ -9,6 +9,10 @@ doing the same work costs on this machine at that moment.
 - handler (d): select 500 rows of `consumer_queue` in id order, one INSERT per message (the
   callback's effect; one executemany for the `batch_handler` variant), delete them, commit;
 - latency (e): a producer to a plain consumer with the variant's settings (`latency.broker_floor`);
+- the log kept in PostgreSQL (transports): the relay and inbox loops above with the log's
+  clients in place of Kafka's (`log_relay_floor`: `PgLogPublisher.publish` of each batch;
+  `log_inbox_floor`: one `PgLogSubscriber` member); its latency floor is
+  `transports.log_floor`;
 - the whole path (f, w): the bare loops above run together as one bare pipeline
   (`pipeline_floor`), each stage its own process as the daemons are, over the same servers and
   the same number of messages: (f) also writes the messages meanwhile, 1,000 per transaction.
@@ -368,3 +372,99 @@ def pipeline_floor(
                 process.terminate()
                 process.join(10)
     return messages / seconds, seconds
+
+
+def log_relay_floor(url: str, log_url: str, topic: str) -> float:
+    """The bare relay loop over the log kept in PostgreSQL: drain `outbox.producer_queue` of
+    `url` as `relay_floor` does, each batch of 1,000 appended to `topic` of the log at `log_url`
+    by `PgLogPublisher.publish` (one transaction) before it is deleted; returns msg/s from the
+    first delete (the first batch done) to empty, as `relay_floor`. The records carry the rows' message ids and the batch's time as outbox's headers (the
+    log stores them); nothing else of outbox's relay runs."""
+    from datetime import UTC, datetime
+
+    from outbox.core.batches import OutgoingRecord
+    from outbox.pglog import PgLogPublisher
+
+    publisher = PgLogPublisher(log_url)
+    done = first = 0
+    first_at = 0.0
+    try:
+        with psycopg.connect(url) as conn:
+            while True:
+                with conn.transaction():
+                    rows = conn.execute(
+                        "SELECT id, key, payload, message_id::text FROM outbox.producer_queue "
+                        "ORDER BY id LIMIT %s",
+                        (RELAY_BATCH,),
+                    ).fetchall()
+                    if not rows:
+                        break
+                    now = datetime.now(UTC).isoformat()
+                    records = [
+                        OutgoingRecord(
+                            row[0],
+                            topic,
+                            row[1],
+                            row[2],
+                            row[3],
+                            now,
+                            "application/octet-stream",
+                            None,
+                            0,
+                        )
+                        for row in rows
+                    ]
+                    if any(outcome is not None for outcome in publisher.publish(records)):
+                        raise RuntimeError("bare log relay loop: publish failed")
+                    conn.execute(
+                        "DELETE FROM outbox.producer_queue WHERE id = ANY(%s)",
+                        ([row[0] for row in rows],),
+                    )
+                if not done:
+                    first, first_at = len(rows), time.perf_counter()
+                done += len(rows)
+            seconds = time.perf_counter() - first_at
+    finally:
+        publisher.close()
+    return (done - first) / seconds if done > first else float("nan")
+
+
+def log_inbox_floor(url: str, log_url: str, topic: str, messages: int) -> float:
+    """The bare consumer loop over the log: one `PgLogSubscriber` member of a new group polls up
+    to 1,000 records of `topic` (log at `log_url`), INSERTs them into a bare table of `url` in
+    one statement, commits, commits its position; until `messages` are stored. Returns msg/s
+    from the first stored batch to the last, as `inbox_floor`."""
+    from outbox.pglog import PgLogSubscriber
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE bare_inbox (id bigserial PRIMARY KEY, key bytea, payload bytea NOT NULL,"
+            " source_partition int NOT NULL, source_offset bigint NOT NULL)"
+        )
+    subscriber = PgLogSubscriber(log_url, [topic], f"bench-floor-{uuid.uuid4().hex[:8]}")
+    stored = first_rows = 0
+    first_at = 0.0
+    deadline = time.perf_counter() + 120 + messages / 200
+    try:
+        with psycopg.connect(url) as conn:
+            while stored < messages:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"bare log consumer loop stored {stored} of {messages}")
+                batch = subscriber.poll(INBOX_BATCH, 0.5)
+                if not batch:
+                    continue
+                with conn.transaction():
+                    conn.execute(
+                        "INSERT INTO bare_inbox (key, payload, source_partition, source_offset) "
+                        "SELECT * FROM unnest(%s::bytea[], %s::bytea[], %s::int[], %s::bigint[])",
+                        (batch.keys, batch.payloads, batch.partitions, batch.offsets),
+                    )
+                subscriber.commit(batch)
+                if not stored:
+                    first_at, first_rows = time.perf_counter(), len(batch)
+                stored += len(batch)
+            ended = time.perf_counter()
+    finally:
+        subscriber.close()
+    steady = ended - first_at
+    return (stored - first_rows) / steady if steady > 0 else float("nan")

@@ -9,7 +9,10 @@ topic) is stored into a fresh database by each of:
 
 Each runs as a real process. "seconds" is from the start of the process until every message is
 stored; "startup s" until the first row is stored (the Spark job pays for its JVM, its Python
-workers and the query planning there); "msg/s" is the rate after that first row. Spark's rate
+workers and the query planning there); "msg/s" is the rate after that first row. Each row's
+`floor` is the bare consumer loop (`floors.inbox_floor`: poll 1,000 records, one INSERT into a
+bare table, commit, commit offsets) over the same topic and records, measured in the same run
+before the relays (its own row shows it and its startup), `ratio` = msg/s / floor. Spark's rate
 grows with Kafka partitions and executor cores; on this 2-core machine, shared with PostgreSQL
 and the broker, the ratio between the variants is what to read, not the absolute numbers.
 """
@@ -23,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.floors import against_floor, inbox_floor
 from benchmarks.harness import Context, Result
 from benchmarks.throughput import (
     Daemon,
@@ -38,6 +42,11 @@ SCENARIO = "spark. inbox relay: Spark vs the Consumer daemon"
 MASTERS = ("local[1]", "local[2]")
 COUNT = "SELECT count(*) FROM outbox.consumer_queue"
 MAX_ID = "SELECT max(id) FROM outbox.consumer_queue"
+FLOOR_NOTE = (
+    "floor: the bare consumer loop (one plain consumer in a new group polls 1,000 records, "
+    "INSERTs them into a bare table in one statement, commits, commits its offsets) over the "
+    "same topic and records, msg/s from its first stored batch, in the same run"
+)
 
 
 def run(ctx: Context) -> list[Result]:
@@ -46,9 +55,21 @@ def run(ctx: Context) -> list[Result]:
     topic = ctx.new_topic("spark-inbox", partitions=3)
     produce_s = produce_direct(ctx.bootstrap, topic, messages, 100)
     note = f"input produced in {produce_s:.1f}s"
+    floor, floor_startup = inbox_floor(ctx.new_database(), ctx.bootstrap, topic, messages)
     results = [_daemon(ctx, topic, messages, note)]
     for master in MASTERS:
         results.append(_spark(ctx, topic, messages, master, note))
+    for result in results:
+        result.metrics = against_floor(result.metrics, result.metrics["msg/s"], floor)
+        result.notes += f"; {FLOOR_NOTE}"
+    results.append(
+        Result(
+            SCENARIO,
+            "floor: bare consumer loop",
+            {"messages": messages, "startup s": floor_startup, "floor": floor},
+            notes=FLOOR_NOTE,
+        )
+    )
     return results
 
 

@@ -6,22 +6,34 @@
 The second form measures only the log's commit -> handler latency, from several sender
 processes, beside the log's bare round trip in the same run (`log_latency`, `log_floor`).
 
-For each transport, with the daemons as real processes (as production runs them):
+For each transport, with the daemons as real processes (as production runs them), each row
+beside its floor measured in the same run (`figure`, `floor`, `ratio`, as `benchmarks/floors.py`
+defines them; one row per transport):
 
 - relay throughput: a backlog of 100 B messages (1,000 keys) in producer_queue, drained by one
-  `outbox producer`; timed from process start until producer_queue is empty.
+  `outbox producer`; the figure from the first delete seen until producer_queue is empty
+  ("msg/s from start": from process start). Floor: the bare relay loop over a backlog as big
+  (select 1,000 in id order, send, delete): Kafka `floors.relay_floor`, the log
+  `floors.log_relay_floor` (`PgLogPublisher.publish` of each batch), from its first delete.
 - inbox throughput: records with outbox's headers already on the topic (Kafka: produced with
   librdkafka in big batches; the log: `PgLogPublisher`, batches of 1,000), stored by one
-  `outbox consumer --batch-size 1000`; the rate from the first stored row to the last.
+  `outbox consumer --batch-size 1000`; the rate from the first stored row to the last. Floor:
+  the bare consumer loop over the same records in a new group (poll 1,000, one INSERT into a
+  bare table, commit, commit the position): Kafka `floors.inbox_floor`, the log
+  `floors.log_inbox_floor`.
 - transport write and read: the clients alone, no outbox table: Kafka produce() of the same
   records, and a plain consumer reading them; the log's `PgLogPublisher.publish` of batches of
   1,000 and one `PgLogSubscriber` member reading them with poll(1000) + commit. These are the
-  figures the reference design publishes (writes/s, reads/s).
+  figures the reference design publishes (writes/s, reads/s), and floors themselves: their rows
+  show them as `floor`.
 - end-to-end latency, sender commit -> handler callback start, at 100/s and 1,000/s (one
   message per transaction), through `outbox producer`, `outbox consumer` and `outbox handler`.
   Kafka runs on the Tansu broker, which answers a fetch only when fetch.wait.max.ms runs out:
   the consumer runs with fetch.wait.max.ms=1 and the producer with linger.ms=0, its best case
   (outbox's defaults are 25 and 5). The log's consumer waits on LISTEN/NOTIFY (0.2 s fallback).
+  Floor: the transport's bare round trip at the same rate for half as long, right after:
+  Kafka `latency.broker_floor` with the same settings, the log `log_floor` (one sender); the
+  p50 row's ratio is floor p50 / p50, the p99 row's floor p99 / p99.
 
 Topics have 3 partitions on both transports. Beside them, the reference design's published
 figures (/work/shared/reference/postgres-log-design.md: 4 vCPU, readers polling, no NOTIFY).
@@ -41,11 +53,14 @@ from typing import Any
 
 import psycopg
 
+from benchmarks import floors
 from benchmarks.floors import against_floor
 from benchmarks.harness import Context, Result, outgoing_records
 from benchmarks.latency import (
     WARMUP,
+    Variant,
     arrivals_of,
+    broker_floor,
     latency_result,
     outbox_daemon,
     send_paced,
@@ -202,33 +217,52 @@ def log_fill(url: str, topic: str, messages: int, size: int = 100) -> float:
 # -- relay and inbox ---------------------------------------------------------------------------
 
 
-def relay_rate(ctx: Context, endpoint: Endpoint, messages: int) -> float:
+def relay_rate(ctx: Context, endpoint: Endpoint, messages: int) -> tuple[float, float]:
+    """(msg/s from process start until producer_queue is empty, msg/s from the first delete
+    seen (polled every 2 ms) until then, as (b) and the bare relay loop count)."""
     url = ctx.new_database()
     topic = endpoint.topic("relay")
     send_backlog(url, topic, messages, b"x" * 100)
     vacuum_analyze(url, "outbox.producer_queue")
     min_id = "SELECT min(id) FROM outbox.producer_queue"
+    count = "SELECT count(*) FROM outbox.producer_queue"
     daemons: list[Daemon] = []
     with psycopg.connect(url, autocommit=True) as conn:
+        lowest = scalar(conn, min_id)
         started = time.perf_counter()
         try:
             daemons.append(Daemon(*endpoint.producer(url)))
+            timeout = timeout_for(messages)
+            first = wait_for(
+                lambda: scalar(conn, min_id) != lowest,
+                since=started,
+                timeout=timeout,
+                daemons=daemons,
+                interval=0.002,
+                what=f"the first delete from producer_queue ({endpoint.name})",
+            )
+            left = scalar(conn, count)
             seconds = wait_for(
                 lambda: scalar(conn, min_id) is None,
                 since=started,
-                timeout=timeout_for(messages),
+                timeout=timeout,
                 daemons=daemons,
+                interval=0.002,
                 what=f"draining producer_queue ({endpoint.name})",
             )
         finally:
             stop_all(daemons)
-    return messages / seconds
+    steady = seconds - first
+    return messages / seconds, left / steady if left and steady > 0 else float("nan")
 
 
-def inbox_rate(ctx: Context, endpoint: Endpoint, messages: int) -> tuple[float, float]:
-    """(stored/s by one consumer, write/s of the input as the transport's client alone)."""
+def inbox_rate(
+    ctx: Context, endpoint: Endpoint, messages: int, topic: str | None = None
+) -> tuple[float, float]:
+    """(stored/s by one consumer, write/s of the input as the transport's client alone); the
+    input is put on `topic` (a new one by default)."""
     url = ctx.new_database()
-    topic = endpoint.topic("inbox")
+    topic = topic or endpoint.topic("inbox")
     if endpoint.name == "kafka":
         produced = produce_direct(ctx.bootstrap, topic, messages, 100)
     else:
@@ -433,8 +467,86 @@ def log_latency(ctx: Context, rate: int, seconds: float, senders: int) -> list[R
 # -- the scenario ------------------------------------------------------------------------------
 
 
-def _row(measure: str, values: dict[str, float], notes: str = "") -> Result:
-    return Result(SCENARIO, measure, {LABELS[k]: v for k, v in values.items()}, notes=notes)
+def relay_floor_rate(ctx: Context, endpoint: Endpoint, messages: int) -> float:
+    """The bare relay loop over a backlog like `relay_rate`'s, on the same transport, msg/s from
+    its first delete (`floors.relay_floor`, `floors.log_relay_floor`)."""
+    url = ctx.new_database()
+    topic = endpoint.topic("relay-floor")
+    send_backlog(url, topic, messages, b"x" * 100)
+    vacuum_analyze(url, "outbox.producer_queue")
+    if endpoint.name == "kafka":
+        return floors.relay_floor(url, ctx.bootstrap, topic)
+    return floors.log_relay_floor(url, endpoint.log_url, topic)
+
+
+def inbox_floor_rate(ctx: Context, endpoint: Endpoint, topic: str, messages: int) -> float:
+    """The bare consumer loop over `topic` (the records `inbox_rate` stored), in a new group."""
+    url = ctx.new_database()
+    if endpoint.name == "kafka":
+        rate, _ = floors.inbox_floor(url, ctx.bootstrap, topic, messages)
+        return rate
+    return floors.log_inbox_floor(url, endpoint.log_url, topic, messages)
+
+
+def latency_floors(ctx: Context, endpoint: Endpoint, seconds: float) -> list[Result]:
+    """The transport's bare round trip at each of RATES, one sender: Kafka's broker floor with
+    the latency rows' settings (`latency.broker_floor`), the log's `log_floor`."""
+    results = []
+    for rate in RATES:
+        if endpoint.name == "kafka":
+            variant = Variant(
+                "Kafka (Tansu)",
+                producer_kafka=KAFKA_PRODUCER_LATENCY,
+                consumer_kafka=KAFKA_CONSUMER_LATENCY,
+            )
+            floor = broker_floor(
+                ctx.bootstrap, endpoint.topic("latency-floor"), rate, int(rate * seconds), variant
+            )
+            floor.scenario = DETAIL
+        else:
+            floor = log_floor(endpoint.log_url, rate, seconds, 1)
+        results.append(floor)
+    return results
+
+
+def _row(
+    measure: str, name: str, figure: float, floor: float, reference: float, notes: str
+) -> Result:
+    return Result(
+        SCENARIO,
+        f"{measure}: {LABELS[name]}",
+        against_floor({LABELS["reference"]: reference}, figure, floor),
+        notes=notes,
+    )
+
+
+def _floor_row(measure: str, name: str, floor: float, reference: float, notes: str) -> Result:
+    """A row that is a floor itself (the transport's client alone)."""
+    return Result(
+        SCENARIO,
+        f"{measure}: {LABELS[name]}",
+        {LABELS["reference"]: reference, "floor": floor},
+        notes=notes,
+    )
+
+
+RELAY_FLOORS = {
+    "kafka": "floor: the bare relay loop (select 1,000 in id order, produce, flush, delete; "
+    "idempotent producer) over a backlog as big, from its first delete",
+    "postgres": "floor: the bare relay loop (select 1,000 in id order, PgLogPublisher.publish, "
+    "delete) over a backlog as big, from its first delete",
+}
+INBOX_FLOORS = {
+    "kafka": "floor: the bare consumer loop (poll 1,000, one INSERT, commit, commit offsets) "
+    "over the same records",
+    "postgres": "floor: one PgLogSubscriber member, poll(1000), one INSERT, commit, commit its "
+    "position, over the same records",
+}
+LATENCY_FLOORS = {
+    "kafka": "floor: produce() -> a plain consumer, same settings, no database",
+    "postgres": "floor: PgLogPublisher.publish of one record per transaction -> one "
+    "PgLogSubscriber member on LISTEN/NOTIFY",
+}
 
 
 def run(ctx: Context) -> list[Result]:
@@ -442,16 +554,21 @@ def run(ctx: Context) -> list[Result]:
     raw = ctx.scale(100_000, 5_000)
     seconds = 2.0 if ctx.smoke else 15.0
     endpoints = {name: Endpoint(ctx, name) for name in TRANSPORTS}
-    relay: dict[str, float] = {}
-    inbox: dict[str, float] = {}
+    relay: dict[str, tuple[float, float, float]] = {}
+    inbox: dict[str, tuple[float, float]] = {}
     write: dict[str, float] = {}
     read: dict[str, float] = {}
     detail: list[Result] = []
     for name, endpoint in endpoints.items():
-        print(f"   {name}: relay", file=sys.stderr, flush=True)
-        relay[name] = relay_rate(ctx, endpoint, backlog)
-        print(f"   {name}: inbox", file=sys.stderr, flush=True)
-        inbox[name], _ = inbox_rate(ctx, endpoint, backlog)
+        print(f"   {name}: relay and its floor", file=sys.stderr, flush=True)
+        relay[name] = (
+            *relay_rate(ctx, endpoint, backlog),
+            relay_floor_rate(ctx, endpoint, backlog),
+        )
+        print(f"   {name}: inbox and its floor", file=sys.stderr, flush=True)
+        topic = endpoint.topic("inbox")
+        stored, _ = inbox_rate(ctx, endpoint, backlog, topic)
+        inbox[name] = (stored, inbox_floor_rate(ctx, endpoint, topic, backlog))
         print(f"   {name}: write and read", file=sys.stderr, flush=True)
         topic = endpoint.topic("raw")
         if name == "kafka":
@@ -460,48 +577,97 @@ def run(ctx: Context) -> list[Result]:
         else:
             write[name] = log_write(endpoint.log_url, topic, raw)
             read[name] = log_read(endpoint.log_url, topic, raw)
-        print(f"   {name}: latency", file=sys.stderr, flush=True)
-        detail += latencies(ctx, endpoint, seconds)
-    rows = [
-        _row(
-            f"relay throughput, msg/s: backlog of {backlog:,} x 100 B, 1 `outbox producer`",
-            {**relay, "reference": REFERENCE["write"]},
-            "reference: its writes/s (batched writers, no outbox table)",
-        ),
-        _row(
-            f"inbox throughput, msg/s: {backlog:,} records stored by 1 `outbox consumer`",
-            {**inbox, "reference": REFERENCE["read"]},
-            "batch 1000; reference: its reads/s (no inbox table)",
-        ),
-        _row(
-            f"transport write, msg/s: {raw:,} x 100 B, the client alone",
-            {**write, "reference": REFERENCE["write"]},
-            "Kafka: librdkafka produce(), linger.ms=20, batches up to 10,000; "
-            "log: PgLogPublisher.publish, batches of 1,000, one transaction each",
-        ),
-        _row(
-            f"transport read, msg/s: {raw:,} records, one reader",
-            {**read, "reference": REFERENCE["read"]},
-            "Kafka: plain consumer, partitions assigned; log: one PgLogSubscriber member, "
-            "poll(1000) + commit, decoding included",
-        ),
-    ]
+        print(f"   {name}: latency and its floor", file=sys.stderr, flush=True)
+        measured = latencies(ctx, endpoint, seconds)
+        floor_rows = latency_floors(ctx, endpoint, seconds / 2)
+        for result, floor in zip(measured, floor_rows, strict=True):
+            result.metrics = against_floor(
+                {**result.metrics, "floor p99 ms": floor.metrics["p99 ms"]},
+                result.metrics["p50 ms"],
+                floor.metrics["p50 ms"],
+                lower_is_better=True,
+            )
+            detail += [result, floor]
+    rows: list[Result] = []
+    for name in TRANSPORTS:
+        from_start, after_first, bare = relay[name]
+        row = _row(
+            f"relay msg/s, backlog of {backlog:,} x 100 B, 1 `outbox producer`",
+            name,
+            after_first,
+            bare,
+            REFERENCE["write"],
+            "figure from the first delete (msg/s from start: from process start until empty); "
+            + RELAY_FLOORS[name]
+            + "; reference: its writes/s",
+        )
+        row.metrics = {"msg/s from start": from_start, **row.metrics}
+        rows.append(row)
+    for name in TRANSPORTS:
+        rows.append(
+            _row(
+                f"inbox msg/s, {backlog:,} records stored by 1 `outbox consumer`",
+                name,
+                *inbox[name],
+                REFERENCE["read"],
+                "batch 1000, from the first stored row; "
+                + INBOX_FLOORS[name]
+                + "; reference: its reads/s",
+            )
+        )
+    for name, how in (
+        ("kafka", "librdkafka produce(), linger.ms=20, batches up to 10,000"),
+        ("postgres", "PgLogPublisher.publish, batches of 1,000, one transaction each"),
+    ):
+        rows.append(
+            _floor_row(
+                f"transport write msg/s, {raw:,} x 100 B, the client alone",
+                name,
+                write[name],
+                REFERENCE["write"],
+                f"a floor itself (no outbox table): {how}",
+            )
+        )
+    for name, how in (
+        ("kafka", "plain consumer, partitions assigned"),
+        ("postgres", "one PgLogSubscriber member, poll(1000) + commit, decoding included"),
+    ):
+        rows.append(
+            _floor_row(
+                f"transport read msg/s, {raw:,} records, one reader",
+                name,
+                read[name],
+                REFERENCE["read"],
+                f"a floor itself (no inbox table): {how}",
+            )
+        )
     for rate in RATES:
         for quantile in ("p50", "p99"):
-            values = {
-                r.variant.split(",")[0]: r.metrics[f"{quantile} ms"]
-                for r in detail
-                if r.variant.endswith(f" {rate:,}/s")
-            }
-            rows.append(
-                Result(
-                    SCENARIO,
-                    f"commit -> handler start at {rate:,}/s, {quantile} ms",
-                    {**values, LABELS["reference"]: REFERENCE[quantile]},
-                    notes="Kafka: consumer fetch.wait.max.ms=1, producer linger.ms=0; "
-                    "log: LISTEN/NOTIFY; reference: end to end, readers polling",
+            for name in TRANSPORTS:
+                result, floor = next(
+                    (r, f)
+                    for r, f in zip(detail[::2], detail[1::2], strict=True)
+                    if r.variant == f"{LABELS[name]}, {rate:,}/s"
                 )
-            )
+                rows.append(
+                    Result(
+                        SCENARIO,
+                        f"commit -> handler start at {rate:,}/s, {quantile} ms: {LABELS[name]}",
+                        against_floor(
+                            {LABELS["reference"]: REFERENCE[quantile]},
+                            result.metrics[f"{quantile} ms"],
+                            floor.metrics[f"{quantile} ms"],
+                            lower_is_better=True,
+                        ),
+                        notes=(
+                            "consumer fetch.wait.max.ms=1, producer linger.ms=0; "
+                            if name == "kafka"
+                            else "LISTEN/NOTIFY; "
+                        )
+                        + LATENCY_FLOORS[name]
+                        + "; reference: end to end, readers polling",
+                    )
+                )
     return rows + detail
 
 
