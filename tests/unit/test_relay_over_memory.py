@@ -244,3 +244,36 @@ def test_a_handler_worker_whose_lanes_have_no_rows_opens_no_session() -> None:
         MemoryInboxDatabase.open_session = open_session  # type: ignore[method-assign]
     assert len(inbox.effects) == 150
     assert len(opened) == 1, opened
+
+
+def test_more_handler_workers_than_lanes_handle_everything_in_order() -> None:
+    """--concurrency above the 64 lanes: the workers without a lane get no round, the others
+    share the round's limit, and every message is handled once, in order per key."""
+    inbox = MemoryInbox()
+    handlers = Handlers()
+
+    @handlers.handler("orders")
+    def on_order(message: InboxMessage[object], tx: MemoryTransaction) -> None:
+        tx.write((message.key, message.raw_payload))
+
+    keys = [f"key-{k}".encode() for k in range(50)]
+    sent: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for n in range(600):
+        key = keys[n % len(keys)]
+        inbox.store("orders", key, b"%d" % n)
+        sent[key].append(b"%d" % n)
+    config = HandlerConfig("memory://", concurrency=100, batch_size=20, poll_interval=0.05)
+    runner = HandlerRunner(config, handlers, stores=inbox.stores())
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: runner.handled == 600, "every message handled")
+    finally:
+        runner.stop()
+        thread.join(10)
+    assert not thread.is_alive(), "the handler did not stop"
+    effects: dict[bytes, list[bytes]] = {key: [] for key in keys}
+    for effect in inbox.effects:
+        assert isinstance(effect, tuple)
+        effects[effect[0]].append(effect[1])
+    assert effects == sent

@@ -172,10 +172,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         straight to the next round."""
         self._start_workers()
         workers = len(self._workers)
-        dormant = any(
-            not worker.connected and any(lane % workers == worker.index for lane in lanes)
-            for worker in self._workers
-        )
+        dormant = any(not self._workers[index].connected for index in self._shares(lanes))
         wanted: set[int] = set()
         if self._short or dormant:
             rows = conn.fetch(lanes, self.config.batch_size, self._unordered)
@@ -185,6 +182,14 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         with self._turn():
             taken = self._round(conn, lanes, wanted)
         return taken > 0
+
+    def _shares(self, lanes: list[int]) -> dict[int, list[int]]:
+        """The lanes of each worker that has some (by index): `lane % concurrency`."""
+        workers = len(self._workers)
+        shares: dict[int, list[int]] = {}
+        for lane in lanes:
+            shares.setdefault(lane % workers, []).append(lane)
+        return shares
 
     def next_due(self, conn: InboxSession, lanes: list[int]) -> float | None:
         return conn.next_due(lanes)
@@ -200,17 +205,17 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
 
     def _round(self, conn: InboxSession, lanes: list[int], wanted: set[int]) -> int:
         """Give each worker with a session, or `wanted` (by index), its lanes
-        (`lane % concurrency`) and an even share of the limit,
-        wait for them while enforcing the lease, and size the next round: twice this one's
+        (`lane % concurrency`) and an even share of the limit among the workers that have
+        lanes, wait for them while enforcing the lease, and size the next round: twice this one's
         limit while rounds come back full (up to `BUSY_BATCH_FACTOR` times `batch_size`; not
         while another database waits for a turn), else `batch_size`. The rows taken."""
-        workers = len(self._workers)
+        shares = self._shares(lanes)
         limit = self._limit
-        quota = -(-limit // workers)
+        quota = -(-limit // max(1, len(shares)))  # shared by the workers that have lanes
         waits = []
-        for worker in self._workers:
-            mine = [lane for lane in lanes if lane % workers == worker.index]
-            if mine and (worker.connected or worker.index in wanted):
+        for index, mine in shares.items():
+            worker = self._workers[index]
+            if worker.connected or index in wanted:
                 done = threading.Event()
                 worker.jobs.put((mine, quota, done))
                 waits.append((worker, done))
