@@ -61,6 +61,21 @@ def _relaying(
         assert not thread.is_alive(), "the relay did not stop"
 
 
+@contextmanager
+def _handling(
+    inbox: MemoryInbox, handlers: Handlers, config: HandlerConfig
+) -> Iterator[HandlerRunner]:
+    runner = HandlerRunner(config, handlers, stores=inbox.stores())
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+        thread.join(10)
+        assert not thread.is_alive(), "the handler did not stop"
+
+
 def test_the_relay_loop_publishes_each_keys_rows_in_order_and_deletes_them_once_acknowledged() -> (
     None
 ):
@@ -134,15 +149,8 @@ def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_or
     config = HandlerConfig(
         "memory://", concurrency=2, batch_size=40, poll_interval=0.05, rebalance_interval=0.05
     )
-    runner = HandlerRunner(config, handlers, stores=inbox.stores())
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    try:
+    with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.handled == 300, "every message handled")
-    finally:
-        runner.stop()
-        thread.join(10)
-    assert not thread.is_alive(), "the handler did not stop"
     assert runner.failed == 1
     assert {entry.state for entry in inbox.rows.values()} == {"processed"}
     effects: dict[bytes, list[bytes]] = {key: [] for key in keys}
@@ -189,14 +197,8 @@ def test_each_handler_worker_claims_its_own_lanes_and_the_runner_reads_no_rows()
         for n in range(400):
             inbox.store("orders", f"key-{n % 37}".encode(), b"%d" % n)
         config = HandlerConfig("memory://", concurrency=3, batch_size=30, poll_interval=0.05)
-        runner = HandlerRunner(config, handlers, stores=inbox.stores())
-        thread = threading.Thread(target=runner.run, daemon=True)
-        thread.start()
-        try:
+        with _handling(inbox, handlers, config) as runner:
             _wait_for(lambda: runner.handled == 400, "every message handled")
-        finally:
-            runner.stop()
-            thread.join(10)
     finally:
         MemoryHandlerWork.claim_next = work_claim  # type: ignore[method-assign]
     assert len(inbox.effects) == 400
@@ -229,17 +231,11 @@ def test_a_handler_worker_whose_lanes_have_no_rows_opens_no_session() -> None:
     MemoryInboxDatabase.open_session = counted  # type: ignore[method-assign]
     try:
         config = HandlerConfig("memory://", concurrency=4, batch_size=10, poll_interval=0.05)
-        runner = HandlerRunner(config, handlers, stores=inbox.stores())
-        thread = threading.Thread(target=runner.run, daemon=True)
-        thread.start()
-        try:
+        with _handling(inbox, handlers, config) as runner:
             for wave in range(3):  # a backlog, then rows that wake it
                 for n in range(50):
                     inbox.store("orders", b"the-one-key", b"%d" % n)
                 _wait_for(lambda: runner.handled == 50 * (wave + 1), "the wave handled")  # noqa: B023
-        finally:
-            runner.stop()
-            thread.join(10)
     finally:
         MemoryInboxDatabase.open_session = open_session  # type: ignore[method-assign]
     assert len(inbox.effects) == 150
@@ -263,15 +259,8 @@ def test_more_handler_workers_than_lanes_handle_everything_in_order() -> None:
         inbox.store("orders", key, b"%d" % n)
         sent[key].append(b"%d" % n)
     config = HandlerConfig("memory://", concurrency=100, batch_size=20, poll_interval=0.05)
-    runner = HandlerRunner(config, handlers, stores=inbox.stores())
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    try:
+    with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.handled == 600, "every message handled")
-    finally:
-        runner.stop()
-        thread.join(10)
-    assert not thread.is_alive(), "the handler did not stop"
     effects: dict[bytes, list[bytes]] = {key: [] for key in keys}
     for effect in inbox.effects:
         assert isinstance(effect, tuple)

@@ -172,7 +172,8 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         straight to the next round."""
         self._start_workers()
         workers = len(self._workers)
-        dormant = any(not self._workers[index].connected for index in self._shares(lanes))
+        shares = self._shares(lanes)
+        dormant = any(not self._workers[index].connected for index in shares)
         wanted: set[int] = set()
         if self._short or dormant:
             rows = conn.fetch(lanes, self.config.batch_size, self._unordered)
@@ -180,7 +181,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
                 return False
             wanted = {row.lane % workers for row in rows}
         with self._turn():
-            taken = self._round(conn, lanes, wanted)
+            taken = self._round(conn, shares, wanted)
         return taken > 0
 
     def _shares(self, lanes: list[int]) -> dict[int, list[int]]:
@@ -203,13 +204,12 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
     def peek(self, conn: InboxSession) -> bool:
         return bool(conn.fetch(list(range(LANES)), 1, self._unordered))
 
-    def _round(self, conn: InboxSession, lanes: list[int], wanted: set[int]) -> int:
-        """Give each worker with a session, or `wanted` (by index), its lanes
-        (`lane % concurrency`) and an even share of the limit among the workers that have
-        lanes, wait for them while enforcing the lease, and size the next round: twice this one's
-        limit while rounds come back full (up to `BUSY_BATCH_FACTOR` times `batch_size`; not
-        while another database waits for a turn), else `batch_size`. The rows taken."""
-        shares = self._shares(lanes)
+    def _round(self, conn: InboxSession, shares: dict[int, list[int]], wanted: set[int]) -> int:
+        """Give each worker with a session, or `wanted` (by index), its lanes (`shares`) and
+        an even share of the limit among the workers that have lanes, wait for them while
+        enforcing the lease, and size the next round: twice this one's limit while rounds come
+        back full (up to `BUSY_BATCH_FACTOR` times `batch_size`; not while another database
+        waits for a turn), else `batch_size`. The rows taken."""
         limit = self._limit
         quota = -(-limit // max(1, len(shares)))  # shared by the workers that have lanes
         waits = []
