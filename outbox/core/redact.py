@@ -1,13 +1,15 @@
 """Masking of secrets in what outbox prints: URLs, librdkafka settings, log lines, errors.
 
 Contract: a password given in `--database-url` (URL or key=value form) or a secret
-`--kafka-config` setting never reaches a log line, the startup configuration line or a one-line
-error. Three layers keep it so: `redact_url` and `redact_settings` mask what outbox formats
-itself; `redact_text` masks URL passwords and `key=value` secrets in any text (psycopg and
-librdkafka messages echo connection strings); and every secret value outbox was configured with is
-remembered (`remember_secrets`) and replaced wherever it appears, even inside a message that
-quotes a URL too broken for the patterns.
-"""
+`--kafka-config` setting never reaches a log line, the startup configuration line, an HTTP
+answer or a one-line error. Which settings are secret is decided by a rule on their names
+(`is_secret_key`) and on their values (PEM blocks), never by a list of known settings. Three
+layers keep it so: `redact_url` and `redact_settings` mask what outbox formats itself (a URL
+libpq cannot parse: from `scheme://user:` to its last "@"); `redact_text` masks URL passwords,
+`key=value` secrets and the pieces libpq's parse errors quote in any text (psycopg and
+librdkafka messages echo connection strings); and every secret value outbox was configured with
+is remembered (`remember_secrets`) and replaced wherever it appears, even inside a message that
+quotes a URL too broken for the patterns."""
 
 from __future__ import annotations
 
@@ -20,17 +22,40 @@ from urllib.parse import quote, unquote
 
 #: What a secret is replaced with.
 MASK = "***"
-#: Words that make a setting's key secret (case-insensitive), e.g. `sasl.password`,
-#: `sasl.oauthbearer.client.secret`, `ssl.key.password`, `ssl.keystore.password`.
-SECRET_WORDS = ("password", "passwd", "secret", "credential")
-#: Settings that hold secrets without saying so in their name.
-SECRET_KEYS = frozenset({"ssl.key.pem", "sasl.oauthbearer.config", "sasl.jaas.config"})
+#: Parts of a setting's name that say it holds a secret (case-insensitive, anywhere in the name):
+#: a rule, not a list of settings, so that a setting librdkafka or libpq adds later
+#: (`sasl.oauthbearer.assertion.private.key.passphrase`, `ssl.keystore.password`, `sslkey`) is
+#: masked without a change here. Over-masking a path (`ssl.key.location`) is the price.
+SECRET_WORDS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "credential",
+    "token",
+    "private",
+    "key",  # key material: ssl.key.pem, ssl.keystore.*, sasl.kerberos.keytab, *.private.key.*
+    "pem",
+    "jaas",
+    "cookie",
+)
+#: Settings that carry secrets inside a larger value without a secret word in their name:
+#: SASL configuration strings (`sasl.oauthbearer.config`, `sasl.jaas.config`: principals,
+#: client secrets, JAAS passwords) and OAuth extensions (`key=value` pairs sent to the broker).
+_SECRET_NAME = re.compile(r"^sasl\.(?:.*\.)?config$|(?:^|\.)extensions$")
+#: Values that are key material whatever setting holds them (PEM blocks: private keys, and
+#: certificates, which are masked with them rather than told apart).
+_KEY_MATERIAL = re.compile(r"-----BEGIN [A-Z0-9 ]+-----")
 #: Remembered secrets shorter than this are masked only by the patterns, not wherever the
 #: characters appear (a 2-letter password would otherwise mask every such pair in the logs).
 MIN_REMEMBERED = 4
 
-#: What `redact_url` prints for a connection string libpq cannot parse: never the string itself.
+#: What `redact_url` prints for a connection string libpq cannot parse when it is not a URL
+#: (a keyword string): never the string itself. A URL libpq cannot parse is shown with
+#: everything from `scheme://user:` to its last "@" masked, and any secret query parameter
+#: masked to the end, then `UNPARSEABLE_NOTE`.
 UNPARSEABLE = "<unparseable connection string>"
+UNPARSEABLE_NOTE = "(libpq cannot parse it)"
 
 # The patterns use ASCII whitespace only (re.ASCII), as libpq does: a no-break space is part of
 # a password.
@@ -39,7 +64,17 @@ _URL_PASSWORD = re.compile(
     r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s?#\"']*:)(?P<secret>[^\s/]*)(?=@)",
     re.ASCII,
 )
-_SECRET_KEY = r"[\w.-]*(?:" + "|".join(SECRET_WORDS) + r")[\w.-]*"
+# In free text a key=value pair is masked when the key reads as a secret setting. A bare "key"
+# (a message key, `key=order-1`) is not one there: only a key that says what kind of key it is.
+_TEXT_SECRET_WORDS = (
+    *(word for word in SECRET_WORDS if word != "key"),
+    r"(?:ssl|private|api|access|signing|encryption|secret)[._-]?key",
+    "keystore",
+    "keytab",
+    r"sasl[\w.-]*\.config",
+    r"sasl[\w.-]*\.extensions",
+)
+_SECRET_KEY = r"[\w.-]*(?:" + "|".join(_TEXT_SECRET_WORDS) + r")[\w.-]*"
 # ?password=VALUE or &password=VALUE in a URL's query string: the value runs to "&" or "#".
 _QUERY_SECRET = re.compile(
     r"(?P<head>[?&]" + _SECRET_KEY + r"=)(?P<secret>[^&#\s]*)", re.IGNORECASE | re.ASCII
@@ -71,9 +106,17 @@ _remembered_lock = threading.Lock()
 
 
 def is_secret_key(key: str) -> bool:
-    """True when a setting called `key` holds a secret (password, secret, key material)."""
+    """True when a setting called `key` holds a secret: its name says so (a word of
+    `SECRET_WORDS`: password, passphrase, secret, credential, token, private key, key material,
+    PEM, JAAS) or it is a SASL configuration string or OAuth extensions."""
     lowered = key.strip().lower()
-    return lowered in SECRET_KEYS or any(word in lowered for word in SECRET_WORDS)
+    return any(word in lowered for word in SECRET_WORDS) or bool(_SECRET_NAME.search(lowered))
+
+
+def is_secret_setting(key: str, value: Any) -> bool:
+    """True when the setting `key=value` holds a secret: by its name, or because its value is
+    key material (a PEM block) whatever the name."""
+    return is_secret_key(key) or (isinstance(value, str) and bool(_KEY_MATERIAL.search(value)))
 
 
 def parse_conninfo(conninfo: str) -> dict[str, str] | None:
@@ -101,7 +144,7 @@ def redact_url(url: str) -> str:
 
     params = parse_conninfo(url)
     if params is None:
-        return UNPARSEABLE
+        return _redact_unparseable(url)
     ordered = {key: params[key] for key in _FIRST_KEYWORDS if key in params}
     ordered.update((key, value) for key, value in params.items() if key not in ordered)
     masked = {key: MASK if is_secret_key(key) else value for key, value in ordered.items()}
@@ -115,7 +158,7 @@ def redact_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of librdkafka-style settings with secret values masked and URLs redacted."""
     return {
         key: MASK
-        if is_secret_key(key)
+        if is_secret_setting(key, value)
         else (redact_text(value) if isinstance(value, str) else value)
         for key, value in settings.items()
     }
@@ -140,6 +183,9 @@ def secrets_of_url(url: str) -> set[str]:
     params = parse_conninfo(url)
     if params is not None:
         found |= {value for key, value in params.items() if is_secret_key(key)}
+    else:
+        # libpq cannot parse it: its user info may run past a space or "/" to the last "@".
+        found |= _unparseable_secrets(url)
     # As written (also when libpq cannot parse the string, whose errors may quote it).
     for match in _URL_PASSWORD.finditer(url):
         found.add(match.group("secret"))
@@ -174,10 +220,9 @@ def secrets_of_settings(settings: Mapping[str, Any]) -> set[str]:
     for key, value in settings.items():
         if not isinstance(value, str):
             continue
-        if is_secret_key(key):
-            found.add(value)
-        else:
-            found |= secrets_of_url(value)
+        if is_secret_setting(key, value):
+            found |= _written_forms(value)
+        found |= secrets_of_url(value)
     return {secret for secret in found if secret}
 
 
@@ -194,6 +239,82 @@ def forget_secrets() -> None:
 
 
 def _mask_patterns(text: str) -> str:
+    if _CONNINFO_ERROR.search(text):
+        text = _mask_conninfo_errors(text)
     text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
     text = _QUERY_SECRET.sub(lambda m: m.group("head") + MASK, text)
     return _SECRET_ASSIGNMENT.sub(lambda m: m.group("head") + MASK, text)
+
+
+# A URL's start up to its password: scheme://user: (the user as libpq reads it: to ":" or "@").
+_URL_USER = re.compile(r"^\s*[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@?#]*:", re.ASCII)
+# A secret query parameter's start, in a URL libpq cannot parse: its value runs to the end.
+_QUERY_SECRET_START = re.compile(r"[?&]" + _SECRET_KEY + r"=", re.IGNORECASE | re.ASCII)
+_KEYWORD_SECRET_START = re.compile(
+    r"(?<![\w.?&-])" + _SECRET_KEY + r"\s*=\s*", re.IGNORECASE | re.ASCII
+)
+
+
+def _redact_unparseable(url: str) -> str:
+    """A connection string libpq cannot parse: a URL with its user info masked from
+    `scheme://user:` to the last "@" and a secret query parameter masked to the end; any other
+    string not at all (`UNPARSEABLE`)."""
+    if not re.match(r"^\s*[a-zA-Z][a-zA-Z0-9+.-]*://", url):
+        return UNPARSEABLE
+    head = _URL_USER.match(url)
+    at = url.rfind("@")
+    if head is not None and at >= head.end():
+        url = url[: head.end()] + MASK + url[at:]
+    query = _QUERY_SECRET_START.search(url)
+    if query is not None:
+        url = url[: query.end()] + MASK
+    return f"{_mask_patterns(url.strip())} {UNPARSEABLE_NOTE}"
+
+
+def _unparseable_secrets(url: str) -> set[str]:
+    """What may be a password in a connection string libpq cannot parse: everything from
+    `scheme://user:` to the last "@", a secret parameter's value to the end of the string, and
+    each of their space-separated pieces (libpq's errors quote pieces)."""
+    spans = []
+    head = _URL_USER.match(url)
+    at = url.rfind("@")
+    if head is not None and at >= head.end():
+        spans.append(url[head.end() : at])
+    # A secret parameter's value (query or keyword form) may run to the end of the string.
+    for start in (_QUERY_SECRET_START, _KEYWORD_SECRET_START):
+        spans.extend(url[match.end() :] for match in start.finditer(url))
+    return {piece for span in spans for piece in (span, *span.split())}
+
+
+# libpq's (and psycopg's) errors for a connection string they cannot parse quote the piece they
+# stumbled on, which may be any part of a password: "missing "=" after "PIECE" in connection
+# info string", "unexpected spaces found in "PIECE", use percent-encoded spaces (%20) instead",
+# "invalid URI query parameter: "PIECE"", "invalid integer value "PIECE" for connection option
+# "port"", "invalid sslmode value: "PIECE"", ... (fe-connect.c). In such a line everything from
+# the first quote that is not part of the fixed wording to the last quote is masked.
+_CONNINFO_ERROR = re.compile(
+    r"connection info string|percent-encoded|in URI\b|URI query parameter|connection option|"
+    r"invalid \"?[\w.-]+\"? value: \"",
+    re.ASCII,
+)
+_CONNINFO_WORDING = re.compile(
+    r'missing "=" after |matching "\]" |\(expected ":" or "/"\)|separator "=" '
+)
+
+
+def _mask_conninfo_errors(text: str) -> str:
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if not _CONNINFO_ERROR.search(line):
+            continue
+        # Quotes of the fixed wording are skipped over; the first other quote starts the mask.
+        start = 0
+        for wording in _CONNINFO_WORDING.finditer(line):
+            if '"' in line[start : wording.start()]:
+                break
+            start = wording.end()
+        first = line.find('"', start)
+        last = line.rfind('"')
+        if first != -1 and last > first:
+            lines[index] = f"{line[: first + 1]}{MASK}{line[last:]}"
+    return "\n".join(lines)

@@ -14,6 +14,7 @@ from outbox.observability.logs import JsonFormatter, RedactingFormatter, configu
 from outbox.observability.redact import (
     MASK,
     UNPARSEABLE,
+    UNPARSEABLE_NOTE,
     forget_secrets,
     is_secret_key,
     redact_settings,
@@ -50,10 +51,23 @@ def _no_remembered_secrets() -> Iterator[None]:
         # Nothing secret: the parameters as libpq reads them.
         ("postgresql://app@db:5432/app", "host=db port=5432 user=app dbname=app"),
         ("postgresql://db:5432/app?options=a@b", "host=db port=5432 dbname=app options=a@b"),
-        # libpq cannot parse these: never shown, whatever they hold.
-        ("postgresql://db/app?user=u&password=s3cret&x=1", UNPARSEABLE),
-        ("postgresql://app:pa%zzword@db/app", UNPARSEABLE),
+        # libpq cannot parse these: a URL's user info masked to its last "@", a secret query
+        # parameter to the end; a keyword string never shown, whatever it holds.
+        (
+            "postgresql://db/app?user=u&password=s3cret&x=1",
+            f"postgresql://db/app?user=u&password=*** {UNPARSEABLE_NOTE}",
+        ),
+        ("postgresql://app:pa%zzword@db/app", f"postgresql://app:***@db/app {UNPARSEABLE_NOTE}"),
+        (
+            "postgresql://app:pa ss/w@rd@127.0.0.1:5999/db",
+            f"postgresql://app:***@127.0.0.1:5999/db {UNPARSEABLE_NOTE}",
+        ),
+        (
+            "postgresql://db/app?password=s3 cr&et&x=1",
+            f"postgresql://db/app?password=*** {UNPARSEABLE_NOTE}",
+        ),
         ("host=db password='s3cret", UNPARSEABLE),
+        ("host=db password=a b c", UNPARSEABLE),
     ],
 )
 def test_redact_url_parses_with_libpq_and_masks_only_the_password(url: str, masked: str) -> None:
@@ -87,7 +101,8 @@ def test_redact_text_masks_urls_and_secret_assignments_inside_messages() -> None
     )
     masked = redact_text(text)
     assert "hunter2" not in masked and "kafka-pw" not in masked and "k p" not in masked
-    assert "postgresq://app:***@db/x" in masked
+    # A libpq parse error: from its first quoted piece to the last quote of the line.
+    assert masked.startswith('missing "=" after "***"')
     assert "sasl.username=bob" in masked
     assert redact_text('password authentication failed for user "app"') == (
         'password authentication failed for user "app"'
@@ -95,10 +110,10 @@ def test_redact_text_masks_urls_and_secret_assignments_inside_messages() -> None
 
 
 def test_remembered_secrets_are_masked_wherever_they_appear() -> None:
-    text = 'invalid percent-encoded token: "pa%zzword"'
+    text = 'the server said "pa%zzword" here'
     assert redact_text(text) == text  # no pattern recognises it
     remember_secrets(secrets_of_url("postgresql://app:pa%zzword@db/app"))
-    assert redact_text(text) == f'invalid percent-encoded token: "{MASK}"'
+    assert redact_text(text) == f'the server said "{MASK}" here'
 
 
 def test_short_secrets_are_not_remembered() -> None:
@@ -141,16 +156,18 @@ def test_redact_settings_masks_secret_values_and_urls() -> None:
         "sasl.oauthbearer.client.secret": "pw2",
         "sasl.username": "bob",
         "sasl.oauthbearer.token.endpoint.url": "https://id:pw3@idp/token",
+        "plugin.library.paths": "https://id:pw4@plugins/x",  # no secret word: the URL redacted
         "linger.ms": 5,
     }
     assert redact_settings(settings) == {
         "sasl.password": MASK,
         "sasl.oauthbearer.client.secret": MASK,
         "sasl.username": "bob",
-        "sasl.oauthbearer.token.endpoint.url": "https://id:***@idp/token",
+        "sasl.oauthbearer.token.endpoint.url": MASK,  # "token" in its name: masked whole
+        "plugin.library.paths": "https://id:***@plugins/x",
         "linger.ms": 5,
     }
-    assert {"pw1", "pw2", "pw3"} <= secrets_of_settings(settings)
+    assert {"pw1", "pw2", "pw3", "pw4"} <= secrets_of_settings(settings)
 
 
 def _record(message: str, *args: object, **extra: object) -> logging.LogRecord:
