@@ -136,16 +136,21 @@ class Worker(Batches):
         chunk: list[Pending] = []
         limit = self.config.transaction_size
         for row in rows:
+            spec = self.handlers.get(row.topic)
             if row.id in self.outcomes.alone:
-                # Its callback overran its lease last time: alone, after the other keys.
+                # Its callback overran its lease last time: alone, after the other keys (an
+                # async callback in its own transaction, as always: called as a sync one it
+                # would return a coroutine never awaited, and its row be marked done).
                 self.handle_batches(chunk, failed_keys)
                 chunk = []
                 self.outcomes.alone.discard(row.id)
-                self.handle_batches([row], failed_keys)
+                if spec is not None and spec.is_async:
+                    self._async_row(row, spec, failed_keys)
+                else:
+                    self.handle_batches([row], failed_keys)
                 if self.retired:
                     return
                 continue
-            spec = self.handlers.get(row.topic)
             if spec is not None and spec.is_async:
                 self.handle_batches(chunk, failed_keys)
                 chunk = []
@@ -215,6 +220,7 @@ class Worker(Batches):
                 claimed = await self.store.claim_async(execute, row.id)
                 if claimed is None:
                     return True
+                self.current_claim = claimed
                 message = self.outcomes.message(claimed)
                 calling = True
                 with tracing.handling(message):
