@@ -212,3 +212,62 @@ def test_a_callback_that_hangs_again_does_not_hold_the_other_keys_of_its_batch(
     others = [starts[b"k%d" % n][-1] for n in range(1, 7)]
     assert max(others) < second_try, "the other keys waited behind the hung callback again"
     assert _effects(url) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "batch"])
+def test_a_lease_overrun_is_logged_with_its_message_id(
+    outbox_database_url: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease's error line and the failed attempt's warning name the message by its id
+    (they said `message None (row 1)`): an operator searches the logs for that id."""
+    import asyncio
+    import logging
+    import time
+
+    url = outbox_database_url
+    handlers = Handlers()
+    hung: list[bool] = []
+
+    def once() -> bool:
+        first = not hung
+        hung.append(True)
+        return first
+
+    def effect(message: InboxMessage, conn: Any) -> None:
+        conn.execute("INSERT INTO effects VALUES (%s)", (message.payload["n"],))
+
+    if kind == "sync":
+
+        @handlers.handler("t", max_attempts=3, backoff=FAST)
+        def slow(message: InboxMessage, conn: Any) -> None:
+            if once():
+                time.sleep(3)
+            effect(message, conn)
+
+    elif kind == "async":
+
+        @handlers.handler("t", max_attempts=3, backoff=FAST)
+        async def slow_async(message: InboxMessage, session: Any) -> None:
+            if once():
+                await asyncio.sleep(3)
+            await session.execute("INSERT INTO effects VALUES (%s)", (message.payload["n"],))
+
+    else:
+
+        @handlers.batch_handler("t", max_attempts=3, backoff=FAST)
+        def slow_batch(messages: list[InboxMessage], conn: Any) -> None:
+            if once():
+                time.sleep(3)
+            for message in messages:
+                effect(message, conn)
+
+    [message_id] = _put(url, [(b"k", b'{"n": 1}')])
+    with caplog.at_level(logging.WARNING, logger="outbox"):
+        with handler_thread(url, handlers, lease=1.0, concurrency=1):
+            wait_for(lambda: _effects(url) == [1], 30, "the message handled on its retry")
+    lines = [record.getMessage() for record in caplog.records]
+    lease = [line for line in lines if "past its lease" in line]
+    failed = [line for line in lines if "attempt 1/3 failed" in line]
+    assert lease and failed, lines
+    for line in (*lease, *failed):
+        assert str(message_id) in line and "None" not in line, line

@@ -58,6 +58,9 @@ class Batches:
         #: The row being handled, when it started, and the backend running its transaction;
         #: read by the runner to enforce the lease.
         self.current: Pending | None = None
+        #: The claimed message of `current` (its id names it in the lease's log line), set
+        #: once the row is claimed; compare its `id` with `current`'s before trusting it.
+        self.current_claim: Claimed | None = None
         self.started = 0.0
         self.backend_pid: int | None = None
         #: Set by the runner when this worker overran its lease and was replaced.
@@ -221,6 +224,7 @@ class Batches:
                         index = end
                         continue
                     self.started = time.monotonic()
+                    self.current_claim = claimed[row.id]
                     self.current = row
                     try:
                         message = self.outcomes.message(claimed[row.id])
@@ -289,6 +293,7 @@ class Batches:
                 messages.append(self.outcomes.message(claimed[rows[i].id]))
             except Exception as exc:
                 return Failure(i, rows[i], spec, claimed[rows[i].id], exc)
+        self.current_claim = claimed[rows[positions[0]].id]
         self.current = rows[positions[0]]
         try:
             spec.func(messages, handle)

@@ -254,21 +254,24 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
 
     def _enforce_lease(self, conn: InboxSession, worker: Worker) -> None:
         """Take a message back from a callback that overran its lease, and replace its worker."""
-        row, pid = worker.current, worker.backend_pid
+        row, claim, pid = worker.current, worker.current_claim, worker.backend_pid
         if row is None or worker.retired:
             return
         elapsed = time.monotonic() - worker.started
         if elapsed <= self.config.lease:
             return
         worker.retired = True
+        claimed = claim if claim is not None and claim.id == row.id else None
+        message_id = str(claimed.message_id) if claimed is not None else "(not yet claimed)"
         log.error(
-            "message row %d topic %r: handler ran %.1fs, past its lease of %.1fs; terminating "
-            "its transaction and retrying the message",
+            "message %s (row %d) topic %r: handler ran %.1fs, past its lease of %.1fs; "
+            "terminating its transaction and retrying the message",
+            message_id,
             row.id,
             row.topic,
             elapsed,
             self.config.lease,
-            extra={"topic": row.topic},
+            extra={"topic": row.topic, "message_id": message_id},
         )
         if pid is not None:
             # Its writes roll back and its row lock is released: it can never commit now.
@@ -276,7 +279,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self.outcomes.expired(row)
         spec = self.handlers.get(row.topic)
         expired = TimeoutError(f"lease of {self.config.lease:g}s expired")
-        failed = self.outcomes.failure(row, spec, None, expired, conn.attempts(row.id))
+        failed = self.outcomes.failure(row, spec, claimed, expired, conn.attempts(row.id))
         conn.fail(failed)
         self._workers[worker.index] = self._worker(worker.index)
 
