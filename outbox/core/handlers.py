@@ -55,7 +55,7 @@ class HandlerSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.func.__module__}.{self.func.__qualname__}"
+        return f"{self.func.__module__}.{_name_of(self.func)}"
 
 
 class Handlers:
@@ -164,7 +164,7 @@ class Handlers:
         def decorate(func: Func) -> Func:
             if not callable(func):
                 raise ConfigurationError(f"@{decorator}({name!r}) must decorate a function")
-            where = f"@{decorator}({name!r}) on {getattr(func, '__qualname__', func)!r}"
+            where = f"@{decorator}({name!r}) on {_name_of(func)!r}"
             # Names an annotation uses may be local to the function applying the decorator.
             localns = _caller_locals()
             payload_type = _payload_type(func, where, batch, declared, localns)
@@ -173,10 +173,14 @@ class Handlers:
                     decoder(payload_type, localns)  # resolved now, not at the first message
                 except ConfigurationError as exc:
                     raise ConfigurationError(f"{where}: {exc}") from exc
-            is_async = inspect.iscoroutinefunction(func)
+            # An object whose __call__ is a coroutine function is async as well.
+            is_async = inspect.iscoroutinefunction(func) or (
+                not inspect.isroutine(func)
+                and inspect.iscoroutinefunction(getattr(func, "__call__", None))  # noqa: B004
+            )
             if batch and is_async:
                 raise ConfigurationError(
-                    f"@{decorator}({name!r}): {func.__qualname__} is async; batch handlers "
+                    f"@{decorator}({name!r}): {_name_of(func)} is async; batch handlers "
                     "must be sync functions (use @handler for an async callback)"
                 )
             self._add(
@@ -376,3 +380,9 @@ def load_handlers(path: str, *, allow_empty: bool = False) -> Handlers:
     if not allow_empty and not len(target):
         raise ConfigurationError(f"{path} has no handlers registered")
     return target
+
+
+def _name_of(func: Any) -> str:
+    """A callback's qualified name; for a callable object, its class's."""
+    name = getattr(func, "__qualname__", None)
+    return name if isinstance(name, str) else f"{type(func).__qualname__} object"

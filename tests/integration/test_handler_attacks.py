@@ -271,3 +271,37 @@ def test_a_lease_overrun_is_logged_with_its_message_id(
     assert lease and failed, lines
     for line in (*lease, *failed):
         assert str(message_id) in line and "None" not in line, line
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_sync_registered_callback_returning_an_awaitable_fails_instead_of_marking_done(
+    outbox_database_url: str, batch: bool
+) -> None:
+    """A wrapper that hides its coroutine function (a decorator without functools.wraps) is
+    not seen as async by the registry: called as a sync callback it returns a coroutine that
+    never runs. Its message must not be marked done with its effect never applied: the attempt
+    fails, with an error that says why."""
+    url = outbox_database_url
+    handlers = Handlers()
+
+    async def effect(message: Any, conn: Any) -> None:
+        raise AssertionError("never awaited, never run")
+
+    def hidden(message: Any, conn: Any) -> Any:
+        return effect(message, conn)
+
+    if batch:
+        handlers.batch_handler("t", max_attempts=1, backoff=FAST)(hidden)
+    else:
+        handlers.handler("t", max_attempts=1, backoff=FAST)(hidden)
+    _put(url, [(b"k", b'{"n": 1}')])
+    with handler_thread(url, handlers, concurrency=1):
+        wait_for(
+            lambda: count(url, "consumer_queue", "dead_at IS NOT NULL") == 1, 30, "dead letter"
+        )
+    assert count(url, "consumer_processed") == 0
+    with psycopg.connect(url) as conn:
+        [error] = conn.execute(
+            "SELECT last_error FROM outbox.consumer_queue WHERE dead_at IS NOT NULL"
+        ).fetchone()
+    assert "returned an awaitable" in error and "async def" in error

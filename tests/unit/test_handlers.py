@@ -51,6 +51,19 @@ def test_async_handlers_are_recognised() -> None:
     assert handlers.get("x").is_async  # type: ignore[union-attr]
 
 
+def test_an_object_with_an_async_call_is_an_async_handler() -> None:
+    """Called as a sync callback it would return a coroutine that never runs."""
+
+    class OnY:
+        async def __call__(self, message: object, conn: object) -> None: ...
+
+    handlers = Handlers()
+    handlers.handler("y")(OnY())
+    assert handlers.get("y").is_async  # type: ignore[union-attr]
+    with pytest.raises(ConfigurationError, match="async"):
+        handlers.batch_handler("z")(OnY())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [

@@ -14,6 +14,7 @@ unless pipelined), or its connection lost while it ran (`_lost_in_callback`).
 
 from __future__ import annotations
 
+import inspect
 import time
 from contextlib import suppress
 from typing import Any, NamedTuple
@@ -26,6 +27,21 @@ from outbox.daemons.handler.config import HandlerConfig
 from outbox.daemons.handler.failures import ConnectionLost, Failure, RollBack, raise_lost
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.ports import HandlerSession, InboxDatabase
+
+
+def refuse_awaitable(returned: object, spec: HandlerSpec) -> None:
+    """A sync-registered callback that returned an awaitable (an `async def __call__`, a
+    wrapper without `functools.wraps`) did nothing yet: fail its attempt rather than mark its
+    message done with its effect never run."""
+    if inspect.isawaitable(returned):
+        if inspect.iscoroutine(returned):
+            returned.close()  # no "never awaited" warning: the error below says it
+        raise TypeError(
+            f"the handler of {spec.topic!r} returned an awaitable ({type(returned).__name__}) "
+            "but was registered as a sync function: declare it with `async def` (an object "
+            "with an async __call__, or a wrapper that hides the coroutine function, is not "
+            "seen as async)"
+        )
 
 
 class Claim(NamedTuple):
@@ -229,7 +245,9 @@ class Batches:
                     try:
                         message = self.outcomes.message(claimed[row.id])
                         with tracing.handling(message):
-                            spec.func(message, handle)
+                            returned = spec.func(message, handle)
+                            if returned is not None:
+                                refuse_awaitable(returned, spec)
                             tx.flush(handle)
                         if not pipelined:
                             tx.check()
@@ -296,7 +314,9 @@ class Batches:
         self.current_claim = claimed[rows[positions[0]].id]
         self.current = rows[positions[0]]
         try:
-            spec.func(messages, handle)
+            returned = spec.func(messages, handle)
+            if returned is not None:
+                refuse_awaitable(returned, spec)
             tx.flush(handle)
             if not pipelined:
                 tx.check()
