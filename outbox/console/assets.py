@@ -44,7 +44,8 @@ pre { background: #f1f3f5; padding: 6px; white-space: pre-wrap; word-break: brea
 .state.dead { background: #ffe3e3; color: var(--bad); }
 .state.processed { background: #d3f9d8; color: #2b8a3e; }
 form.filter { display: flex; gap: 8px; flex-wrap: wrap; margin-bottom: 8px; }
-button { cursor: pointer; }
+button { cursor: pointer; white-space: nowrap; }
+td:has(> button) { white-space: nowrap; width: 1%; }
 button.purge { color: var(--bad); }
 .actions { margin: 6px 0; }
 .legends { display: flex; flex-wrap: wrap; gap: 12px; font-size: 12px; }

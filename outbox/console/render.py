@@ -177,22 +177,27 @@ def _past_end(p: PartitionLag) -> str:
     return ' <span class="bad">committed past the end</span>' if p.past_end else ""
 
 
-#: Series of the throughput chart: (attribute of Rate, label, colour).
+#: Series of the throughput chart: (attribute of Rate, label, colour); `{transport}` in a label
+#: is the label of the transport the console was started for ("Kafka", "the PostgreSQL log").
 SERIES = (
     ("written", "written to producer_queue", "#6c8ebf"),
-    ("relayed", "relayed to Kafka", "#2f9e44"),
+    ("relayed", "relayed to {transport}", "#2f9e44"),
     ("received", "received into consumer_queue", "#e8590c"),
     ("handled", "handled", "#9c36b5"),
 )
 
 
-def chart(rates: Sequence[Rate], *, width: int = 720, height: int = 180) -> str:
-    """Rows per second over the sampled minutes, as an inline SVG (numbers only)."""
+def chart(
+    rates: Sequence[Rate], *, transport: str = "Kafka", width: int = 720, height: int = 180
+) -> str:
+    """Rows per second over the sampled minutes, as an inline SVG (numbers only); `transport`
+    names where the relayed rows went."""
+    series = [(name, label.format(transport=transport), c) for name, label, c in SERIES]
     if len(rates) < 2:
         return '<p class="none">Sampling: the chart appears after two samples.</p>'
     left, bottom, top, right = 48, 22, 8, 8
     span = max((rates[-1].at - rates[0].at), 1e-9)
-    peak = max((getattr(r, name) for r in rates for name, _, _ in SERIES), default=0.0)
+    peak = max((getattr(r, name) for r in rates for name, _, _ in series), default=0.0)
     peak = max(peak, 1.0)
     plot_w, plot_h = width - left - right, height - top - bottom
 
@@ -203,7 +208,7 @@ def chart(rates: Sequence[Rate], *, width: int = 720, height: int = 180) -> str:
         return top + plot_h - value / peak * plot_h
 
     lines = []
-    for name, label, colour in SERIES:
+    for name, label, colour in series:
         points = " ".join(f"{x(r.at):.1f},{y(getattr(r, name)):.1f}" for r in rates)
         lines.append(
             f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}">'
@@ -223,7 +228,7 @@ def chart(rates: Sequence[Rate], *, width: int = 720, height: int = 180) -> str:
         f'<span class="legend"><svg width="10" height="10" aria-hidden="true">'
         f'<rect width="10" height="10" fill="{colour}"/></svg> '
         f"{esc(label)}: {getattr(rates[-1], name):.1f}/s</span>"
-        for name, label, colour in SERIES
+        for name, label, colour in series
     )
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="throughput" '

@@ -455,7 +455,9 @@ class Console:
             "queues": render.queues(status),
             "processes": render.processes(status),
             "lag": render.lag(groups, note),
-            "chart": render.chart(self._rates(d)),
+            "chart": render.chart(
+                self._rates(d), transport=transports.get(self.config.transport).label
+            ),
             "dead": render.dead_letters(page, read_only=self.config.read_only),
             "error": None,
         }

@@ -680,6 +680,25 @@ def test_the_console_shows_the_lag_of_the_log_transport(
         assert "needs --log-url" in view["lag"]
 
 
+@pytest.mark.parametrize(
+    ("transport", "relayed_to"), [("postgres", "the PostgreSQL log"), ("kafka", "Kafka")]
+)
+def test_the_chart_says_where_rows_were_relayed(
+    outbox_database_url: str, transport: str, relayed_to: str
+) -> None:
+    """It said "relayed to Kafka" on the log transport."""
+    with console(outbox_database_url, transport=transport) as app:
+        client = Client(app)
+        wait_for(
+            lambda: "<svg" in client.get_json("/api/view?db=orders")[1]["chart"],
+            30,
+            "two samples of the throughput",
+        )
+        chart = client.get_json("/api/view?db=orders")[1]["chart"]
+    assert f"relayed to {relayed_to}:" in chart
+    assert ("Kafka" in chart) == (transport == "kafka")
+
+
 def test_the_console_command_takes_the_daemons_transport_flags() -> None:
     from outbox.cli.command import build_parser
 

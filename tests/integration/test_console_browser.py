@@ -201,3 +201,36 @@ def test_the_dead_letters_are_paged_in_the_browser(
         assert page.locator("#dead button.open").count() == 60 - PAGE_ROWS
         page.click("#dead button.page:has-text('first page')")
         page.wait_for_selector(f"#dead-count:has-text('ids {ids[0]} to {ids[PAGE_ROWS - 1]}')")
+
+
+@pytest.mark.parametrize("width", [1280, 760])
+def test_the_open_button_of_a_dead_letter_stays_on_one_line(
+    outbox_database_url: str, browser_page: Any, width: int
+) -> None:
+    """Long errors, topics and keys squeeze the table: the button must not wrap ("op" / "en")."""
+    from tests.integration.test_operations import insert
+
+    url, page = outbox_database_url, browser_page
+    page.set_viewport_size({"width": width, "height": 900})
+    for n in range(3):
+        insert(
+            url,
+            "consumer",
+            "dead",
+            topic="orders.created.v2." + "x" * 120,
+            key=b"customer-" + b"k" * 200,
+            error=f"ValueError: {n} " + "a-very-long-word-without-spaces" * 20,
+        )
+    config = ConsoleConfig(databases=(Database("orders", url),), port=0, refresh=5)
+    with closing(serve(config)) as console:
+        page.goto(console.url)
+        page.locator("#dead button.open").first.wait_for()
+        lines = page.eval_on_selector_all(
+            "#dead button.open",
+            """buttons => buttons.map(button => {
+                const range = document.createRange();
+                range.selectNodeContents(button);
+                return range.getClientRects().length;
+            })""",
+        )
+    assert lines == [1, 1, 1]
