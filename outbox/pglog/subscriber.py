@@ -50,6 +50,11 @@ MIN_SESSION_TIMEOUT = 1.0
 #: (Kafka's `max.poll.interval.ms`): a loop stuck longer loses its partitions.
 MAX_POLL_INTERVAL = 300.0
 
+#: Appends of each partition a member remembers as (append id, first and last offset it read):
+#: where the log goes back under it, it reads again after the last of them the log still has
+#: (docs/decisions/0019); further back than that, from the earliest record kept.
+MARKS = 64
+
 #: The longest group name the log stores, in UTF-8 bytes: its unique index holds at most about
 #: 2,700 bytes per entry (a longer name would fail every join, retried as an outage).
 MAX_GROUP_BYTES = 2000
@@ -155,6 +160,11 @@ class PgLogSubscriber:
         self._committed: dict[int, int] = {}
         self._draining: set[int] = set()
         self._names: dict[int, tuple[str, int]] = {}
+        #: Per partition held, the last `MARKS` appends read, oldest first: [append id, first
+        #: offset, last offset read]. `_read_again`: where a partition that went back under
+        #: this member is read again from (a batch read before commits no further).
+        self._marks: dict[int, list[list[int]]] = {}
+        self._read_again: dict[int, int] = {}
         self._sleeping = False
         #: Records were found at every look for `AWAKE_AFTER` seconds while the nap was
         #: announced: `commit` ends the nap. `_busy_since`: since when every look found records.
@@ -283,6 +293,8 @@ class PgLogSubscriber:
         self._committed.clear()
         self._draining.clear()
         self._names.clear()
+        self._marks.clear()
+        self._read_again.clear()
         self._sleeping = self._awake = False
         self._busy_since = None
 
@@ -439,8 +451,29 @@ class PgLogSubscriber:
         if row is None:  # the partition's row was deleted meanwhile
             conn.execute(self._sql["log_partition_unlock"], {"key": key})
             return False
-        start, committed, end = int(row[0]), row[1], int(row[2])
-        if committed is not None and committed != start:
+        start, committed, end, went_back, append_id = (
+            int(row[0]),
+            row[1],
+            int(row[2]),
+            row[3],
+            row[4],
+        )
+        if went_back:
+            log.warning(
+                "group %s: topic %s partition %d went back while no member held it: the "
+                "group's committed offset %d is %s (end %d; the log was restored from a "
+                "backup, or its newest records deleted by hand); the group reads it again "
+                "from offset %d, the earliest record kept (as a new group starts): records "
+                "read before are delivered again, the inbox drops them",
+                self._label,
+                name[0],
+                name[1],
+                committed,
+                "past its end" if committed > end else "after a record it did not read",
+                end,
+                start,
+            )
+        elif committed is not None and committed != start:
             log.warning(
                 "group %s: committed offset %d of topic %s partition %d is %s (end %d; "
                 "written by hand, or the partition was recreated): the group now reads it "
@@ -455,6 +488,8 @@ class PgLogSubscriber:
             )
         self._positions[partition_id] = self._committed[partition_id] = start
         self._names[partition_id] = name
+        self._marks[partition_id] = [] if append_id is None else [[append_id, start - 1, start - 1]]
+        self._read_again.pop(partition_id, None)
         log.debug("group %s member %s took partition %d", self._label, self.member_id, partition_id)
         return True
 
@@ -466,6 +501,8 @@ class PgLogSubscriber:
         self._positions.pop(partition_id, None)
         self._committed.pop(partition_id, None)
         self._names.pop(partition_id, None)
+        self._marks.pop(partition_id, None)
+        self._read_again.pop(partition_id, None)
 
     def _release_drained(self, conn: Connection) -> None:
         """Give up the draining partitions whose records read are all committed."""
@@ -543,18 +580,27 @@ class PgLogSubscriber:
         # Start with another partition each time, so that a busy one does not starve the rest.
         self._turn = (self._turn + 1) % len(reading)
         reading = reading[self._turn :] + reading[: self._turn]
+        positions = [self._positions[p] for p in reading]
         cursor = conn.cursor(binary=True)
         records = cursor.execute(
             self._sql["log_fetch"],
             {
                 "partition_ids": reading,
-                "positions": [self._positions[p] for p in reading],
+                "positions": positions,
+                "append_ids": [
+                    self._append_id(p, o - 1) for p, o in zip(reading, positions, strict=True)
+                ],
                 "limit": max_records,
             },
         ).fetchall()
         names = self._names
+        marks_of = self._marks
         add = batch.add
-        for partition_id, offset, key, value, headers, created_ms in records:
+        went_back: list[tuple[int, int]] = []
+        for partition_id, offset, key, value, headers, created_ms, append_id, end in records:
+            if offset is None:  # the partition went back under this member (first rows)
+                went_back.append((partition_id, end))
+                continue
             topic, partition = names[partition_id]
             add(
                 topic,
@@ -566,7 +612,73 @@ class PgLogSubscriber:
                 created_ms,
             )
             self._positions[partition_id] = offset + 1
+            if append_id is None:
+                continue
+            marks = marks_of[partition_id]
+            last = marks[-1] if marks else None
+            if last is not None and last[0] == append_id and last[2] == offset - 1:
+                last[2] = offset
+            else:
+                marks.append([append_id, offset, offset])
+                if len(marks) > MARKS:
+                    del marks[0]
+        for partition_id, end in went_back:
+            self._went_back(conn, partition_id, end)
         return batch
+
+    def _append_id(self, partition_id: int, offset: int) -> int | None:
+        """The append id of the record at `offset` of a partition held, as this member read
+        it; None when it does not remember it."""
+        for append_id, first, last in reversed(self._marks.get(partition_id, ())):
+            if offset > last:
+                return None
+            if offset >= first:
+                return append_id
+        return None
+
+    def _went_back(self, conn: Connection, partition_id: int, end: int) -> None:
+        """The partition went back under this member (`log_fetch`): read it again from where
+        its history and the log's part (`log_went_back`), and say so once."""
+        position = self._positions[partition_id]
+        marks = self._marks.get(partition_id, [])
+        row = conn.execute(
+            self._sql["log_went_back"],
+            {
+                "group_id": self._group_id,
+                "partition_id": partition_id,
+                "position": position,
+                "append_ids": [m[0] for m in marks],
+                "firsts": [m[1] for m in marks],
+                "lasts": [m[2] for m in marks],
+            },
+        ).fetchone()
+        if row is None:
+            return  # the partition is gone: the next look gives it up
+        read_from, end, append_id, how, committed = int(row[0]), int(row[1]), row[2], row[3], row[4]
+        topic, partition = self._names[partition_id]
+        log.warning(
+            "group %s: topic %s partition %d went back under this member (position %d, "
+            "end %d: the log was restored from a backup, or its newest records were deleted "
+            "by hand and its counter set back); the group reads it again from offset %d, %s",
+            self._label,
+            topic,
+            partition,
+            position,
+            end,
+            read_from,
+            _READ_AGAIN[str(how)],
+        )
+        self._positions[partition_id] = read_from
+        if committed is not None:
+            self._committed[partition_id] = min(self._committed[partition_id], int(committed))
+        self._read_again[partition_id] = read_from
+        # Everything below `read_from` is as this member read it; nothing from it on is.
+        kept = [m for m in marks if m[1] < read_from]
+        for m in kept:
+            m[2] = min(m[2], read_from - 1)
+        if append_id is not None and not (kept and kept[-1][2] == read_from - 1):
+            kept.append([append_id, read_from - 1, read_from - 1])
+        self._marks[partition_id] = kept[-MARKS:]
 
     def commit(self, batch: InboxBatch) -> None:
         """Store the group's next offsets after `batch`, in the partitions this member's
@@ -582,8 +694,14 @@ class PgLogSubscriber:
             last: dict[int, int] = {}
             for name, o in next_offsets.items():
                 p = held.get(name)
-                if p is not None and o <= self._positions[p]:
+                if p is None:
+                    continue
+                if o <= self._positions[p]:
                     last[p] = o
+                elif p in self._read_again:
+                    # Read before the partition went back under this member: its records
+                    # from where the partition is read again on are not the log's any more.
+                    last[p] = self._read_again[p]
             if len(last) < len(next_offsets):
                 log.warning(
                     "log subscriber (group %s): offsets of %d partitions not committed: this "
@@ -598,6 +716,7 @@ class PgLogSubscriber:
                 "group_id": self._group_id,
                 "partition_ids": list(last),
                 "next_offsets": list(last.values()),
+                "append_ids": [self._append_id(p, o - 1) for p, o in last.items()],
             }
             try:
                 conn.execute(self._sql["log_commit"], params)
@@ -630,6 +749,18 @@ class PgLogSubscriber:
                 log.debug("log subscriber close: %s", exc)
             finally:
                 conn.close()  # the session ends: its advisory locks go with it
+
+
+#: How `log_went_back` found where to read a partition again, as the warning says it.
+_READ_AGAIN = {
+    "read": "after the last record this member read that the log still has",
+    "committed": "the group's committed offset, whose record the log still has",
+    "earliest": (
+        "the earliest record kept, as a new group starts (the records this member read are "
+        "not in the log any more, or have no append id): records read before are delivered "
+        "again, the inbox drops them"
+    ),
+}
 
 
 def _headers(data: bytes | None) -> RawHeaders:
