@@ -17,7 +17,7 @@ from outbox.core.errors import (
     ConfigurationError,
     OutboxError,
 )
-from outbox.core.lag import GroupLag, PartitionLag
+from outbox.core.lag import GroupLag, PartitionLag, WentBack
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import check_database, connect
 from outbox.postgres.migrate import Migrations
@@ -412,10 +412,18 @@ class PgLog:
         with self._connect() as conn:
             rows = conn.execute(self.sql["log_group_lag"], {"names": names}).fetchall()
         found: dict[str, list[PartitionLag]] = {}
-        for group, topic, partition, committed, end in rows:
+        for group, topic, partition, committed, end, went_back, at, position, was, to in rows:
             partitions = found.setdefault(group, [])
-            if topic is not None:  # the row of a group with no committed offset yet
-                partitions.append(PartitionLag(topic, int(partition), int(committed), int(end)))
+            if topic is None:  # the row of a group with no committed offset yet
+                continue
+            last = None
+            if at is not None and position is not None and was is not None and to is not None:
+                last = WentBack(at, int(position), int(was), int(to))
+            partitions.append(
+                PartitionLag(
+                    topic, int(partition), int(committed), int(end), int(went_back or 0), last
+                )
+            )
         return [GroupLag(g, tuple(found.get(g, ()))) for g in (found if names is None else names)]
 
     def apply_retention(self, retention: float, *, batch: int = 10_000) -> int:

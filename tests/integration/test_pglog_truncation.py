@@ -6,12 +6,14 @@ and `outbox status` shows it: no record appended afterwards is skipped."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import psycopg
 import pytest
 
+from outbox.cli import main
 from outbox.pglog import PgLog, PgLogSubscriber
 from outbox.testing.plugin import DatabaseFactory
 
@@ -261,3 +263,42 @@ def test_a_committed_offset_moved_by_hand_is_where_the_group_resumes(
         assert warnings(caplog) == []
     finally:
         reader.close()
+
+
+def test_status_shows_how_often_a_partition_went_back_under_its_group(
+    outbox_database_url: str, log_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    PgLog(log_url).create_topic(TOPIC, 2)
+    appends(log_url, 0, 40)
+    reader = member(log_url)
+    try:
+        drain(reader, 40)
+        [(partition, end)] = sql(
+            log_url,
+            "SELECT partition, next_offset FROM outbox_log.log_partitions "
+            "ORDER BY next_offset DESC LIMIT 1",
+        )
+        roll_back(log_url, TOPIC, partition, end - 5)
+        assert reader.poll(100, 0.3).rows() == []
+    finally:
+        reader.close()
+    args = ["status", "--database-url", outbox_database_url, "--transport", "postgres"]
+    args += ["--log-url", log_url]
+
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    note = f"topic {TOPIC} partition {partition} went back under the group 1 time, last at "
+    assert note in text, text
+    assert f"position {end}, end {end - 5}, read again from offset {end - 5}" in text, text
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    parts = {p["partition"]: p for p in doc["lag"][0]["partitions"]}
+    went_back = parts[partition]
+    assert went_back["went_back"] == 1
+    last = went_back["last_went_back"]
+    assert (last["position"], last["end"], last["read_from"]) == (end, end - 5, end - 5)
+    assert last["at"].endswith("+00:00")
+    other = parts[1 - partition]
+    assert other["went_back"] == 0 and other["last_went_back"] is None
+    # It is a past event, not a problem now: --check passes.
+    assert main([*args, "--check"]) == 0

@@ -465,8 +465,11 @@ SELECT count(*) FROM deleted;
 -- The lag of consumer groups (those named in `names`, or every group when it is NULL): per
 -- group, each partition it has a committed offset in, that offset (the next one it reads) and
 -- the partition's end (the next one a publisher writes), in group, topic, partition order. A
--- group with no committed offset yet has one row of NULLs. One statement: one snapshot.
-SELECT g.name, t.name, p.partition, o.next_offset, p.next_offset
+-- group with no committed offset yet has one row of NULLs. One statement: one snapshot. Then
+-- how often the log was found behind the group's position there, and the last time: when,
+-- the group's position, the partition's end, and where the group read it again from.
+SELECT g.name, t.name, p.partition, o.next_offset, p.next_offset, o.went_back,
+       o.went_back_at, o.went_back_position, o.went_back_end, o.went_back_to
 FROM {schema}.log_groups g
 LEFT JOIN ({schema}.log_group_offsets o
            JOIN {schema}.log_partitions p ON p.id = o.partition_id
