@@ -38,7 +38,7 @@ MAX_PARTITIONS = 10_000
 #: The newest revision of the log's migrations (outbox/pglog/migrations/versions); the schema
 #: check reads it from the scripts (`LOG_MIGRATIONS`), tests/unit/test_migration_revisions.py
 #: checks that this is it.
-HEAD_REVISION = "log0003"
+HEAD_REVISION = "log0004"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -240,18 +240,27 @@ def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
     return headers
 
 
-def lock_class(schema: str, group_id: int) -> int:
-    """The upper 32 bits of the advisory lock keys of a group's partitions (the lower 32 bits
-    are the partition id): 7 bits of the schema's crc32, then the group id (24 bits). bigint
-    keys (objsubid 1 in pg_locks) never meet the lanes' (int, int) keys (objsubid 2)."""
+def lock_key(space: int, lock_id: int) -> int:
+    """The advisory lock key of one partition of a group: the log schema's OID (`space`, 32
+    bits) above, the pair's id in its schema (`log_group_locks.lock_id`, below 2^30) below, as
+    the signed bigint PostgreSQL takes. No two (schema, group, partition) of a database share
+    one: a schema's OID is unique in its database, a lock id in its schema. bigint keys
+    (objsubid 1 in pg_locks) never meet the lanes' (int, int) keys (objsubid 2), nor outbox's
+    migration lock, whose lower half is above 2^30 (docs/decisions/0019)."""
+    if not 0 <= space < 1 << 32 or not 0 < lock_id < 1 << 30:
+        raise ValueError(f"no partition lock key for schema OID {space}, lock id {lock_id}")
+    key = space << 32 | lock_id
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def old_lock_class(schema: str, group_id: int) -> int | None:
+    """The upper half of a group's partition lock keys before log0004 (7 bits of the schema's
+    crc32, then the group id, whose lower half was the partition id), by which a member of an
+    older outbox still running may hold a partition; None for a group id it could not have
+    (at least 2^24). Two schemas' classes could be equal: see `lock_key`."""
     if not 0 < group_id < 1 << 24:
-        raise ConfigurationError(f"log group id {group_id} is out of range (at most 2^24 groups)")
+        return None
     return ((zlib.crc32(schema.encode()) & 0x7F) << 24) | group_id
-
-
-def lock_key(lock_class_: int, partition_id: int) -> int:
-    """The advisory lock key of one partition of a group."""
-    return (lock_class_ << 32) | partition_id
 
 
 class Topics:

@@ -26,8 +26,8 @@ from outbox.pglog.log import (
     Connection,
     Topics,
     decode_headers,
-    lock_class,
     lock_key,
+    old_lock_class,
     queries,
     wake_channel,
 )
@@ -54,6 +54,10 @@ MAX_POLL_INTERVAL = 300.0
 #: where the log goes back under it, it reads again after the last of them the log still has
 #: (docs/decisions/0019); further back than that, from the earliest record kept.
 MARKS = 64
+
+#: The partition locks a member takes (`log_members.protocol`): 2, keyed by the log schema's OID
+#: and `log_group_locks.lock_id` (log0004, which refuses the rows of members without it).
+PROTOCOL = 2
 
 #: The longest group name the log stores, in UTF-8 bytes: its unique index holds at most about
 #: 2,700 bytes per entry (a longer name would fail every join, retried as an outage).
@@ -151,7 +155,14 @@ class PgLogSubscriber:
         self._channel = wake_channel(schema)
         self._conn: Connection | None = None
         self._group_id = 0
-        self._lock_class = 0
+        #: The upper half of the partition locks' keys (the log schema's OID), and that of
+        #: an older outbox's member of the group (None: it cannot have one). `_lock_ids`:
+        #: partition id -> lock id of this group (`log_group_locks`); `_keys`: partition id
+        #: -> the key of the lock this member's session holds.
+        self._space = 0
+        self._old_class: int | None = None
+        self._lock_ids: dict[int, int] = {}
+        self._keys: dict[int, int] = {}
         self._topics = Topics(schema)
         #: Partitions held: id -> next offset to read; `_committed`: the group's next offset
         #: as this member last stored it. `_draining`: held, no longer read, given up once
@@ -217,7 +228,10 @@ class PgLogSubscriber:
                 row = conn.execute(self._sql["log_group"], {"name": self.group}).fetchone()
             assert row is not None
             self._group_id = int(row[0])
-            self._lock_class = lock_class(self.schema, self._group_id)
+            space = conn.execute(self._sql["log_schema_oid"]).fetchone()
+            assert space is not None
+            self._space = int(space[0])
+            self._old_class = old_lock_class(self.schema, self._group_id)
             conn.execute(self._sql["log_members_forget_dead"])
             self._register(conn)
             conn.execute(f"LISTEN {quote_ident(self._channel)}")
@@ -244,6 +258,7 @@ class PgLogSubscriber:
                 "topics": list(self.topics),
                 "sleeping": self._sleeping,
                 "session_timeout": self.session_timeout,
+                "protocol": PROTOCOL,
             },
         )
         self._beat_at = time.monotonic()
@@ -295,6 +310,8 @@ class PgLogSubscriber:
         self._names.clear()
         self._marks.clear()
         self._read_again.clear()
+        self._lock_ids.clear()
+        self._keys.clear()
         self._sleeping = self._awake = False
         self._busy_since = None
 
@@ -427,9 +444,9 @@ class PgLogSubscriber:
                     reading.append(p)
                 if len(reading) < target:
                     if held is None:
-                        lock = {"lock_class": self._lock_class}
-                        held = {int(r[0]) for r in conn.execute(sql["log_partitions_held"], lock)}
+                        held = self._held(conn)
                     free = [p for p in ids if p not in held]
+                    self._know_lock_ids(conn, free)
                     random.shuffle(free)
                     for p in free:
                         if len(reading) >= target:
@@ -438,8 +455,24 @@ class PgLogSubscriber:
                             reading.append(p)
         self._release_drained(conn)
 
+    def _held(self, conn: Connection) -> set[int]:
+        """The partitions of this group some session holds (this member's too)."""
+        params = {"group_id": self._group_id, "space": self._space, "old_class": self._old_class}
+        return {int(r[0]) for r in conn.execute(self._sql["log_partitions_held"], params)}
+
+    def _know_lock_ids(self, conn: Connection, partition_ids: list[int]) -> None:
+        """Read (making them on first use) the lock ids of `partition_ids` not known yet."""
+        missing = [p for p in partition_ids if p not in self._lock_ids]
+        if missing:
+            params = {"group_id": self._group_id, "partition_ids": missing}
+            for partition_id, lock_id in conn.execute(self._sql["log_group_lock_ids"], params):
+                self._lock_ids[int(partition_id)] = int(lock_id)
+
     def _take(self, conn: Connection, partition_id: int, name: tuple[str, int]) -> bool:
-        key = lock_key(self._lock_class, partition_id)
+        lock_id = self._lock_ids.get(partition_id)
+        if lock_id is None:
+            return False  # made by another member meanwhile: known at the next look
+        key = lock_key(self._space, lock_id)
         got = conn.execute(self._sql["log_partition_lock"], {"key": key}).fetchone()
         if not (got and got[0]):
             return False
@@ -450,7 +483,9 @@ class PgLogSubscriber:
         ).fetchone()
         if row is None:  # the partition's row was deleted meanwhile
             conn.execute(self._sql["log_partition_unlock"], {"key": key})
+            self._lock_ids.pop(partition_id, None)
             return False
+        self._keys[partition_id] = key
         start, committed, end, went_back, append_id = (
             int(row[0]),
             row[1],
@@ -494,9 +529,10 @@ class PgLogSubscriber:
         return True
 
     def _give_up(self, conn: Connection, partition_id: int) -> None:
-        conn.execute(
-            self._sql["log_partition_unlock"], {"key": lock_key(self._lock_class, partition_id)}
-        )
+        key = self._keys.pop(partition_id, None)
+        if key is not None:
+            conn.execute(self._sql["log_partition_unlock"], {"key": key})
+        self._lock_ids.pop(partition_id, None)
         self._draining.discard(partition_id)
         self._positions.pop(partition_id, None)
         self._committed.pop(partition_id, None)

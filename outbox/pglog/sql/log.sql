@@ -248,15 +248,18 @@ SELECT id FROM created UNION ALL SELECT id FROM {schema}.log_groups WHERE name =
 -- name: log_member_register
 -- backend_start with backend_pid names this session exactly (as relay_register). updated_at is
 -- the member's heartbeat (log_member_heartbeat), session_timeout how old it may get before the
--- other members evict this one (log_member_evict).
+-- other members evict this one (log_member_evict), protocol the partition locks it takes (2:
+-- log_group_locks; NULL in the row of an older outbox's member, which may change it no more).
 INSERT INTO {schema}.log_members
-    (member_id, group_id, topics, backend_pid, backend_start, sleeping, session_timeout)
+    (member_id, group_id, topics, backend_pid, backend_start, sleeping, session_timeout,
+     protocol)
 VALUES (%(member_id)s, %(group_id)s, %(topics)s, pg_backend_pid(),
         (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()),
-        %(sleeping)s, %(session_timeout)s)
+        %(sleeping)s, %(session_timeout)s, %(protocol)s)
 ON CONFLICT (member_id) DO UPDATE SET group_id = EXCLUDED.group_id, topics = EXCLUDED.topics,
     backend_pid = EXCLUDED.backend_pid, backend_start = EXCLUDED.backend_start,
-    sleeping = EXCLUDED.sleeping, session_timeout = EXCLUDED.session_timeout, updated_at = now();
+    sleeping = EXCLUDED.sleeping, session_timeout = EXCLUDED.session_timeout,
+    protocol = EXCLUDED.protocol, updated_at = now();
 
 -- name: log_member_heartbeat
 -- The member's proof of life; no row: its registration is gone (the member registers again).
@@ -325,14 +328,59 @@ WHERE NOT EXISTS (
 SELECT topic, count(*) FROM {schema}.log_members, unnest(topics) AS topic
 WHERE group_id = %(group_id)s GROUP BY topic;
 
+-- name: log_schema_oid
+-- The log schema's OID: the upper half of the keys of its partition locks (one OID per schema
+-- of a database, so two logs in one database never share a key). No such schema: an error
+-- (invalid_schema_name), as any statement on the log would raise.
+SELECT CAST('{schema}'::regnamespace AS oid)::bigint;
+
+-- name: log_group_lock_ids
+-- The lock ids of a group's partitions (the lower half of their lock keys; log_group_locks),
+-- each made on first use: (partition id, lock id). Only missing pairs are inserted, so the
+-- sequence is not spent at each look; a pair made by another member meanwhile (after this
+-- statement's snapshot) is left out, and asked for again at the next look. A partition or
+-- group gone has none.
+WITH wanted AS (
+    SELECT DISTINCT partition_id FROM unnest(%(partition_ids)s::int[]) AS w(partition_id)
+), known AS (
+    SELECT k.partition_id, k.lock_id
+    FROM {schema}.log_group_locks k JOIN wanted w ON w.partition_id = k.partition_id
+    WHERE k.group_id = %(group_id)s
+), made AS (
+    INSERT INTO {schema}.log_group_locks (group_id, partition_id)
+    SELECT %(group_id)s, w.partition_id FROM wanted w
+    WHERE w.partition_id NOT IN (SELECT partition_id FROM known)
+      AND EXISTS (SELECT 1 FROM {schema}.log_partitions p WHERE p.id = w.partition_id)
+      AND EXISTS (SELECT 1 FROM {schema}.log_groups g WHERE g.id = %(group_id)s)
+    ON CONFLICT (group_id, partition_id) DO NOTHING
+    RETURNING partition_id, lock_id
+)
+SELECT partition_id, lock_id FROM known
+UNION ALL
+SELECT partition_id, lock_id FROM made;
+
 -- name: log_partitions_held
 -- Partition ids of one group held by any session of this database: the advisory locks whose
--- bigint key has the group's upper half (pg_locks shows a bigint key as classid = upper 32
--- bits, objid = lower 32 bits, objsubid = 1).
-SELECT objid::bigint FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND objsubid = 1
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = CAST(%(lock_class)s AS bigint)::oid;
+-- bigint key (pg_locks shows it as classid = upper 32 bits, objid = lower 32 bits,
+-- objsubid = 1) is the log schema's OID and a lock id of the group (log_group_locks). Also,
+-- while a member of an outbox before log0004 still runs (its row has no protocol), the
+-- partitions it holds by the keys of then (7 bits of the schema's crc32 and the group id
+-- above, the partition id below: `old_class`, NULL when the group id cannot have one): only
+-- the locks of that group's members' sessions count, so another log's keys that happen to be
+-- equal do not.
+WITH locks AS (
+    SELECT classid::bigint AS upper_half, objid::bigint AS lower_half, pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT k.partition_id FROM locks l
+JOIN {schema}.log_group_locks k ON k.lock_id = l.lower_half AND k.group_id = %(group_id)s
+WHERE l.upper_half = %(space)s
+UNION
+SELECT l.lower_half FROM locks l
+WHERE l.upper_half = %(old_class)s
+  AND l.pid IN (SELECT m.backend_pid FROM {schema}.log_members m
+                WHERE m.group_id = %(group_id)s AND m.protocol IS NULL);
 
 -- name: log_partition_lock
 SELECT pg_try_advisory_lock(%(key)s::bigint);
