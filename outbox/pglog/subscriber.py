@@ -102,6 +102,13 @@ class PgLogSubscriber:
     database role or pg_signal_backend; without it a stale member keeps its partitions (one
     warning).
 
+    The log going back under the member (a backup restored, records deleted by hand and a
+    counter set back) is checked in each fetch, by the partition's end and by the append id of
+    the record before the member's position; such a partition is read again from where the
+    member's history and the log's part, else from the earliest record kept, with one warning
+    (docs/decisions/0019). Partition locks are keyed by the log schema's OID and a lock id
+    unique in the schema, so logs in one database never share one.
+
     `poll` returns the records after this member's positions and waits for a NOTIFY from a
     publisher (sent only while some member announced a nap) or `timeout`, whichever comes
     first; a lost notification delays a record by at most `timeout`. A lost connection is

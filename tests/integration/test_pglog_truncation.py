@@ -140,6 +140,46 @@ def test_a_partition_rolled_back_and_grown_past_a_members_position_before_its_ne
     assert PgLog(log_url).committed("g", TOPIC) == {0: 60}
 
 
+def test_a_log_restored_from_an_older_backup_under_a_consuming_group(
+    log_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backup holds the records, the counters and the group's offsets of its time: after it
+    is restored under the member, it reads exactly the records appended since (the backup's
+    last records are the ones it read)."""
+    PgLog(log_url).create_topic(TOPIC, 1)
+    appends(log_url, 0, 30)
+    reader = member(log_url)
+    try:
+        assert len(drain(reader, 30)) == 30
+        backup = ("log_records", "log_partitions", "log_group_offsets")
+        for table in backup:
+            sql(log_url, f"CREATE TABLE backup_{table} AS SELECT * FROM outbox_log.{table}")
+        appends(log_url, 30, 60)
+        assert len(drain(reader, 30)) == 30
+        with psycopg.connect(log_url) as conn, conn.transaction():
+            conn.execute("DELETE FROM outbox_log.log_group_offsets")
+            conn.execute("DELETE FROM outbox_log.log_records")
+            conn.execute("INSERT INTO outbox_log.log_records SELECT * FROM backup_log_records")
+            conn.execute(
+                "UPDATE outbox_log.log_partitions p SET next_offset = b.next_offset "
+                "FROM backup_log_partitions b WHERE b.id = p.id"
+            )
+            conn.execute(
+                "INSERT INTO outbox_log.log_group_offsets SELECT * FROM backup_log_group_offsets"
+            )
+        appends(log_url, 100, 120)
+        with caplog.at_level(logging.WARNING, "outbox.pglog"):
+            rows = drain(reader, 20)
+            assert reader.poll(100, 0.2).rows() == []
+        expected = list(zip(range(30, 50), range(100, 120), strict=True))
+        assert offsets_and_payloads(rows) == expected
+        [warning] = warnings(caplog)
+        assert "position 60, end 50" in warning and "from offset 30" in warning, warning
+    finally:
+        reader.close()
+    assert PgLog(log_url).committed("g", TOPIC) == {0: 50}
+
+
 def test_a_rollback_inside_one_append_is_read_again_from_the_first_record_removed(
     log_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
