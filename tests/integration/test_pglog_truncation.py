@@ -282,6 +282,37 @@ def test_a_partition_that_went_back_while_no_member_held_it_is_read_again_by_the
     assert PgLog(log_url).committed("g", TOPIC) == {0: 60}
 
 
+def test_a_partition_that_went_back_below_an_offset_a_member_stored_is_read_from_the_start(
+    log_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rolled back below the committed offset and grown a little (not past it) while no member
+    held the partition, its records without append ids: the offset a member stored past the
+    end says the log went back (not a hand's edit, which would be reset to the end): the 10
+    records appended since are read, not skipped."""
+    PgLog(log_url).create_topic(TOPIC, 1)
+    appends(log_url, 0, 50)
+    sql(log_url, "UPDATE outbox_log.log_records SET append_id = NULL")
+    reader = member(log_url)
+    try:
+        assert len(drain(reader, 50)) == 50
+    finally:
+        reader.close()
+    roll_back(log_url, TOPIC, 0, 30)
+    appends(log_url, 100, 110)
+    reader = member(log_url)
+    try:
+        with caplog.at_level(logging.WARNING, "outbox.pglog"):
+            rows = drain(reader, 40)
+        expected = list(zip(range(30), range(30), strict=True))
+        expected += list(zip(range(30, 40), range(100, 110), strict=True))
+        assert offsets_and_payloads(rows) == expected
+        [warning] = warnings(caplog)
+        assert "committed offset 50 is past its end (end 40" in warning, warning
+    finally:
+        reader.close()
+    assert PgLog(log_url).committed("g", TOPIC) == {0: 40}
+
+
 def test_a_committed_offset_moved_by_hand_is_where_the_group_resumes(
     log_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

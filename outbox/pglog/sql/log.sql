@@ -394,27 +394,29 @@ SELECT pg_advisory_unlock(%(key)s::bigint);
 -- A new group's start is committed at once, so retention never deletes what it has not read.
 -- The log may have gone back while no member held the partition (docs/decisions/0019): the
 -- committed offset, as a member stored it (last_offset just before it), is past the end, or
--- the record before it is there with another append id than the one stored; the group then
--- reads the partition again from the earliest record retained, as a new group starts. A
--- committed offset written by hand past the end (or left from a partition recreated) is
--- reset to the end, a negative one to 0. A reset is stored (a commit never moves a group
+-- the record before it is there with another append id than the one stored (if one was: NULL
+-- when the member did not know it); the group then reads the partition again from the
+-- earliest record retained, as a new group starts. A committed offset written by hand past
+-- the end (or left from a partition recreated, or by an outbox before log0003) is reset to
+-- the end, a negative one to 0. A reset is stored (a commit never moves a group
 -- back, so the group would otherwise stay past the end), with the note `outbox status`
 -- shows when the log was behind the group. Returns the start, the committed offset found
 -- (NULL: none), the end, whether the log went back, and the append id of the record before
 -- the start (NULL: none, or not known). No row: no such partition.
 WITH part AS (
     SELECT p.id, p.next_offset AS end_offset, o.next_offset AS committed,
-           o.last_offset = o.next_offset - 1 AND o.last_append_id IS NOT NULL AS checked,
-           o.last_append_id
+           o.last_offset = o.next_offset - 1 AS stored_by_member, o.last_append_id
     FROM {schema}.log_partitions p
     LEFT JOIN {schema}.log_group_offsets o
       ON o.group_id = %(group_id)s AND o.partition_id = p.id
     WHERE p.id = %(partition_id)s
 ), judged AS (
-    SELECT part.*, COALESCE(checked AND (committed > end_offset OR EXISTS (
-               SELECT 1 FROM {schema}.log_records r
-               WHERE r.partition_id = part.id AND r.log_offset = part.committed - 1
-                 AND r.append_id IS DISTINCT FROM part.last_append_id)), false) AS went_back
+    SELECT part.*, COALESCE(stored_by_member AND (committed > end_offset OR (
+               last_append_id IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM {schema}.log_records r
+                   WHERE r.partition_id = part.id AND r.log_offset = part.committed - 1
+                     AND r.append_id IS DISTINCT FROM part.last_append_id))), false)
+           AS went_back
     FROM part
 ), start AS (
     SELECT id AS partition_id, committed, end_offset, went_back, CASE
