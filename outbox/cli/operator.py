@@ -24,8 +24,12 @@ added):
 
 With --kafka-bootstrap (or --transport postgres and --log-url: the groups of the PostgreSQL
 log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
-"partitions": [{"topic", "partition", "committed", "end", "lag", "past_end"}], "error": null}]
-(past_end: the committed offset is past the partition's end); with --check,
+"partitions": [{"topic", "partition", "committed", "end", "lag", "past_end", "went_back",
+"last_went_back"}], "error": null}] (past_end: the committed offset is past the partition's end;
+went_back: how often the log was found behind the group's position there, 0 on Kafka, and
+last_went_back null or {"at": "<ISO 8601>", "position", "end", "read_from"}: the last time, the
+group's position and the partition's end then, and the offset it read the partition again
+from); with --check,
 "check": {"ok": bool, "max_age_seconds": <float or null>, "max_lag": <int or null>,
 "max_dead": <int>,
 "problems": ["..."]} and the exit code is 3 when not ok.
@@ -74,7 +78,7 @@ from outbox.cli.arguments import (
 )
 from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
-from outbox.core.lag import GroupLag, lag_json
+from outbox.core.lag import GroupLag, PartitionLag, lag_json
 from outbox.core.numbers import flag_type
 from outbox.core.redact import redact_text, redact_url
 from outbox.core.text import first_line
@@ -853,7 +857,22 @@ def _lag_text(groups: Sequence[GroupLag]) -> list[str]:
             ]
             header = ["TOPIC", "PARTITION", "COMMITTED", "END", "LAG"]
             lines.extend(_table(header, body, indent="  "))
+        lines.extend(f"  {_went_back(p)}" for p in g.partitions if p.went_back)
     return lines
+
+
+def _went_back(p: PartitionLag) -> str:
+    """A partition under which the log went back (restored, rolled back by hand), in a line."""
+    times = "time" if p.went_back == 1 else "times"
+    line = f"topic {_safe(p.topic)} partition {p.partition} went back under the group "
+    line += f"{p.went_back} {times}"
+    w = p.last_went_back
+    if w is not None:
+        line += (
+            f", last at {fmt.when(w.at)}: position {w.position}, end {w.end}, read again from "
+            f"offset {w.read_from}"
+        )
+    return line
 
 
 def _print(output: str | list[str]) -> None:

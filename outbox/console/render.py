@@ -144,7 +144,7 @@ def lag(groups: Sequence[GroupLag] | None, note: str | None = None) -> str:
                 esc(p.partition),
                 esc(p.committed),
                 esc(p.end),
-                esc(p.lag) + _past_end(p),
+                esc(p.lag) + _past_end(p) + _went_back(p),
             ]
             for p in g.partitions[:budget]
         ]
@@ -175,6 +175,22 @@ def _past_end(p: PartitionLag) -> str:
     """A mark for a partition whose committed offset is past its end (records published there
     are not delivered until the end passes it; `PartitionLag.past_end`)."""
     return ' <span class="bad">committed past the end</span>' if p.past_end else ""
+
+
+def _went_back(p: PartitionLag) -> str:
+    """A mark for a partition under which the log went back (restored from a backup, rolled
+    back by hand: `PartitionLag.went_back`), with the last time in its title."""
+    if not p.went_back:
+        return ""
+    times = "time" if p.went_back == 1 else "times"
+    w = p.last_went_back
+    title = (
+        ""
+        if w is None
+        else f' title="last at {esc(when(w.at))}: position {w.position}, end {w.end}, read '
+        f'again from offset {w.read_from}"'
+    )
+    return f' <span class="bad"{title}>log went back {p.went_back} {times}</span>'
 
 
 #: Series of the throughput chart: (attribute of Rate, label, colour); `{transport}` in a label

@@ -10,17 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
+class WentBack:
+    """The last time the log was found behind a group's position in a partition (restored
+    from a backup, its newest records deleted by hand; docs/decisions/0019): when, the group's
+    position then, the partition's end, and the offset the group read it again from."""
+
+    at: datetime
+    position: int
+    end: int
+    read_from: int
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionLag:
-    """One partition of a group: committed offset, end of the partition, and the difference."""
+    """One partition of a group: committed offset, end of the partition, and the difference;
+    on the PostgreSQL log, also how often the log went back under the group there (the
+    group's position was past its end, or past a record it had not read) and the last time."""
 
     topic: str
     partition: int
     committed: int
     end: int
+    went_back: int = 0
+    last_went_back: WentBack | None = None
 
     @property
     def lag(self) -> int:
@@ -62,9 +79,22 @@ class GroupLag:
         return dict(sorted(totals.items()))
 
 
+def went_back_json(w: WentBack | None) -> dict[str, Any] | None:
+    """`PartitionLag.last_went_back` as JSON (None stays None)."""
+    if w is None:
+        return None
+    return {
+        "at": w.at.isoformat(),
+        "position": w.position,
+        "end": w.end,
+        "read_from": w.read_from,
+    }
+
+
 def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
     """The lag as JSON-ready dicts: group, total, per-topic totals, partitions (each saying
-    whether its committed offset is past its end), error."""
+    whether its committed offset is past its end, and how often the log went back under the
+    group there), error."""
     return [
         {
             "group": g.group,
@@ -78,6 +108,8 @@ def lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:
                     "end": p.end,
                     "lag": p.lag,
                     "past_end": p.past_end,
+                    "went_back": p.went_back,
+                    "last_went_back": went_back_json(p.last_went_back),
                 }
                 for p in g.partitions
             ],

@@ -17,7 +17,7 @@ from outbox.core.errors import (
     ConfigurationError,
     OutboxError,
 )
-from outbox.core.lag import GroupLag, PartitionLag
+from outbox.core.lag import GroupLag, PartitionLag, WentBack
 from outbox.core.topics import validate_topic
 from outbox.postgres.connection import check_database, connect
 from outbox.postgres.migrate import Migrations
@@ -38,7 +38,7 @@ MAX_PARTITIONS = 10_000
 #: The newest revision of the log's migrations (outbox/pglog/migrations/versions); the schema
 #: check reads it from the scripts (`LOG_MIGRATIONS`), tests/unit/test_migration_revisions.py
 #: checks that this is it.
-HEAD_REVISION = "log0002"
+HEAD_REVISION = "log0004"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -240,18 +240,27 @@ def decode_headers(data: bytes | None) -> list[tuple[str, bytes | None]]:
     return headers
 
 
-def lock_class(schema: str, group_id: int) -> int:
-    """The upper 32 bits of the advisory lock keys of a group's partitions (the lower 32 bits
-    are the partition id): 7 bits of the schema's crc32, then the group id (24 bits). bigint
-    keys (objsubid 1 in pg_locks) never meet the lanes' (int, int) keys (objsubid 2)."""
+def lock_key(space: int, lock_id: int) -> int:
+    """The advisory lock key of one partition of a group: the log schema's OID (`space`, 32
+    bits) above, the pair's id in its schema (`log_group_locks.lock_id`, below 2^30) below, as
+    the signed bigint PostgreSQL takes. No two (schema, group, partition) of a database share
+    one: a schema's OID is unique in its database, a lock id in its schema. bigint keys
+    (objsubid 1 in pg_locks) never meet the lanes' (int, int) keys (objsubid 2), nor outbox's
+    migration lock, whose lower half is above 2^30 (docs/decisions/0019)."""
+    if not 0 <= space < 1 << 32 or not 0 < lock_id < 1 << 30:
+        raise ValueError(f"no partition lock key for schema OID {space}, lock id {lock_id}")
+    key = space << 32 | lock_id
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def old_lock_class(schema: str, group_id: int) -> int | None:
+    """The upper half of a group's partition lock keys before log0004 (7 bits of the schema's
+    crc32, then the group id, whose lower half was the partition id), by which a member of an
+    older outbox still running may hold a partition; None for a group id it could not have
+    (at least 2^24). Two schemas' classes could be equal: see `lock_key`."""
     if not 0 < group_id < 1 << 24:
-        raise ConfigurationError(f"log group id {group_id} is out of range (at most 2^24 groups)")
+        return None
     return ((zlib.crc32(schema.encode()) & 0x7F) << 24) | group_id
-
-
-def lock_key(lock_class_: int, partition_id: int) -> int:
-    """The advisory lock key of one partition of a group."""
-    return (lock_class_ << 32) | partition_id
 
 
 class Topics:
@@ -412,10 +421,18 @@ class PgLog:
         with self._connect() as conn:
             rows = conn.execute(self.sql["log_group_lag"], {"names": names}).fetchall()
         found: dict[str, list[PartitionLag]] = {}
-        for group, topic, partition, committed, end in rows:
+        for group, topic, partition, committed, end, went_back, at, position, was, to in rows:
             partitions = found.setdefault(group, [])
-            if topic is not None:  # the row of a group with no committed offset yet
-                partitions.append(PartitionLag(topic, int(partition), int(committed), int(end)))
+            if topic is None:  # the row of a group with no committed offset yet
+                continue
+            last = None
+            if at is not None and position is not None and was is not None and to is not None:
+                last = WentBack(at, int(position), int(was), int(to))
+            partitions.append(
+                PartitionLag(
+                    topic, int(partition), int(committed), int(end), int(went_back or 0), last
+                )
+            )
         return [GroupLag(g, tuple(found.get(g, ()))) for g in (found if names is None else names)]
 
     def apply_retention(self, retention: float, *, batch: int = 10_000) -> int:

@@ -26,8 +26,8 @@ from outbox.pglog.log import (
     Connection,
     Topics,
     decode_headers,
-    lock_class,
     lock_key,
+    old_lock_class,
     queries,
     wake_channel,
 )
@@ -49,6 +49,15 @@ MIN_SESSION_TIMEOUT = 1.0
 #: Seconds a member keeps heartbeating while its owner calls neither `poll` nor `commit`
 #: (Kafka's `max.poll.interval.ms`): a loop stuck longer loses its partitions.
 MAX_POLL_INTERVAL = 300.0
+
+#: Appends of each partition a member remembers as (append id, first and last offset it read):
+#: where the log goes back under it, it reads again after the last of them the log still has
+#: (docs/decisions/0019); further back than that, from the earliest record kept.
+MARKS = 64
+
+#: The partition locks a member takes (`log_members.protocol`): 2, keyed by the log schema's OID
+#: and `log_group_locks.lock_id` (log0004, which refuses the rows of members without it).
+PROTOCOL = 2
 
 #: The longest group name the log stores, in UTF-8 bytes: its unique index holds at most about
 #: 2,700 bytes per entry (a longer name would fail every join, retried as an outage).
@@ -92,6 +101,13 @@ class PgLogSubscriber:
     partitions its current session holds. Ending another member's session needs the same
     database role or pg_signal_backend; without it a stale member keeps its partitions (one
     warning).
+
+    The log going back under the member (a backup restored, records deleted by hand and a
+    counter set back) is checked in each fetch, by the partition's end and by the append id of
+    the record before the member's position; such a partition is read again from where the
+    member's history and the log's part, else from the earliest record kept, with one warning
+    (docs/decisions/0019). Partition locks are keyed by the log schema's OID and a lock id
+    unique in the schema, so logs in one database never share one.
 
     `poll` returns the records after this member's positions and waits for a NOTIFY from a
     publisher (sent only while some member announced a nap) or `timeout`, whichever comes
@@ -146,7 +162,14 @@ class PgLogSubscriber:
         self._channel = wake_channel(schema)
         self._conn: Connection | None = None
         self._group_id = 0
-        self._lock_class = 0
+        #: The upper half of the partition locks' keys (the log schema's OID), and that of
+        #: an older outbox's member of the group (None: it cannot have one). `_lock_ids`:
+        #: partition id -> lock id of this group (`log_group_locks`); `_keys`: partition id
+        #: -> the key of the lock this member's session holds.
+        self._space = 0
+        self._old_class: int | None = None
+        self._lock_ids: dict[int, int] = {}
+        self._keys: dict[int, int] = {}
         self._topics = Topics(schema)
         #: Partitions held: id -> next offset to read; `_committed`: the group's next offset
         #: as this member last stored it. `_draining`: held, no longer read, given up once
@@ -155,6 +178,11 @@ class PgLogSubscriber:
         self._committed: dict[int, int] = {}
         self._draining: set[int] = set()
         self._names: dict[int, tuple[str, int]] = {}
+        #: Per partition held, the last `MARKS` appends read, oldest first: [append id, first
+        #: offset, last offset read]. `_read_again`: where a partition that went back under
+        #: this member is read again from (a batch read before commits no further).
+        self._marks: dict[int, list[list[int]]] = {}
+        self._read_again: dict[int, int] = {}
         self._sleeping = False
         #: Records were found at every look for `AWAKE_AFTER` seconds while the nap was
         #: announced: `commit` ends the nap. `_busy_since`: since when every look found records.
@@ -207,7 +235,10 @@ class PgLogSubscriber:
                 row = conn.execute(self._sql["log_group"], {"name": self.group}).fetchone()
             assert row is not None
             self._group_id = int(row[0])
-            self._lock_class = lock_class(self.schema, self._group_id)
+            space = conn.execute(self._sql["log_schema_oid"]).fetchone()
+            assert space is not None
+            self._space = int(space[0])
+            self._old_class = old_lock_class(self.schema, self._group_id)
             conn.execute(self._sql["log_members_forget_dead"])
             self._register(conn)
             conn.execute(f"LISTEN {quote_ident(self._channel)}")
@@ -234,6 +265,7 @@ class PgLogSubscriber:
                 "topics": list(self.topics),
                 "sleeping": self._sleeping,
                 "session_timeout": self.session_timeout,
+                "protocol": PROTOCOL,
             },
         )
         self._beat_at = time.monotonic()
@@ -283,6 +315,10 @@ class PgLogSubscriber:
         self._committed.clear()
         self._draining.clear()
         self._names.clear()
+        self._marks.clear()
+        self._read_again.clear()
+        self._lock_ids.clear()
+        self._keys.clear()
         self._sleeping = self._awake = False
         self._busy_since = None
 
@@ -415,9 +451,9 @@ class PgLogSubscriber:
                     reading.append(p)
                 if len(reading) < target:
                     if held is None:
-                        lock = {"lock_class": self._lock_class}
-                        held = {int(r[0]) for r in conn.execute(sql["log_partitions_held"], lock)}
+                        held = self._held(conn)
                     free = [p for p in ids if p not in held]
+                    self._know_lock_ids(conn, free)
                     random.shuffle(free)
                     for p in free:
                         if len(reading) >= target:
@@ -426,8 +462,24 @@ class PgLogSubscriber:
                             reading.append(p)
         self._release_drained(conn)
 
+    def _held(self, conn: Connection) -> set[int]:
+        """The partitions of this group some session holds (this member's too)."""
+        params = {"group_id": self._group_id, "space": self._space, "old_class": self._old_class}
+        return {int(r[0]) for r in conn.execute(self._sql["log_partitions_held"], params)}
+
+    def _know_lock_ids(self, conn: Connection, partition_ids: list[int]) -> None:
+        """Read (making them on first use) the lock ids of `partition_ids` not known yet."""
+        missing = [p for p in partition_ids if p not in self._lock_ids]
+        if missing:
+            params = {"group_id": self._group_id, "partition_ids": missing}
+            for partition_id, lock_id in conn.execute(self._sql["log_group_lock_ids"], params):
+                self._lock_ids[int(partition_id)] = int(lock_id)
+
     def _take(self, conn: Connection, partition_id: int, name: tuple[str, int]) -> bool:
-        key = lock_key(self._lock_class, partition_id)
+        lock_id = self._lock_ids.get(partition_id)
+        if lock_id is None:
+            return False  # made by another member meanwhile: known at the next look
+        key = lock_key(self._space, lock_id)
         got = conn.execute(self._sql["log_partition_lock"], {"key": key}).fetchone()
         if not (got and got[0]):
             return False
@@ -438,9 +490,32 @@ class PgLogSubscriber:
         ).fetchone()
         if row is None:  # the partition's row was deleted meanwhile
             conn.execute(self._sql["log_partition_unlock"], {"key": key})
+            self._lock_ids.pop(partition_id, None)
             return False
-        start, committed, end = int(row[0]), row[1], int(row[2])
-        if committed is not None and committed != start:
+        self._keys[partition_id] = key
+        start, committed, end, went_back, append_id = (
+            int(row[0]),
+            row[1],
+            int(row[2]),
+            row[3],
+            row[4],
+        )
+        if went_back:
+            log.warning(
+                "group %s: topic %s partition %d went back while no member held it: the "
+                "group's committed offset %d is %s (end %d; the log was restored from a "
+                "backup, or its newest records deleted by hand); the group reads it again "
+                "from offset %d, the earliest record kept (as a new group starts): records "
+                "read before are delivered again, the inbox drops them",
+                self._label,
+                name[0],
+                name[1],
+                committed,
+                "past its end" if committed > end else "after a record it did not read",
+                end,
+                start,
+            )
+        elif committed is not None and committed != start:
             log.warning(
                 "group %s: committed offset %d of topic %s partition %d is %s (end %d; "
                 "written by hand, or the partition was recreated): the group now reads it "
@@ -455,17 +530,22 @@ class PgLogSubscriber:
             )
         self._positions[partition_id] = self._committed[partition_id] = start
         self._names[partition_id] = name
+        self._marks[partition_id] = [] if append_id is None else [[append_id, start - 1, start - 1]]
+        self._read_again.pop(partition_id, None)
         log.debug("group %s member %s took partition %d", self._label, self.member_id, partition_id)
         return True
 
     def _give_up(self, conn: Connection, partition_id: int) -> None:
-        conn.execute(
-            self._sql["log_partition_unlock"], {"key": lock_key(self._lock_class, partition_id)}
-        )
+        key = self._keys.pop(partition_id, None)
+        if key is not None:
+            conn.execute(self._sql["log_partition_unlock"], {"key": key})
+        self._lock_ids.pop(partition_id, None)
         self._draining.discard(partition_id)
         self._positions.pop(partition_id, None)
         self._committed.pop(partition_id, None)
         self._names.pop(partition_id, None)
+        self._marks.pop(partition_id, None)
+        self._read_again.pop(partition_id, None)
 
     def _release_drained(self, conn: Connection) -> None:
         """Give up the draining partitions whose records read are all committed."""
@@ -543,18 +623,27 @@ class PgLogSubscriber:
         # Start with another partition each time, so that a busy one does not starve the rest.
         self._turn = (self._turn + 1) % len(reading)
         reading = reading[self._turn :] + reading[: self._turn]
+        positions = [self._positions[p] for p in reading]
         cursor = conn.cursor(binary=True)
         records = cursor.execute(
             self._sql["log_fetch"],
             {
                 "partition_ids": reading,
-                "positions": [self._positions[p] for p in reading],
+                "positions": positions,
+                "append_ids": [
+                    self._append_id(p, o - 1) for p, o in zip(reading, positions, strict=True)
+                ],
                 "limit": max_records,
             },
         ).fetchall()
         names = self._names
+        marks_of = self._marks
         add = batch.add
-        for partition_id, offset, key, value, headers, created_ms in records:
+        went_back: list[tuple[int, int]] = []
+        for partition_id, offset, key, value, headers, created_ms, append_id, end in records:
+            if offset is None:  # the partition went back under this member (first rows)
+                went_back.append((partition_id, end))
+                continue
             topic, partition = names[partition_id]
             add(
                 topic,
@@ -566,7 +655,73 @@ class PgLogSubscriber:
                 created_ms,
             )
             self._positions[partition_id] = offset + 1
+            if append_id is None:
+                continue
+            marks = marks_of[partition_id]
+            last = marks[-1] if marks else None
+            if last is not None and last[0] == append_id and last[2] == offset - 1:
+                last[2] = offset
+            else:
+                marks.append([append_id, offset, offset])
+                if len(marks) > MARKS:
+                    del marks[0]
+        for partition_id, end in went_back:
+            self._went_back(conn, partition_id, end)
         return batch
+
+    def _append_id(self, partition_id: int, offset: int) -> int | None:
+        """The append id of the record at `offset` of a partition held, as this member read
+        it; None when it does not remember it."""
+        for append_id, first, last in reversed(self._marks.get(partition_id, ())):
+            if offset > last:
+                return None
+            if offset >= first:
+                return append_id
+        return None
+
+    def _went_back(self, conn: Connection, partition_id: int, end: int) -> None:
+        """The partition went back under this member (`log_fetch`): read it again from where
+        its history and the log's part (`log_went_back`), and say so once."""
+        position = self._positions[partition_id]
+        marks = self._marks.get(partition_id, [])
+        row = conn.execute(
+            self._sql["log_went_back"],
+            {
+                "group_id": self._group_id,
+                "partition_id": partition_id,
+                "position": position,
+                "append_ids": [m[0] for m in marks],
+                "firsts": [m[1] for m in marks],
+                "lasts": [m[2] for m in marks],
+            },
+        ).fetchone()
+        if row is None:
+            return  # the partition is gone: the next look gives it up
+        read_from, end, append_id, how, committed = int(row[0]), int(row[1]), row[2], row[3], row[4]
+        topic, partition = self._names[partition_id]
+        log.warning(
+            "group %s: topic %s partition %d went back under this member (position %d, "
+            "end %d: the log was restored from a backup, or its newest records were deleted "
+            "by hand and its counter set back); the group reads it again from offset %d, %s",
+            self._label,
+            topic,
+            partition,
+            position,
+            end,
+            read_from,
+            _READ_AGAIN[str(how)],
+        )
+        self._positions[partition_id] = read_from
+        if committed is not None:
+            self._committed[partition_id] = min(self._committed[partition_id], int(committed))
+        self._read_again[partition_id] = read_from
+        # Everything below `read_from` is as this member read it; nothing from it on is.
+        kept = [m for m in marks if m[1] < read_from]
+        for m in kept:
+            m[2] = min(m[2], read_from - 1)
+        if append_id is not None and not (kept and kept[-1][2] == read_from - 1):
+            kept.append([append_id, read_from - 1, read_from - 1])
+        self._marks[partition_id] = kept[-MARKS:]
 
     def commit(self, batch: InboxBatch) -> None:
         """Store the group's next offsets after `batch`, in the partitions this member's
@@ -582,8 +737,14 @@ class PgLogSubscriber:
             last: dict[int, int] = {}
             for name, o in next_offsets.items():
                 p = held.get(name)
-                if p is not None and o <= self._positions[p]:
+                if p is None:
+                    continue
+                if o <= self._positions[p]:
                     last[p] = o
+                elif p in self._read_again:
+                    # Read before the partition went back under this member: its records
+                    # from where the partition is read again on are not the log's any more.
+                    last[p] = self._read_again[p]
             if len(last) < len(next_offsets):
                 log.warning(
                     "log subscriber (group %s): offsets of %d partitions not committed: this "
@@ -598,6 +759,7 @@ class PgLogSubscriber:
                 "group_id": self._group_id,
                 "partition_ids": list(last),
                 "next_offsets": list(last.values()),
+                "append_ids": [self._append_id(p, o - 1) for p, o in last.items()],
             }
             try:
                 conn.execute(self._sql["log_commit"], params)
@@ -630,6 +792,18 @@ class PgLogSubscriber:
                 log.debug("log subscriber close: %s", exc)
             finally:
                 conn.close()  # the session ends: its advisory locks go with it
+
+
+#: How `log_went_back` found where to read a partition again, as the warning says it.
+_READ_AGAIN = {
+    "read": "after the last record this member read that the log still has",
+    "committed": "the group's committed offset, whose record the log still has",
+    "earliest": (
+        "the earliest record kept, as a new group starts (the records this member read are "
+        "not in the log any more, or have no append id): records read before are delivered "
+        "again, the inbox drops them"
+    ),
+}
 
 
 def _headers(data: bytes | None) -> RawHeaders:

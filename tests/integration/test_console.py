@@ -674,6 +674,23 @@ def test_the_console_shows_the_lag_of_the_log_transport(
         _, doc = client.get_json("/api/status?db=orders")
         [shipping] = doc["lag"]
         assert [p["past_end"] for p in shipping["partitions"]] == [True, False], shipping
+        # The log went back under the group in partition 1 (as a member notes it).
+        with psycopg.connect(outbox_log_url) as conn:
+            conn.execute(
+                "UPDATE outbox_log.log_group_offsets o SET went_back = 2, went_back_at = now(), "
+                "went_back_position = 9, went_back_end = 4, went_back_to = 4 "
+                "FROM outbox_log.log_partitions p WHERE p.id = o.partition_id AND p.partition = 1"
+            )
+        wait_for(
+            lambda: "log went back 2 times" in client.get_json("/api/view?db=orders")[1]["lag"],
+            30,
+            "the partition that went back shown",
+        )
+        _, view = client.get_json("/api/view?db=orders")
+        assert "position 9, end 4, read again from offset 4" in view["lag"]
+        _, doc = client.get_json("/api/status?db=orders")
+        [shipping] = doc["lag"]
+        assert [p["went_back"] for p in shipping["partitions"]] == [0, 2], shipping
 
     with console(outbox_database_url, transport="postgres") as app:
         _, view = Client(app).get_json("/api/view?db=orders")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -398,3 +399,110 @@ def test_0007_moves_processed_ids_out_and_keeps_the_dedup_of_messages_in_flight(
     migrate.upgrade(url, schema)
     assert _diff(url, schema) == []
     assert _store_with_the_consumers_statement(url, schema, handled_before + pending_before) == 0
+
+
+# -- the log's migrations (outbox/pglog/migrations) ---------------------------------------------
+
+
+def _relfilenodes(url: str, schema: str) -> dict[str, int]:
+    """The files of the log's tables: a migration that rewrites a table gives it a new one."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, c.relfilenode FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
+            (schema,),
+        ).fetchall()
+    return {str(name): int(node) for name, node in rows}
+
+
+def test_the_logs_upgrade_from_log0002_keeps_the_records_and_offsets_in_flight(
+    outbox_empty_database_url: str,
+) -> None:
+    """Records appended and offsets committed before the upgrade stay as they are (no table
+    is rewritten); the records without an append id are read after it, and the group resumes
+    where it was."""
+    from outbox.pglog import PgLog, PgLogPublisher, PgLogSubscriber
+    from outbox.pglog.log import downgrade as downgrade_log
+    from outbox.pglog.log import upgrade as upgrade_log
+
+    url, topic = outbox_empty_database_url, "in.flight"
+    upgrade_log(url, revision="log0002")
+    PgLog(url).create_topic(topic, 1)
+    with psycopg.connect(url) as conn, conn.transaction():
+        # as log0002's publisher appended them, and its subscriber committed
+        [(pid,)] = conn.execute("SELECT id FROM outbox_log.log_partitions").fetchall()
+        for n in range(20):
+            conn.execute(
+                "INSERT INTO outbox_log.log_records (partition_id, log_offset, key, value) "
+                "VALUES (%s, %s, %s, %s)",
+                (pid, n, b"k", str(n).encode()),
+            )
+        conn.execute("UPDATE outbox_log.log_partitions SET next_offset = 20")
+        [(group_id,)] = conn.execute(
+            "INSERT INTO outbox_log.log_groups (name) VALUES ('g') RETURNING id"
+        ).fetchall()
+        conn.execute(
+            "INSERT INTO outbox_log.log_group_offsets (group_id, partition_id, next_offset) "
+            "VALUES (%s, %s, 10)",
+            (group_id, pid),
+        )
+    files = _relfilenodes(url, "outbox_log")
+
+    upgrade_log(url)
+    after = _relfilenodes(url, "outbox_log")
+    assert {t: after[t] for t in files} == files  # nothing rewritten
+    with psycopg.connect(url) as conn:
+        assert conn.execute(
+            "SELECT count(*), count(append_id) FROM outbox_log.log_records"
+        ).fetchone() == (20, 0)
+        assert conn.execute(
+            "SELECT next_offset, last_offset, last_append_id, went_back "
+            "FROM outbox_log.log_group_offsets"
+        ).fetchone() == (10, None, None, 0)
+
+    publisher = PgLogPublisher(url, partitions=1)
+    member = PgLogSubscriber(url, [topic], "g", rebalance_interval=0.1)
+    try:
+        publisher.publish([_log_record(topic, n) for n in range(20, 30)])
+        rows: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(rows) < 20:
+            assert time.monotonic() < deadline, rows
+            batch = member.poll(100, 0.1)
+            rows.extend(batch.rows())
+            member.commit(batch)
+    finally:
+        member.close()
+        publisher.close()
+    assert [(r.offset, int(r.payload)) for r in rows] == [(n, n) for n in range(10, 30)]
+    assert PgLog(url).committed("g", topic) == {0: 30}
+    with psycopg.connect(url) as conn:
+        ids = conn.execute(
+            "SELECT count(DISTINCT append_id) FROM outbox_log.log_records WHERE log_offset >= 20"
+        ).fetchone()
+    assert ids == (1,)  # one append, one id
+
+    downgrade_log(url, "outbox_log", "log0002")
+    upgrade_log(url)
+    assert PgLog(url).count(topic) == 30
+    assert PgLog(url).committed("g", topic) == {0: 30}
+
+
+def _log_record(topic: str, n: int) -> Any:
+    from outbox.core.batches import outgoing
+    from outbox.core.envelope import StoredMessage
+    from outbox.core.ids import uuid7
+
+    return outgoing(
+        StoredMessage(
+            id=n,
+            message_id=uuid7(),
+            topic=topic,
+            key=b"k",
+            payload=str(n).encode(),
+            content_type="application/json",
+            headers={},
+            created_at=datetime.now(UTC),
+            attempts=0,
+        )
+    )
