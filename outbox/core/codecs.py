@@ -16,7 +16,8 @@ by their declared type (`dict[int, str]` gives int keys), so a dataclass declari
 are not text is checked when it is encoded: each key must read back as itself (a NaN, a naive
 datetime, `True` for an int, `"1"` for `int | str` are refused, naming the field); a key type
 with no text form (`tuple[int, int]`) is refused when the `Topic` is declared or the handler
-registered.
+registered. A pydantic model with such keys is checked by its own validation when it is
+encoded: what it writes must read back with the same keys.
 
 Decoding (`decoder(type)`): a pydantic model by `model_validate` (its own config decides
 extra fields: pydantic ignores them by default); a dataclass by outbox's own converter, with or
@@ -131,7 +132,11 @@ def to_json(value: Any) -> Any:
                 raise exc.within(f".{name}") from None
         return fields
     if is_model(type(value)):
-        return value.model_dump(mode="json")
+        dumped = value.model_dump(mode="json")
+        check = _model_check(type(value))
+        if check is not None:
+            check(value, dumped)
+        return dumped
     if isinstance(value, set | frozenset):
         raise TypeError(
             f"a {type(value).__name__} is refused in JSON: its order is not defined; send a "
@@ -832,6 +837,24 @@ def _parsed_key(
     return parsed
 
 
+def _text_keys(tp: Any) -> bool:
+    """True if keys declared `tp` are read back as the very text JSON has: nothing to write
+    beyond what json.dumps does (str, a subclass of str, Any, a Literal of strings)."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return True
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _text_keys(args[0])
+    if isinstance(tp, typing.NewType):
+        return _text_keys(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType:
+        return all(_text_keys(a) for a in args)
+    if origin is typing.Literal:
+        return all(isinstance(a, str) and not isinstance(a, enum.Enum) for a in args)
+    return isinstance(tp, type) and issubclass(tp, str) and not issubclass(tp, enum.Enum)
+
+
 # -- writing what a dataclass declares ------------------------------------------------------
 
 Encode = Callable[[Any], Any]
@@ -847,9 +870,11 @@ def prepare(payload_type: type[Any] | None, localns: Mapping[str, Any] | None = 
     registration resolves them, such a dataclass's keys are written as json.dumps writes them."""
     if payload_type is None:
         return
-    if dataclasses.is_dataclass(payload_type) and payload_type not in _encodings:
-        # Unresolved: the first send tries again.
-        _build_encoding(payload_type, _Context(localns, declaring=True))
+    if dataclasses.is_dataclass(payload_type):
+        if payload_type not in _encodings:  # unresolved: the first send tries again
+            _build_encoding(payload_type, _Context(localns, declaring=True))
+    elif is_model(payload_type):
+        _model_check(payload_type)
 
 
 def _encoding(tp: type[Any]) -> tuple[tuple[str, Encode], ...]:
@@ -1151,6 +1176,189 @@ def _value_kinds(value: Any) -> frozenset[str]:
     if isinstance(value, str):
         return frozenset({"string"})
     return _ANY_KIND
+
+
+# -- a model's keys, by its own validation -------------------------------------------------
+
+Check = Callable[[Any, Any], None]
+Differ = Callable[[Any, Any], "_Refused | None"]
+_model_checks: dict[type[Any], Check | None] = {}
+
+
+def _model_check(tp: type[Any]) -> Check | None:
+    """For a pydantic model with mappings whose keys are not text (nested too): a check that
+    what `model_dump(mode="json")` wrote reads back, by the model's own validation (the
+    handler's decoder), with the same keys. None for any other model: nothing to check."""
+    if tp in _model_checks:
+        return _model_checks[tp]
+    differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
+    check = None if differ is None else _checking(tp, differ)
+    if getattr(tp, "__pydantic_complete__", True):  # else its annotations may not be known yet
+        _model_checks[tp] = check
+    return check
+
+
+def _checking(tp: type[Any], differ: Differ) -> Check:
+    read = decoder(tp)
+    name = type_name(tp)
+
+    def check(value: Any, dumped: Any) -> None:
+        try:
+            back = read(dumped)
+        except Exception as exc:  # PayloadInvalid; whatever a validator raises
+            raise _Refused(
+                f"{name}'s own validation refuses what it wrote (model_dump(mode='json')): {exc}"
+            ) from None
+        problem = differ(value, back)
+        if problem is not None:
+            raise problem
+
+    return check
+
+
+def _converts_keys(tp: Any, seen: set[type[Any]]) -> bool:
+    """True if a value declared `tp` has, somewhere inside, a mapping whose keys are not text."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return False
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _converts_keys(args[0], seen)
+    if isinstance(tp, typing.NewType):
+        return _converts_keys(tp.__supertype__, seen)
+    if origin in _MAPPINGS:
+        return bool(args) and (not _text_keys(args[0]) or _converts_keys(args[1], seen))
+    if origin is not None:
+        return any(_converts_keys(a, seen) for a in args if a is not Ellipsis)
+    annotations = _field_annotations(tp)
+    if annotations is None or tp in seen:
+        return False
+    seen.add(tp)
+    return any(_converts_keys(a, seen) for a in annotations.values())
+
+
+def _field_annotations(tp: Any) -> dict[str, Any] | None:
+    """The fields of a model or a dataclass and their annotations; None for other types (and a
+    dataclass whose annotations cannot be resolved)."""
+    if not isinstance(tp, type):
+        return None
+    if is_model(tp):
+        fields: dict[str, Any] = getattr(tp, "model_fields")  # noqa: B009 - Any
+        return {name: info.annotation for name, info in fields.items()}
+    if dataclasses.is_dataclass(tp):
+        try:
+            hints = _resolve(tp, None)
+        except Exception:
+            return None
+        return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(tp)}
+    return None
+
+
+def _differ(tp: Any, building: dict[type[Any], Differ | None]) -> Differ | None:
+    """Where the keys of `got`, a value read back, are not those of `sent`, a value declared
+    `tp` (a `_Refused` naming the place), or None if they are; None for a type without keys to
+    convert."""
+    if not _converts_keys(tp, set()):
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _differ(args[0], building)
+    if isinstance(tp, typing.NewType):
+        return _differ(tp.__supertype__, building)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [d for a in args if (d := _differ(a, building)) is not None]
+
+        def union(sent: Any, got: Any) -> _Refused | None:
+            for arm in arms:
+                problem = arm(sent, got)
+                if problem is not None:
+                    return problem
+            return None
+
+        return union
+    if origin in _SEQUENCES:
+        variadic = not (origin is tuple and not (len(args) == 2 and args[1] is Ellipsis))
+        items = [_differ(a, building) for a in (args[:1] if variadic else args)]
+
+        def sequence(sent: Any, got: Any) -> _Refused | None:
+            if not isinstance(sent, list | tuple) or not isinstance(got, list | tuple):
+                return None
+            for index, (one, other) in enumerate(zip(sent, got, strict=False)):
+                differ = items[0] if variadic else items[index] if index < len(items) else None
+                problem = differ(one, other) if differ is not None else None
+                if problem is not None:
+                    return problem.within(f"[{index}]")
+            return None
+
+        return sequence
+    if origin in _MAPPINGS:
+        return _mapping_differ(args, building)
+    if origin is not None:
+        return _differ(origin, building)
+    if tp in building:  # contains itself: the one being built, looked up when used
+        return lambda sent, got: _late(building, tp)(sent, got)
+    building[tp] = None
+    annotations = _field_annotations(tp) or {}
+    fields = [(name, d) for name, a in annotations.items() if (d := _differ(a, building))]
+
+    def instance(sent: Any, got: Any) -> _Refused | None:
+        for name, differ in fields:
+            problem = differ(getattr(sent, name, None), getattr(got, name, None))
+            if problem is not None:
+                return problem.within(f".{name}")
+        return None
+
+    building[tp] = instance
+    return instance
+
+
+def _late(building: dict[type[Any], Differ | None], tp: type[Any]) -> Differ:
+    differ = building[tp]
+    if differ is None:  # cannot be: comparing starts once the outer one is built
+        raise RuntimeError(f"the comparison of {type_name(tp)} is not built yet")
+    return differ
+
+
+def _mapping_differ(
+    args: tuple[Any, ...], building: dict[type[Any], Differ | None]
+) -> Differ | None:
+    text = _text_keys(args[0])
+    items = _differ(args[1], building) if len(args) > 1 else None
+
+    def mapping(sent: Any, got: Any) -> _Refused | None:
+        if not isinstance(sent, Mapping) or not isinstance(got, Mapping):
+            return None
+        if not text:
+            for key in sent:
+                if isinstance(key, float) and not math.isfinite(key):
+                    return _Refused(f"key {key!r} is {_NOT_A_NUMBER}")
+        if len(got) != len(sent):
+            return _Refused(
+                f"{len(sent)} keys sent, {len(got)} read back: keys were written as one JSON "
+                "object key"
+            )
+        for (key, item), (back, again) in zip(sent.items(), got.items(), strict=True):
+            if not text and not _same_key(back, key):
+                return _Refused(
+                    f"key {_shown(key)} ({type(key).__qualname__}) is read back as "
+                    f"{_shown(back)} ({type(back).__qualname__})"
+                )
+            if items is not None:
+                problem = items(item, again)
+                if problem is not None:
+                    return problem.within(_step(back))
+        return None
+
+    return mapping
+
+
+def _step(key: Any) -> str:
+    """A path's step to the value of `key`: `.1`, as the reader's paths go."""
+    try:
+        return f".{_key_text(key)}"
+    except _Refused:
+        return f"[{_shown(key)}]"
 
 
 # -- JSON Schema -----------------------------------------------------------------------------

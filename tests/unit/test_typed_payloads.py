@@ -798,6 +798,69 @@ def test_a_union_of_mappings_a_json_object_cannot_tell_apart_is_refused() -> Non
         Topic("ambiguous", Ambiguous)
 
 
+class Level(enum.Enum):
+    LOW = 1
+
+
+class KeyedModel(pydantic.BaseModel):
+    counts: dict[int, str] = {}
+    flags: dict[bool, str] = {}
+    ids: dict[UUID, int] = {}
+    nested: dict[int, list[dict[bool, int]]] = {}
+    ratios: dict[float, int] = {}
+    levels: dict[Level, int] = {}
+    either: dict[int | str, int] = {}
+
+
+def test_a_models_keys_round_trip_by_its_own_rules() -> None:
+    model = KeyedModel(
+        counts={1: "a"}, flags={False: "f"}, ids={UUID(int=2): 1}, nested={3: [{True: 1}]}
+    )
+    wire = encode(model)
+    assert wire["counts"] == {"1": "a"} and wire["flags"] == {"false": "f"}
+    assert decoder(KeyedModel)(wire) == model
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            KeyedModel(levels={Level.LOW: 1}),
+            "payload: KeyedModel's own validation refuses what it wrote",
+        ),
+        (KeyedModel(either={1: 1}), "payload.either: key 1 (int) is read back as '1' (str)"),
+        (KeyedModel(ratios={float("nan"): 1}), "payload.ratios: key nan is not a JSON number"),
+        (KeyedModel(ratios={float("inf"): 1}), "payload.ratios: key inf is not a JSON number"),
+        (KeyedModel(either={1: 1, "1": 2}), "payload.either: 2 keys sent, 1 read back"),
+    ],
+)
+def test_send_refuses_a_model_whose_keys_it_would_not_read_back(
+    model: pydantic.BaseModel, message: str
+) -> None:
+    with pytest.raises(SerializationError) as info:
+        json_serializer.dumps(model)
+    assert message in str(info.value)
+    with pytest.raises(SerializationError) as info:
+        json_serializer.dumps({"inside": [model]})
+    assert message.replace("payload", "payload.inside[0]", 1) in str(info.value)
+
+
+class AliasedModel(pydantic.BaseModel):
+    counts: dict[int, str] = pydantic.Field(alias="Counts")
+
+
+class NamedModel(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(populate_by_name=True)
+    counts: dict[int, str] = pydantic.Field(alias="Counts")
+
+
+def test_a_model_with_aliases_reads_back_or_is_refused() -> None:
+    with pytest.raises(SerializationError, match="AliasedModel's own validation refuses"):
+        json_serializer.dumps(AliasedModel(Counts={1: "a"}))
+    named = NamedModel(Counts={1: "a"})
+    assert decoder(NamedModel)(encode(named)) == named
+
+
 def test_keys_of_a_dataclass_local_to_a_function_are_written_by_their_type() -> None:
     """A Topic resolves its payload's annotations with the names where it is declared."""
 
