@@ -1401,8 +1401,10 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
             }
         return {"type": "array", "items": _schema(args[0], seen) if args else {}}
     if origin in _MAPPINGS:
+        keys = _key_schema(args[0]) if args else None
         return {
             "type": "object",
+            **({"propertyNames": keys} if keys is not None else {}),
             "additionalProperties": _schema(args[1], seen) if len(args) > 1 else {},
         }
     if origin is not None:
@@ -1437,6 +1439,45 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
     return _scalar_schema(tp)
 
 
+_DECIMAL_PATTERN = r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
+
+
+def _key_schema(tp: Any) -> dict[str, Any] | None:
+    """The schema of the text of keys declared `tp` (for `propertyNames`); None for any text."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _key_schema(args[0])
+    if isinstance(tp, typing.NewType):
+        return _key_schema(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [_key_schema(a) for a in args]
+        return None if any(a is None for a in arms) else {"anyOf": arms}
+    if origin is typing.Literal:
+        return {"enum": list(_key_table(args))}
+    if not isinstance(tp, type):
+        return None
+    if tp is type(None):
+        return {"const": "null"}
+    if issubclass(tp, enum.Enum):
+        return {"enum": list(_key_table(tp))}
+    if issubclass(tp, bool):
+        return {"enum": ["true", "false"]}
+    if issubclass(tp, int):
+        return {"pattern": f"^{_INTEGER.pattern}$"}
+    if issubclass(tp, float):
+        return {"pattern": f"^{_NUMBER.pattern}$"}
+    if issubclass(tp, Decimal):
+        return {"pattern": _DECIMAL_PATTERN}
+    if issubclass(tp, str):
+        return None
+    schema = _scalar_schema(tp)
+    schema.pop("type", None)
+    return schema or None
+
+
 def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
     if issubclass(tp, bool):
         return {"type": "boolean"}
@@ -1457,7 +1498,7 @@ def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
     if issubclass(tp, time):
         return {"type": "string", "format": "time"}
     if issubclass(tp, Decimal):
-        return {"type": "string", "pattern": r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"}
+        return {"type": "string", "pattern": _DECIMAL_PATTERN}
     if issubclass(tp, bytes | bytearray):
         return {"type": "string", "contentEncoding": "base64"}
     return {}

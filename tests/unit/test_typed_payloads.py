@@ -30,7 +30,7 @@ from outbox import (
     SerializationError,
     Topic,
 )
-from outbox.core.codecs import PayloadInvalid, decoder
+from outbox.core.codecs import PayloadInvalid, decoder, json_schema
 
 if TYPE_CHECKING:
     import psycopg  # only for annotations: a handler's other annotations are not resolved
@@ -796,6 +796,25 @@ def test_a_union_of_mappings_a_json_object_cannot_tell_apart_is_refused() -> Non
         ConfigurationError, match=r"Ambiguous\.either: dict\[int, str\] \| dict\[str, int\]"
     ):
         Topic("ambiguous", Ambiguous)
+
+
+def test_the_json_schema_names_the_keys_of_a_mapping() -> None:
+    properties = json_schema(Keyed)["properties"]
+    integer = {"pattern": "^-?[0-9]+$"}
+    assert properties["counts"] == {
+        "type": "object",
+        "propertyNames": integer,
+        "additionalProperties": {"type": "string"},
+    }
+    assert properties["flags"]["propertyNames"] == {"enum": ["true", "false"]}
+    assert properties["ratios"]["propertyNames"]["pattern"].startswith("^-?")
+    assert properties["ids"]["propertyNames"] == {"format": "uuid"}
+    assert properties["days"]["propertyNames"] == {"format": "date"}
+    assert properties["colours"]["propertyNames"] == {"enum": ["red", "2"]}
+    assert properties["sizes"]["propertyNames"] == {"enum": ["s", "1", "null"]}
+    assert properties["maybe"]["propertyNames"] == {"anyOf": [integer, {"const": "null"}]}
+    assert "propertyNames" not in properties["pair"]["prefixItems"][1]
+    assert "propertyNames" not in json_schema(Shape)["properties"]["labels"]
 
 
 class Level(enum.Enum):
