@@ -8,6 +8,7 @@ import enum
 import json
 import math
 import threading
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -17,12 +18,16 @@ from uuid import UUID, uuid4
 import psycopg
 import pydantic
 import pytest
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from outbox import Broker, Handlers, InboxMessage, Message, SerializationError, Topic
 from outbox.postgres.migrate import sqlalchemy_url
+from outbox.testing.memory import InMemoryTransport
 from outbox.testing.plugin import Drain
+from tests.typed_support import payloads
 
 from .relay_helpers import count
 
@@ -532,3 +537,44 @@ def test_a_key_that_would_not_read_back_is_refused_before_anything_is_written(
             broker.send(conn, topic, payload)
         broker.send(conn, "orders.plain", {"ok": True})  # the transaction goes on
     assert count(outbox_database_url) == (1 if fragment else 2)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],  # no "explain": slow
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,  # one database for the test, emptied per example
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(batch=st.lists(payloads(hostile=True) | payloads(models=True), min_size=1, max_size=3))
+def test_generated_payloads_are_refused_at_send_or_handled_unchanged(
+    outbox_database_url: str, outbox_drain: Drain, batch: list[tuple[type[Any], Any]]
+) -> None:
+    """Generated dataclasses and models (tests/typed_support.py), sent in one transaction:
+    each is refused by send, writing nothing, or handled as an equal value."""
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM outbox.producer_queue")
+        conn.execute("DELETE FROM outbox.consumer_queue")
+    received = Received()
+    handlers = Handlers()
+    expected: dict[str, Any] = {}
+    with psycopg.connect(outbox_database_url) as conn, conn.transaction():
+        for payload_type, payload in batch:
+            topic = Topic(f"generated.{uuid.uuid4().hex}", payload_type)
+            handlers.handler(topic)(lambda message, conn: received.add(message))
+            try:
+                broker.send(conn, topic, payload)
+            except SerializationError as exc:
+                assert str(exc).startswith(f"payload for topic {topic.name!r}: payload"), exc
+                event("refused at send")
+                continue
+            event("sent")
+            expected[topic.name] = payload
+    assert count(outbox_database_url) == len(expected)
+    result = outbox_drain(handlers, transport=InMemoryTransport())
+    assert result.dead == (), "\n".join(map(str, result.dead))
+    assert {m.topic: m.payload for m in received.messages} == expected
