@@ -9,25 +9,38 @@ lose digits); Enum -> its value; dataclass -> an object of its fields; pydantic 
 (its order is not defined: send a sorted list). Anything else is refused with its path, e.g.
 `payload.items[2].price: object of type Foo is not JSON-encodable`.
 
+Mapping keys (JSON object keys are text): a key is written as json.dumps writes it (int
+`"1"`, float by `repr`, `"true"`/`"false"`, `"null"`) or as its value is written (Decimal,
+UUID, datetime, date, time, bytes, an Enum by its value). A dataclass field's keys are read back
+by their declared type (`dict[int, str]` gives int keys), so a dataclass declaring keys that
+are not text is checked when it is encoded: each key must read back as itself (a NaN, a naive
+datetime, `True` for an int, `"1"` for `int | str` are refused, naming the field); a key type
+with no text form (`tuple[int, int]`) is refused when the `Topic` is declared or the handler
+registered. A pydantic model with such keys is checked by its own validation when it is
+encoded: what it writes must read back with the same keys.
+
 Decoding (`decoder(type)`): a pydantic model by `model_validate` (its own config decides
 extra fields: pydantic ignores them by default); a dataclass by outbox's own converter, with or
 without pydantic installed, so that a message reads the same everywhere: fields by name,
 unknown fields ignored, defaults for missing optional fields, nested dataclasses, and
-UUID/datetime/date/time/Decimal/Enum/bytes converted back from their encoding above.
+UUID/datetime/date/time/Decimal/Enum/bytes converted back from their encoding above, mapping
+keys too.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import enum
 import math
+import re
 import sys
 import types
 import typing
 from collections import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime, time
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -42,6 +55,7 @@ __all__ = [
     "describe_unencodable",
     "is_model",
     "json_schema",
+    "prepare",
     "to_json",
     "type_name",
 ]
@@ -110,9 +124,19 @@ def to_json(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        for name, write in _encoding(type(value)):
+            try:
+                fields[name] = write(fields[name])
+            except _Refused as exc:
+                raise exc.within(f".{name}") from None
+        return fields
     if is_model(type(value)):
-        return value.model_dump(mode="json")
+        dumped = value.model_dump(mode="json")
+        check = _model_check(type(value))
+        if check is not None:
+            check(value, dumped)
+        return dumped
     if isinstance(value, set | frozenset):
         raise TypeError(
             f"a {type(value).__name__} is refused in JSON: its order is not defined; send a "
@@ -134,12 +158,14 @@ def describe_unencodable(payload: Any) -> str:
 
 
 def _find(value: Any, path: str, seen: set[int]) -> str | None:
-    if value is None or isinstance(value, str | bool | int):
+    if value is None or isinstance(value, str | bool):
         return None
+    if isinstance(value, int):
+        return _too_long(value, path)
     if isinstance(value, float):
         if math.isfinite(value):
             return None
-        return f"{path}: {value!r} is not a JSON number (NaN and infinities are refused)"
+        return f"{path}: {value!r} is {_NOT_A_NUMBER}"
     if isinstance(value, dict | list | tuple):
         if id(value) in seen:
             return f"{path}: circular reference"
@@ -149,9 +175,13 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
                 for k, item in value.items():
                     if not (k is None or isinstance(k, str | int | float | bool)):
                         return (
-                            f"{path}: key {k!r} of type {type(k).__qualname__} is refused "
-                            "(object keys must be str, int, float, bool or None)"
+                            f"{path}: key {_shown(k)} of type {type(k).__qualname__} is "
+                            "refused (object keys must be str, int, float, bool or None)"
                         )
+                    if isinstance(k, float) and not math.isfinite(k):
+                        return f"{path}: key {k!r} is {_NOT_A_NUMBER}"
+                    if isinstance(k, int) and not isinstance(k, bool) and _too_long(k, ""):
+                        return f"{path}: key {_shown(k)} {_long()}"
                     found = _find(
                         item, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]", seen
                     )
@@ -167,6 +197,8 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
         return None
     try:
         converted = to_json(value)
+    except _Refused as exc:
+        return f"{path}{exc.where}: {exc.reason}"
     except TypeError as exc:
         return f"{path}: {exc}"
     except Exception as exc:  # a model_dump that raises: its own error
@@ -180,6 +212,63 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
         return _find(converted, path, seen)
     finally:
         seen.discard(id(value))
+
+
+_NOT_A_NUMBER = "not a JSON number (NaN and infinities are refused)"
+
+
+def _long() -> str:
+    return (
+        f"is longer than the {sys.get_int_max_str_digits()} digits Python writes or reads "
+        "(sys.set_int_max_str_digits)"
+    )
+
+
+def _too_long(value: int, path: str) -> str | None:
+    """Why an int cannot be written in decimal (more digits than Python converts), or None."""
+    limit = sys.get_int_max_str_digits()
+    if not limit or value.bit_length() <= 3 * limit:  # surely writable: no text built
+        return None
+    try:
+        int.__repr__(value)
+    except ValueError:
+        return f"{path}: {_shown(value)} {_long()}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)` for messages, at most 80 characters (an int too long for decimal text is
+    described)."""
+    try:
+        shown = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        digits = math.floor(math.log10(abs(value))) + 1
+        shown = f"<an int of {digits} digits>"
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+class _Refused(TypeError):
+    """A value that `to_json` refuses to write: `reason`, and `where` inside the value that
+    raised it (`.counts`, `[2]`), which `describe_unencodable` puts after the path it found."""
+
+    def __init__(self, reason: str, where: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.where = where
+
+    def within(self, segment: str) -> _Refused:
+        """The same refusal, one level out (`segment` is the level's own step)."""
+        self.where = segment + self.where
+        return self
+
+    def __str__(self) -> str:
+        return f"{self.where.lstrip('.')}: {self.reason}" if self.where else self.reason
+
+
+class _TypeRefused(ConfigurationError):
+    """A declared type outbox cannot write so that it reads back (a key type with no text
+    form, a union a JSON value could be read back as two ways): the dataclass field that
+    declares it is put in front."""
 
 
 # -- decoding --------------------------------------------------------------------------------
@@ -202,11 +291,14 @@ def decoder(payload_type: type[Any], localns: Mapping[str, Any] | None = None) -
 
 @dataclasses.dataclass
 class _Context:
-    """What building one decoder shares: where names resolve, and the dataclasses being built
-    (a dataclass that contains itself refers to its own converter, late)."""
+    """What building one decoder (or one encoding) shares: where names resolve, and the
+    dataclasses being built (a dataclass that contains itself refers to its own converter,
+    late); `declaring`: built for a `Topic` being declared, not for a send."""
 
     localns: Mapping[str, Any] | None
     building: dict[type[Any], Convert | None] = dataclasses.field(default_factory=dict)
+    encoding: set[type[Any]] = dataclasses.field(default_factory=set)
+    declaring: bool = False
 
 
 def _build(payload_type: type[Any], localns: Mapping[str, Any] | None) -> Decode:
@@ -245,10 +337,7 @@ _MAPPINGS = {dict, abc.Mapping, abc.MutableMapping}
 
 
 def _fail(path: str, expected: str, data: Any) -> PayloadInvalid:
-    shown = repr(data)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return PayloadInvalid(f"{path}: expected {expected}, got {type(data).__name__} {shown}")
+    return PayloadInvalid(f"{path}: expected {expected}, got {type(data).__name__} {_shown(data)}")
 
 
 def _converter(tp: Any, ctx: _Context) -> Convert:
@@ -317,13 +406,16 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
 
         return sequence
     if origin in _MAPPINGS:
-        key = _converter(args[0], ctx) if args else _converter(Any, ctx)
+        key = _key_converter(args[0], ctx) if args else _converter(Any, ctx)
         value = _converter(args[1], ctx) if len(args) > 1 else _converter(Any, ctx)
 
         def mapping(data: Any, path: str) -> Any:
             if not isinstance(data, dict):
                 raise _fail(path, "an object", data)
-            return {key(k, path): value(v, f"{path}.{k}") for k, v in data.items()}
+            result = {key(k, path): value(v, f"{path}.{k}") for k, v in data.items()}
+            if len(result) < len(data):  # "1" and "01" for an int: refused, not one dropped
+                raise _merged(data, key, path)
+            return result
 
         return mapping
     if origin is not None:
@@ -347,6 +439,17 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
 
         return model
     return _scalar_converter(tp)
+
+
+#: The types read from a JSON string, each with its parser.
+_PARSERS: dict[type[Any], Callable[[str], Any]] = {
+    UUID: UUID,
+    datetime: datetime.fromisoformat,
+    date: date.fromisoformat,
+    time: time.fromisoformat,
+    Decimal: Decimal,
+    bytes: lambda s: base64.b64decode(s, validate=True),
+}
 
 
 def _scalar_converter(tp: type[Any]) -> Convert:
@@ -393,15 +496,7 @@ def _scalar_converter(tp: type[Any]) -> Convert:
                 raise _fail(path, f"a {name} ({values})", data) from None
 
         return member
-    parsers: dict[type[Any], Callable[[str], Any]] = {
-        UUID: UUID,
-        datetime: datetime.fromisoformat,
-        date: date.fromisoformat,
-        time: time.fromisoformat,
-        Decimal: Decimal,
-        bytes: lambda s: base64.b64decode(s, validate=True),
-    }
-    for base, parse in parsers.items():
+    for base, parse in _PARSERS.items():
         if issubclass(tp, base) and (base is not date or not issubclass(tp, datetime)):
             return _parsed(tp, base, parse)
     if tp in (type(None),):
@@ -467,13 +562,18 @@ def _dataclass_converter(tp: type[Any], ctx: _Context) -> Convert:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(f.name)
     try:
-        hints = typing.get_type_hints(tp, localns=dict(ctx.localns or {}))
+        hints = _resolve(tp, ctx.localns)
     except Exception as exc:
         raise ConfigurationError(
             f"cannot resolve the annotations of {tp.__module__}.{tp.__qualname__} "
             f"({type(exc).__name__}: {exc}): outbox converts a payload by its fields' types"
         ) from exc
-    converters = {f.name: _converter(hints.get(f.name, Any), ctx) for f in fields}
+    converters = {}
+    for f in fields:
+        try:
+            converters[f.name] = _converter(hints.get(f.name, Any), ctx)
+        except _TypeRefused as exc:
+            raise ConfigurationError(f"{name}.{f.name}: {exc}") from None
 
     def build(data: Any, path: str) -> Any:
         if not isinstance(data, dict):
@@ -502,6 +602,763 @@ def _built(ctx: _Context, tp: type[Any]) -> Convert:
     if convert is None:  # cannot happen: decoding starts once the outer converter is built
         raise RuntimeError(f"the converter of {type_name(tp)} is not built yet")
     return convert
+
+
+# -- mapping keys ----------------------------------------------------------------------------
+#
+# A JSON object key is text. A key is written as json.dumps writes it (str; int in decimal;
+# float by repr, which reads back exactly; "true"/"false"; "null") or as its value is written
+# (Decimal, UUID, datetime, date, time, bytes; an Enum by its value), and read back as the key
+# type declared. The writer checks that each key reads back as itself, so what cannot is
+# refused before anything is written; the reader refuses keys that are not of their type, and
+# two keys read as one ("1" and "01" for an int).
+
+_INTEGER = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_KEY_TYPES = (
+    "JSON object keys are text, which outbox reads back as str, int, float, bool, None, "
+    "Decimal, UUID, datetime, date, time, bytes, an Enum or a Literal of these, or a union of "
+    "them"
+)
+_hints: dict[type[Any], dict[str, Any]] = {}
+
+
+def _resolve(tp: type[Any], localns: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A dataclass's resolved field annotations (`typing.get_type_hints`), kept once found: the
+    encoding uses what a handler's registration or a Topic resolved with local names."""
+    found = _hints.get(tp)
+    if found is None:
+        found = typing.get_type_hints(tp, localns=dict(localns or {}))
+        _hints[tp] = found
+        _unresolved.discard(tp)
+    return found
+
+
+def _annotation_name(tp: Any) -> str:
+    """An annotation as written: `dict[int, str] | None`, `Literal['a', 1]`."""
+    if tp is type(None) or tp is None:
+        return "None"
+    if tp is Ellipsis:
+        return "..."
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return " | ".join(_annotation_name(a) for a in args)
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if origin is typing.Annotated:
+        return _annotation_name(args[0])
+    if origin is not None:
+        base = _annotation_name(origin)
+        return f"{base}[{', '.join(_annotation_name(a) for a in args)}]" if args else base
+    if isinstance(tp, type):
+        return tp.__qualname__
+    return str(getattr(tp, "__name__", None) or repr(tp))
+
+
+def _key_text(key: Any) -> str:
+    """The JSON object key `key` is written as; `_Refused` if it has none."""
+    if isinstance(key, enum.Enum):
+        try:
+            return _key_text(key.value)
+        except _Refused:
+            raise _Refused(
+                f"key {_shown(key)}: the value of a {type(key).__qualname__} has no JSON form "
+                "as an object key"
+            ) from None
+    if isinstance(key, str):
+        return str.__str__(key)
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        if _too_long(key, ""):
+            raise _Refused(f"key {_shown(key)} {_long()}")
+        return int.__repr__(key)
+    if isinstance(key, float):
+        if not math.isfinite(key):
+            raise _Refused(f"key {key!r} is {_NOT_A_NUMBER}")
+        return float.__repr__(key)
+    if isinstance(key, Decimal) and key.is_nan():
+        raise _Refused(
+            f"key {key!r} is refused: a NaN is not equal to itself, so no one could look it up"
+        )
+    if isinstance(key, Decimal | UUID | date | time | bytes):
+        try:
+            text: str = to_json(key)
+        except TypeError as exc:  # a naive datetime
+            raise _Refused(f"key {_shown(key)}: {exc}") from None
+        return text
+    raise _Refused(
+        f"key {_shown(key)} of type {type(key).__qualname__} has no JSON form (object keys are "
+        "text)"
+    )
+
+
+def _same_key(back: Any, key: Any) -> bool:
+    """True if `back`, read from the text of `key`, is `key`: equal, and of the same kind (a
+    bool is not an int, a str not a number, a Decimal not a float, although Python finds them
+    equal: a reader would get another value)."""
+    if isinstance(back, bool) or isinstance(key, bool):
+        return isinstance(back, bool) and isinstance(key, bool) and back == key
+    if isinstance(back, str) or isinstance(key, str):
+        return isinstance(back, str) and isinstance(key, str) and back == key
+    if isinstance(back, int | float) or isinstance(key, int | float):
+        return isinstance(back, int | float) and isinstance(key, int | float) and back == key
+    return bool((isinstance(back, type(key)) or isinstance(key, type(back))) and back == key)
+
+
+def _key_fail(path: str, key: Any, expected: str) -> PayloadInvalid:
+    return PayloadInvalid(f"{path}: key {_shown(key)} is not {expected}")
+
+
+def _merged(data: dict[Any, Any], key: Convert, path: str) -> PayloadInvalid:
+    """The error for two keys of `data` that read as one."""
+    seen: dict[Any, Any] = {}
+    for text in data:
+        value = key(text, path)
+        first = seen.setdefault(value, text)
+        if first is not text:
+            return PayloadInvalid(
+                f"{path}: keys {_shown(first)} and {_shown(text)} are both read as {_shown(value)}"
+            )
+    return PayloadInvalid(f"{path}: two keys are read as one")
+
+
+def _key_table(values: Iterable[Any]) -> dict[str, Any]:
+    """{text: value} for the values that have a key text (the first of two with one text)."""
+    table: dict[str, Any] = {}
+    for value in values:
+        with contextlib.suppress(_Refused):  # no text: never read back, refused when written
+            table.setdefault(_key_text(value), value)
+    return table
+
+
+def _key_choice(table: Mapping[str, Any], expected: str, value: Convert) -> Convert:
+    def choice(key: Any, path: str) -> Any:
+        if not isinstance(key, str):
+            return value(key, path)
+        try:
+            return table[key]
+        except KeyError:
+            raise _key_fail(path, key, expected) from None
+
+    return choice
+
+
+def _key_converter(tp: Any, ctx: _Context) -> Convert:
+    """A converter for the keys of a mapping declared with key type `tp`: text read as `tp` (a
+    key of another JSON type, which a serializer other than JSON may give, is converted as a
+    value). `_TypeRefused` if `tp` has no text form."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return lambda key, path: key
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _key_converter(args[0], ctx)
+    if isinstance(tp, typing.NewType):
+        return _key_converter(tp.__supertype__, ctx)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [_key_converter(a, ctx) for a in args]
+        names = _annotation_name(tp)
+
+        def union(key: Any, path: str) -> Any:
+            for arm in arms:
+                try:
+                    return arm(key, path)
+                except PayloadInvalid:
+                    pass
+            raise _key_fail(path, key, names)
+
+        return union
+    if origin is typing.Literal:
+        table = _key_table(args)
+        return _key_choice(table, f"one of {tuple(table)!r}", _converter(tp, ctx))
+    if origin is not None or not isinstance(tp, type):
+        raise _TypeRefused(
+            f"a dict key of type {_annotation_name(tp)} has no JSON form: {_KEY_TYPES}"
+        )
+    value = _converter(tp, ctx)
+    if tp is type(None):
+        return _key_choice({"null": None}, "null", value)
+    if issubclass(tp, enum.Enum):
+        table = _key_table(tp)
+        return _key_choice(table, f"a {tp.__qualname__} ({', '.join(map(repr, table))})", value)
+    if tp is bool:
+        return _key_choice({"true": True, "false": False}, "true or false", value)
+    name = type_name(tp)
+    if issubclass(tp, int | float | str):
+        pattern: re.Pattern[str] | None
+        base: type[Any]
+        if issubclass(tp, int):
+            pattern, base, expected = _INTEGER, int, "an integer"
+        elif issubclass(tp, float):
+            pattern, base, expected = _NUMBER, float, "a number"
+        else:
+            pattern, base, expected = None, str, "a string"
+
+        def scalar(key: Any, path: str) -> Any:
+            if not isinstance(key, str):
+                return value(key, path)
+            if pattern is not None and not pattern.fullmatch(key):
+                raise _key_fail(path, key, expected)
+            try:
+                result = base(key)
+                if base is float and not math.isfinite(result):
+                    raise ValueError("not finite")
+                return result if tp is base else tp(result)
+            except (TypeError, ValueError):  # too many digits; a subclass that refuses
+                raise _key_fail(path, key, expected if tp is base else f"a {name}") from None
+
+        return scalar
+    for base_type, parse in _PARSERS.items():
+        if issubclass(tp, base_type) and (base_type is not date or not issubclass(tp, datetime)):
+            return _parsed_key(tp, base_type, parse, value)
+    raise _TypeRefused(f"a dict key of type {_annotation_name(tp)} has no JSON form: {_KEY_TYPES}")
+
+
+def _parsed_key(
+    tp: type[Any], base: type[Any], parse: Callable[[str], Any], value: Convert
+) -> Convert:
+    expected = f"a {type_name(tp)}"
+
+    def parsed(key: Any, path: str) -> Any:
+        if not isinstance(key, str):
+            return value(key, path)
+        try:
+            result = parse(key)
+        except (ValueError, InvalidOperation, binascii.Error):
+            raise _key_fail(path, key, expected) from None
+        if base is datetime and (result.tzinfo is None or result.utcoffset() is None):
+            raise _key_fail(path, key, "a datetime with a time zone")
+        return result
+
+    return parsed
+
+
+def _text_keys(tp: Any) -> bool:
+    """True if keys declared `tp` are read back as the very text JSON has: nothing to write
+    beyond what json.dumps does (str, a subclass of str, Any, a Literal of strings)."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return True
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _text_keys(args[0])
+    if isinstance(tp, typing.NewType):
+        return _text_keys(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType:
+        return all(_text_keys(a) for a in args)
+    if origin is typing.Literal:
+        return all(isinstance(a, str) and not isinstance(a, enum.Enum) for a in args)
+    return isinstance(tp, type) and issubclass(tp, str) and not issubclass(tp, enum.Enum)
+
+
+# -- writing what a dataclass declares ------------------------------------------------------
+
+Encode = Callable[[Any], Any]
+_encodings: dict[type[Any], tuple[tuple[str, Encode], ...]] = {}
+_unresolved: set[type[Any]] = set()
+
+
+def prepare(payload_type: type[Any] | None, localns: Mapping[str, Any] | None = None) -> None:
+    """Build now what encoding `payload_type` needs (a `Topic` does when it is declared), so
+    that a key type with no text form, or a union of mappings a JSON object cannot tell apart,
+    is a `ConfigurationError` before anything is sent. Annotations that cannot be resolved
+    (names local to a function, not in `localns`) are left for later: until a handler's
+    registration resolves them, such a dataclass's keys are written as json.dumps writes them."""
+    if payload_type is None:
+        return
+    if dataclasses.is_dataclass(payload_type):
+        if payload_type not in _encodings:  # unresolved: the first send tries again
+            _build_encoding(payload_type, _Context(localns, declaring=True))
+    elif is_model(payload_type):
+        _model_check(payload_type)
+
+
+def _encoding(tp: type[Any]) -> tuple[tuple[str, Encode], ...]:
+    """The fields of dataclass `tp` that `to_json` writes beyond taking them as they are (their
+    mappings have keys to write, here or nested), each with its writer."""
+    found = _encodings.get(tp)
+    if found is not None:
+        return found
+    if tp in _unresolved:
+        return ()
+    try:
+        return _build_encoding(tp, _Context(None))
+    except ConfigurationError as exc:
+        raise _Refused(str(exc)) from None
+
+
+def _build_encoding(tp: type[Any], ctx: _Context) -> tuple[tuple[str, Encode], ...]:
+    if tp in ctx.encoding:  # contains itself: each instance is its own to_json call
+        return ()
+    ctx.encoding.add(tp)
+    try:
+        hints = _resolve(tp, ctx.localns)
+    except Exception:
+        if not ctx.declaring:  # not tried again at each send: until a handler resolves it
+            _unresolved.add(tp)
+        return ()
+    plan = []
+    for f in dataclasses.fields(tp):
+        try:
+            write = _writer(hints.get(f.name, Any), ctx)
+        except _TypeRefused as exc:
+            raise ConfigurationError(f"{type_name(tp)}.{f.name}: {exc}") from None
+        if write is not None:
+            plan.append((f.name, write))
+    found = tuple(plan)
+    _encodings[tp] = found
+    return found
+
+
+def _writer(tp: Any, ctx: _Context) -> Encode | None:
+    """How `to_json` writes a value declared `tp` beyond what json.dumps does by itself, or None
+    when nothing more is needed (no mapping with keys to write inside). A nested dataclass is
+    written by its own `to_json` call: its encoding is only built here, to refuse now."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _writer(args[0], ctx)
+    if isinstance(tp, typing.NewType):
+        return _writer(tp.__supertype__, ctx)
+    if origin is typing.Union or origin is types.UnionType:
+        return _union_writer(tp, ctx)
+    if origin is typing.Literal:
+        return None
+    if origin in _SEQUENCES:
+        return _sequence_writer(origin, args, ctx)
+    if origin in _MAPPINGS:
+        return _mapping_writer(args, ctx)
+    if origin is not None:
+        return _writer(origin, ctx)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp not in _encodings:
+        _build_encoding(tp, ctx)
+    return None
+
+
+def _mapping_writer(args: tuple[Any, ...], ctx: _Context) -> Encode | None:
+    key_type = args[0] if args else Any
+    write_item = _writer(args[1], ctx) if len(args) > 1 else None
+    keys = _plain_keys(key_type)
+    if keys == "any":
+        write_key = None
+    elif keys == "str":
+        write_key = _string_key(key_type)
+        if write_item is None:  # nothing to build: check the keys only
+            return _checking_keys(write_key)
+    else:
+        write_key = _key_writer(key_type, ctx)
+    if write_key is None and write_item is None:
+        return None
+
+    def mapping(value: Any) -> Any:
+        if not isinstance(value, Mapping):  # not what was declared: as json.dumps writes it
+            return value
+        result = {}
+        for key, item in value.items():
+            text = key
+            if write_key is not None:
+                text = write_key(key)
+                if text in result:  # cannot be: each key reads back as itself; never drop one
+                    raise _Refused(f"two keys are both written {text!r}")
+            if write_item is not None:
+                try:
+                    item = write_item(item)
+                except _Refused as exc:
+                    raise exc.within(f".{text}") from None
+            result[text] = item
+        return result
+
+    return mapping
+
+
+def _plain_keys(tp: Any) -> str | None:
+    """How keys declared `tp` are written: as json.dumps writes them, and read as that text, for
+    Any ("any"); as they are for str and its subclasses ("str"); else None: by `_key_writer`."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return "any"
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _plain_keys(typing.get_args(tp)[0])
+    if isinstance(tp, typing.NewType):
+        return _plain_keys(tp.__supertype__)
+    if isinstance(tp, type) and issubclass(tp, str) and not issubclass(tp, enum.Enum):
+        return "str"
+    return None
+
+
+def _string_key(tp: Any) -> Callable[[Any], str]:
+    """A key declared str must be one (an int would be read back as its text)."""
+    declared = _annotation_name(tp)
+
+    def string(key: Any) -> str:
+        if isinstance(key, str):
+            return key
+        raise _Refused(
+            f"key {_shown(key)} ({type(key).__qualname__}) would be written {_key_text(key)!r} "
+            f"and read back as a str: the declared key type is {declared}"
+        )
+
+    return string
+
+
+def _checking_keys(check: Callable[[Any], str]) -> Encode:
+    def keys(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            for key in value:
+                if type(key) is not str:
+                    check(key)
+        return value
+
+    return keys
+
+
+def _key_writer(tp: Any, ctx: _Context) -> Callable[[Any], str]:
+    """The text a key is written as, checked to read back as that very key (`_Refused` if not)."""
+    read = _key_converter(tp, ctx)
+    declared = _annotation_name(tp)
+    plain = tp if tp in (int, str) else None  # their text reads back exactly: no need to check
+
+    def write(key: Any) -> str:
+        text = _key_text(key)
+        if type(key) is plain:
+            return text
+        try:
+            back = read(text, "")
+        except PayloadInvalid:
+            raise _Refused(
+                f"key {_shown(key)} ({type(key).__qualname__}) would be written {text!r}, "
+                f"which the declared key type {declared} does not read"
+            ) from None
+        if not _same_key(back, key):
+            raise _Refused(
+                f"key {_shown(key)} ({type(key).__qualname__}) would be written {text!r} and "
+                f"read back as {_shown(back)} ({type(back).__qualname__}): the declared key "
+                f"type is {declared}"
+            )
+        return text
+
+    return write
+
+
+def _sequence_writer(origin: Any, args: tuple[Any, ...], ctx: _Context) -> Encode | None:
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        writers = [_writer(a, ctx) for a in args]
+        if all(w is None for w in writers):
+            return None
+
+        def fixed(value: Any) -> Any:
+            if not isinstance(value, list | tuple) or len(value) != len(writers):
+                return value
+            result = []
+            for index, (write, item) in enumerate(zip(writers, value, strict=True)):
+                if write is not None:
+                    try:
+                        item = write(item)
+                    except _Refused as exc:
+                        raise exc.within(f"[{index}]") from None
+                result.append(item)
+            return result
+
+        return fixed
+    write_item = _writer(args[0], ctx) if args else None
+    if write_item is None:
+        return None
+
+    def sequence(value: Any) -> Any:
+        if not isinstance(value, list | tuple):  # a set is refused by to_json
+            return value
+        result = []
+        for index, item in enumerate(value):
+            try:
+                result.append(write_item(item))
+            except _Refused as exc:
+                raise exc.within(f"[{index}]") from None
+        return result
+
+    return sequence
+
+
+def _union_writer(tp: Any, ctx: _Context) -> Encode | None:
+    """A union with a mapping (or a sequence of them) that has keys to write: the reader takes
+    the first type that accepts a JSON value, so the only one of the union a JSON object (or
+    array) can be read as must be that one, else `_TypeRefused`."""
+    args = typing.get_args(tp)
+    writers = [(arm, _writer(arm, ctx)) for arm in args]
+    if all(write is None for _, write in writers):
+        return None
+    by_kind: dict[str, Encode] = {}
+    for arm, write in writers:
+        if write is None:
+            continue
+        kinds = _json_kinds(arm)
+        for other in args:
+            shared = _json_kinds(other) & (kinds | {"any"}) if other is not arm else None
+            if shared:
+                raise _TypeRefused(
+                    f"{_annotation_name(tp)}: a JSON {'/'.join(sorted(kinds))} could be read "
+                    f"back as {_annotation_name(arm)} or as {_annotation_name(other)} (the first "
+                    "that accepts it is taken): declare one of them, or two fields"
+                )
+        for kind in kinds:
+            by_kind[kind] = write
+    write_object = by_kind.get("object")
+    write_array = by_kind.get("array")
+
+    def union(value: Any) -> Any:
+        if write_object is not None and isinstance(value, Mapping):
+            return write_object(value)
+        if write_array is not None and isinstance(value, list | tuple):
+            return write_array(value)
+        return value
+
+    return union
+
+
+_ANY_KIND = frozenset({"any"})
+
+
+def _json_kinds(tp: Any) -> frozenset[str]:
+    """The JSON types a value declared `tp` is read from ({"any"} when not known)."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return _ANY_KIND
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _json_kinds(args[0])
+    if isinstance(tp, typing.NewType):
+        return _json_kinds(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType:
+        return frozenset().union(*(_json_kinds(a) for a in args))
+    if origin is typing.Literal:
+        return frozenset().union(*(_value_kinds(a) for a in args))
+    if origin in _SEQUENCES:
+        return frozenset({"array"})
+    if origin in _MAPPINGS:
+        return frozenset({"object"})
+    if origin is not None:
+        return _json_kinds(origin)
+    if not isinstance(tp, type):
+        return _ANY_KIND
+    if tp is type(None):
+        return frozenset({"null"})
+    if issubclass(tp, enum.Enum):
+        return frozenset().union(*(_value_kinds(m.value) for m in tp)) or _ANY_KIND
+    if issubclass(tp, bool):
+        return frozenset({"boolean"})
+    if issubclass(tp, int | float):
+        return frozenset({"number"})
+    if issubclass(tp, Decimal):
+        return frozenset({"string", "number"})
+    if issubclass(tp, str | UUID | date | time | bytes | bytearray):
+        return frozenset({"string"})
+    if issubclass(tp, list | tuple | set | frozenset):
+        return frozenset({"array"})
+    if issubclass(tp, dict) or dataclasses.is_dataclass(tp) or is_model(tp):
+        return frozenset({"object"})
+    return _ANY_KIND
+
+
+def _value_kinds(value: Any) -> frozenset[str]:
+    if isinstance(value, enum.Enum):
+        return _value_kinds(value.value)
+    if value is None:
+        return frozenset({"null"})
+    if isinstance(value, bool):
+        return frozenset({"boolean"})
+    if isinstance(value, int | float):
+        return frozenset({"number"})
+    if isinstance(value, str):
+        return frozenset({"string"})
+    return _ANY_KIND
+
+
+# -- a model's keys, by its own validation -------------------------------------------------
+
+Check = Callable[[Any, Any], None]
+Differ = Callable[[Any, Any], "_Refused | None"]
+_model_checks: dict[type[Any], Check | None] = {}
+
+
+def _model_check(tp: type[Any]) -> Check | None:
+    """For a pydantic model with mappings whose keys are not text (nested too): a check that
+    what `model_dump(mode="json")` wrote reads back, by the model's own validation (the
+    handler's decoder), with the same keys. None for any other model: nothing to check."""
+    if tp in _model_checks:
+        return _model_checks[tp]
+    differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
+    check = None if differ is None else _checking(tp, differ)
+    if getattr(tp, "__pydantic_complete__", True):  # else its annotations may not be known yet
+        _model_checks[tp] = check
+    return check
+
+
+def _checking(tp: type[Any], differ: Differ) -> Check:
+    read = decoder(tp)
+    name = type_name(tp)
+
+    def check(value: Any, dumped: Any) -> None:
+        try:
+            back = read(dumped)
+        except Exception as exc:  # PayloadInvalid; whatever a validator raises
+            raise _Refused(
+                f"{name}'s own validation refuses what it wrote (model_dump(mode='json')): {exc}"
+            ) from None
+        problem = differ(value, back)
+        if problem is not None:
+            raise problem
+
+    return check
+
+
+def _converts_keys(tp: Any, seen: set[type[Any]]) -> bool:
+    """True if a value declared `tp` has, somewhere inside, a mapping whose keys are not text."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return False
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _converts_keys(args[0], seen)
+    if isinstance(tp, typing.NewType):
+        return _converts_keys(tp.__supertype__, seen)
+    if origin in _MAPPINGS:
+        return bool(args) and (not _text_keys(args[0]) or _converts_keys(args[1], seen))
+    if origin is not None:
+        return any(_converts_keys(a, seen) for a in args if a is not Ellipsis)
+    annotations = _field_annotations(tp)
+    if annotations is None or tp in seen:
+        return False
+    seen.add(tp)
+    return any(_converts_keys(a, seen) for a in annotations.values())
+
+
+def _field_annotations(tp: Any) -> dict[str, Any] | None:
+    """The fields of a model or a dataclass and their annotations; None for other types (and a
+    dataclass whose annotations cannot be resolved)."""
+    if not isinstance(tp, type):
+        return None
+    if is_model(tp):
+        fields: dict[str, Any] = getattr(tp, "model_fields")  # noqa: B009 - Any
+        return {name: info.annotation for name, info in fields.items()}
+    if dataclasses.is_dataclass(tp):
+        try:
+            hints = _resolve(tp, None)
+        except Exception:
+            return None
+        return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(tp)}
+    return None
+
+
+def _differ(tp: Any, building: dict[type[Any], Differ | None]) -> Differ | None:
+    """Where the keys of `got`, a value read back, are not those of `sent`, a value declared
+    `tp` (a `_Refused` naming the place), or None if they are; None for a type without keys to
+    convert."""
+    if not _converts_keys(tp, set()):
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _differ(args[0], building)
+    if isinstance(tp, typing.NewType):
+        return _differ(tp.__supertype__, building)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [d for a in args if (d := _differ(a, building)) is not None]
+
+        def union(sent: Any, got: Any) -> _Refused | None:
+            for arm in arms:
+                problem = arm(sent, got)
+                if problem is not None:
+                    return problem
+            return None
+
+        return union
+    if origin in _SEQUENCES:
+        variadic = not (origin is tuple and not (len(args) == 2 and args[1] is Ellipsis))
+        items = [_differ(a, building) for a in (args[:1] if variadic else args)]
+
+        def sequence(sent: Any, got: Any) -> _Refused | None:
+            if not isinstance(sent, list | tuple) or not isinstance(got, list | tuple):
+                return None
+            for index, (one, other) in enumerate(zip(sent, got, strict=False)):
+                differ = items[0] if variadic else items[index] if index < len(items) else None
+                problem = differ(one, other) if differ is not None else None
+                if problem is not None:
+                    return problem.within(f"[{index}]")
+            return None
+
+        return sequence
+    if origin in _MAPPINGS:
+        return _mapping_differ(args, building)
+    if origin is not None:
+        return _differ(origin, building)
+    if tp in building:  # contains itself: the one being built, looked up when used
+        return lambda sent, got: _late(building, tp)(sent, got)
+    building[tp] = None
+    annotations = _field_annotations(tp) or {}
+    fields = [(name, d) for name, a in annotations.items() if (d := _differ(a, building))]
+
+    def instance(sent: Any, got: Any) -> _Refused | None:
+        for name, differ in fields:
+            problem = differ(getattr(sent, name, None), getattr(got, name, None))
+            if problem is not None:
+                return problem.within(f".{name}")
+        return None
+
+    building[tp] = instance
+    return instance
+
+
+def _late(building: dict[type[Any], Differ | None], tp: type[Any]) -> Differ:
+    differ = building[tp]
+    if differ is None:  # cannot be: comparing starts once the outer one is built
+        raise RuntimeError(f"the comparison of {type_name(tp)} is not built yet")
+    return differ
+
+
+def _mapping_differ(
+    args: tuple[Any, ...], building: dict[type[Any], Differ | None]
+) -> Differ | None:
+    text = _text_keys(args[0])
+    items = _differ(args[1], building) if len(args) > 1 else None
+
+    def mapping(sent: Any, got: Any) -> _Refused | None:
+        if not isinstance(sent, Mapping) or not isinstance(got, Mapping):
+            return None
+        if not text:
+            for key in sent:
+                if isinstance(key, float) and not math.isfinite(key):
+                    return _Refused(f"key {key!r} is {_NOT_A_NUMBER}")
+        if len(got) != len(sent):
+            return _Refused(
+                f"{len(sent)} keys sent, {len(got)} read back: keys were written as one JSON "
+                "object key"
+            )
+        for (key, item), (back, again) in zip(sent.items(), got.items(), strict=True):
+            if not text and not _same_key(back, key):
+                return _Refused(
+                    f"key {_shown(key)} ({type(key).__qualname__}) is read back as "
+                    f"{_shown(back)} ({type(back).__qualname__})"
+                )
+            if items is not None:
+                problem = items(item, again)
+                if problem is not None:
+                    return problem.within(_step(back))
+        return None
+
+    return mapping
+
+
+def _step(key: Any) -> str:
+    """A path's step to the value of `key`: `.1`, as the reader's paths go."""
+    try:
+        return f".{_key_text(key)}"
+    except _Refused:
+        return f"[{_shown(key)}]"
 
 
 # -- JSON Schema -----------------------------------------------------------------------------
@@ -544,8 +1401,10 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
             }
         return {"type": "array", "items": _schema(args[0], seen) if args else {}}
     if origin in _MAPPINGS:
+        keys = _key_schema(args[0]) if args else None
         return {
             "type": "object",
+            **({"propertyNames": keys} if keys is not None else {}),
             "additionalProperties": _schema(args[1], seen) if len(args) > 1 else {},
         }
     if origin is not None:
@@ -580,6 +1439,45 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
     return _scalar_schema(tp)
 
 
+_DECIMAL_PATTERN = r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
+
+
+def _key_schema(tp: Any) -> dict[str, Any] | None:
+    """The schema of the text of keys declared `tp` (for `propertyNames`); None for any text."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _key_schema(args[0])
+    if isinstance(tp, typing.NewType):
+        return _key_schema(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [_key_schema(a) for a in args]
+        return None if any(a is None for a in arms) else {"anyOf": arms}
+    if origin is typing.Literal:
+        return {"enum": list(_key_table(args))}
+    if not isinstance(tp, type):
+        return None
+    if tp is type(None):
+        return {"const": "null"}
+    if issubclass(tp, enum.Enum):
+        return {"enum": list(_key_table(tp))}
+    if issubclass(tp, bool):
+        return {"enum": ["true", "false"]}
+    if issubclass(tp, int):
+        return {"pattern": f"^{_INTEGER.pattern}$"}
+    if issubclass(tp, float):
+        return {"pattern": f"^{_NUMBER.pattern}$"}
+    if issubclass(tp, Decimal):
+        return {"pattern": _DECIMAL_PATTERN}
+    if issubclass(tp, str):
+        return None
+    schema = _scalar_schema(tp)
+    schema.pop("type", None)
+    return schema or None
+
+
 def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
     if issubclass(tp, bool):
         return {"type": "boolean"}
@@ -600,7 +1498,7 @@ def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
     if issubclass(tp, time):
         return {"type": "string", "format": "time"}
     if issubclass(tp, Decimal):
-        return {"type": "string", "pattern": r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"}
+        return {"type": "string", "pattern": _DECIMAL_PATTERN}
     if issubclass(tp, bytes | bytearray):
         return {"type": "string", "contentEncoding": "base64"}
     return {}

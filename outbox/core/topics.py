@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 from uuid import UUID
 
-from outbox.core.codecs import check_payload_type, type_name
+from outbox.core.codecs import check_payload_type, prepare, type_name
 from outbox.core.errors import ConfigurationError, InvalidKey, InvalidTopic, SerializationError
 
 MAX_TOPIC_LENGTH = 249
@@ -85,6 +86,10 @@ class Topic(Generic[P]):
     ) -> None:
         self.name: str = validate_topic(name)
         self.payload: type[P] | None = check_payload_type(payload, f"Topic({name!r})")
+        try:  # a key type with no JSON form, say, refused now rather than at the first send
+            prepare(self.payload, _caller_locals())
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"Topic({name!r}): {exc}") from None
         if isinstance(key, str):
             if not key.isidentifier():
                 raise ConfigurationError(
@@ -156,6 +161,14 @@ class Topic(Generic[P]):
     def __repr__(self) -> str:
         payload = type_name(self.payload) if self.payload is not None else "any JSON"
         return f"Topic({self.name!r}, {payload})"
+
+
+def _caller_locals() -> dict[str, Any]:
+    """The local names where the Topic is declared (names its payload's annotations may use)."""
+    try:
+        return dict(sys._getframe(2).f_locals)
+    except (AttributeError, ValueError):  # an interpreter without frames, or a short stack
+        return {}
 
 
 def _has_attribute(payload_type: type[Any], name: str) -> bool:

@@ -5,7 +5,10 @@ refused before anything is written; what does not validate is dead at once with 
 from __future__ import annotations
 
 import enum
+import json
+import math
 import threading
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
@@ -15,12 +18,16 @@ from uuid import UUID, uuid4
 import psycopg
 import pydantic
 import pytest
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from outbox import Broker, Handlers, InboxMessage, Message, SerializationError, Topic
 from outbox.postgres.migrate import sqlalchemy_url
+from outbox.testing.memory import InMemoryTransport
 from outbox.testing.plugin import Drain
+from tests.typed_support import payloads
 
 from .relay_helpers import count
 
@@ -234,6 +241,7 @@ def test_send_many_sqlalchemy_and_plain_topics_share_the_encoding(
         ),
         ("orders.plain", {"at": datetime(2026, 1, 1)}, "payload.at: a naive datetime"),
         ("orders.plain", {"tags": {"a", "b"}}, "payload.tags: a set is refused in JSON"),
+        ("orders.plain", {"n": {float("nan"): 1}}, "payload.n: key nan is not a JSON number"),
         (
             placed,
             OrderPlaced(**{**an_order().__dict__, "placed_at": datetime(2026, 1, 1)}),
@@ -415,3 +423,158 @@ async def test_send_async_and_async_handlers_are_typed_too(
     result = outbox_drain(handlers)
     assert result.dead == ()
     assert sorted(received.payloads, key=lambda o: o.lines[1].quantity) == orders
+
+
+# -- mapping keys: JSON object keys are text, read back as their declared type --------------
+
+
+@dataclass(frozen=True)
+class Counted:
+    counts: dict[int, str]
+    ratios: dict[float, int] = field(default_factory=dict)
+    flags: dict[bool, list[dict[UUID, Status]]] = field(default_factory=dict)
+    days: dict[date, Decimal] | None = None
+
+
+class CountedModel(pydantic.BaseModel):
+    counts: dict[int, str]
+    flags: dict[bool, list[dict[UUID, Status]]] = {}
+
+
+counted = Topic("counted", Counted)
+counted_model = Topic("counted.model", CountedModel)
+
+
+def a_counted() -> Counted:
+    return Counted(
+        counts={1: "one", -2: "minus two", 10**30: "big"},
+        ratios={0.1: 1, -0.0: 2, 1e16: 3},
+        flags={True: [{uuid4(): Status.PAID}], False: []},
+        days={date(2026, 12, 1): Decimal("1.10")},
+    )
+
+
+def counted_handlers(received: Received) -> Handlers:
+    handlers = Handlers()
+
+    @handlers.handler(counted)
+    def on_counted(message: InboxMessage[Counted], conn: Any) -> None:
+        received.add(message)
+
+    @handlers.handler(counted_model)
+    def on_model(message: InboxMessage[CountedModel], conn: Any) -> None:
+        received.add(message)
+
+    return handlers
+
+
+@pytest.mark.parametrize("transport", ["memory", "log"])
+def test_mapping_keys_reach_the_handler_as_their_declared_type(
+    outbox_database_url: str, outbox_drain: Drain, outbox_log_url: str, transport: str
+) -> None:
+    """A dict[int, str] was sent with keys "1", "-2"... and every such message was dead on
+    arrival (`payload.counts: expected an integer, got str '1'`)."""
+    received = Received()
+    sent = a_counted()
+    model = CountedModel(counts={7: "seven"}, flags={False: [{uuid4(): Status.NEW}]})
+    send(outbox_database_url, counted, sent)
+    send(outbox_database_url, counted_model, model)
+    options = {"transport": outbox_log_url} if transport == "log" else {}
+    result = outbox_drain(counted_handlers(received), **options)
+    assert result.dead == (), "\n".join(map(str, result.dead))
+    by_topic = {m.topic: m.payload for m in received.messages}
+    assert by_topic == {"counted": sent, "counted.model": model}
+    got = by_topic["counted"]
+    assert [type(k) for k in got.counts] == [int, int, int]
+    assert math.copysign(1.0, list(got.ratios)[1]) == -1.0
+    (wire,) = [json.loads(m.raw_payload) for m in received.messages if m.topic == "counted"]
+    assert wire["counts"] == {"1": "one", "-2": "minus two", str(10**30): "big"}
+    assert wire["ratios"] == {"0.1": 1, "-0.0": 2, "1e+16": 3}
+    assert wire["days"] == {"2026-12-01": "1.10"}
+
+
+def test_a_message_stored_before_keys_were_read_as_their_type_is_handled(
+    outbox_database_url: str, outbox_drain: Drain
+) -> None:
+    """A message written (or dead-lettered, then requeued) before: its keys are the text
+    json.dumps wrote for int, float and bool keys, the very text send writes now."""
+    received = Received()
+    old = {"counts": {"1": "one"}, "ratios": {"2.5": 1}, "flags": {"false": []}}
+    send(outbox_database_url, "counted", old)
+    result = outbox_drain(counted_handlers(received))
+    assert result.dead == (), "\n".join(map(str, result.dead))
+    assert received.payloads == [Counted(counts={1: "one"}, ratios={2.5: 1}, flags={False: []})]
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "fragment"),
+    [
+        (counted, Counted(counts={True: "yes"}), "payload.counts: key True (bool) would be"),
+        (counted, Counted(counts={}, ratios={math.inf: 1}), "payload.ratios: key inf is not"),
+        (
+            counted,
+            Counted(counts={}, flags={True: [{uuid4(): Status.NEW}, {"x": Status.NEW}]}),
+            "payload.flags.true[1]: key 'x' (str) would be written 'x', which the declared key",
+        ),
+        (counted, Counted(counts={}, days={datetime(2026, 1, 1): 1}), "payload.days: key"),
+        (
+            counted_model,
+            CountedModel(counts={1: "a"}, flags={True: [{"0" * 32: Status.NEW}]}),
+            "",  # pydantic made a UUID of it: sent, and read back the same
+        ),
+    ],
+)
+def test_a_key_that_would_not_read_back_is_refused_before_anything_is_written(
+    outbox_database_url: str, outbox_drain: Drain, topic: Topic[Any], payload: Any, fragment: str
+) -> None:
+    with psycopg.connect(outbox_database_url) as conn, conn.transaction():
+        if fragment:
+            with pytest.raises(SerializationError) as info:
+                broker.send(conn, topic, payload)
+            assert fragment in str(info.value)
+            assert str(info.value).startswith(f"payload for topic {topic.name!r}: payload")
+        else:
+            broker.send(conn, topic, payload)
+        broker.send(conn, "orders.plain", {"ok": True})  # the transaction goes on
+    assert count(outbox_database_url) == (1 if fragment else 2)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],  # no "explain": slow
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,  # one database for the test, emptied per example
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(batch=st.lists(payloads(hostile=True) | payloads(models=True), min_size=1, max_size=3))
+def test_generated_payloads_are_refused_at_send_or_handled_unchanged(
+    outbox_database_url: str, outbox_drain: Drain, batch: list[tuple[type[Any], Any]]
+) -> None:
+    """Generated dataclasses and models (tests/typed_support.py), sent in one transaction:
+    each is refused by send, writing nothing, or handled as an equal value."""
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM outbox.producer_queue")
+        conn.execute("DELETE FROM outbox.consumer_queue")
+    received = Received()
+    handlers = Handlers()
+    expected: dict[str, Any] = {}
+    with psycopg.connect(outbox_database_url) as conn, conn.transaction():
+        for payload_type, payload in batch:
+            topic = Topic(f"generated.{uuid.uuid4().hex}", payload_type)
+            handlers.handler(topic)(lambda message, conn: received.add(message))
+            try:
+                broker.send(conn, topic, payload)
+            except SerializationError as exc:
+                assert str(exc).startswith(f"payload for topic {topic.name!r}: payload"), exc
+                event("refused at send")
+                continue
+            event("sent")
+            expected[topic.name] = payload
+    assert count(outbox_database_url) == len(expected)
+    result = outbox_drain(handlers, transport=InMemoryTransport())
+    assert result.dead == (), "\n".join(map(str, result.dead))
+    assert {m.topic: m.payload for m in received.messages} == expected

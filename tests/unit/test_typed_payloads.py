@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID, uuid4
 
 import pydantic
@@ -29,7 +30,7 @@ from outbox import (
     SerializationError,
     Topic,
 )
-from outbox.core.codecs import PayloadInvalid, decoder
+from outbox.core.codecs import PayloadInvalid, decoder, json_schema
 
 if TYPE_CHECKING:
     import psycopg  # only for annotations: a handler's other annotations are not resolved
@@ -547,3 +548,375 @@ def test_newtypes_typeddicts_and_subclasses_of_scalars_convert() -> None:
     assert type(row.sku) is Sku
     with pytest.raises(PayloadInvalid, match=r"payload\.order: expected an integer, got str"):
         decoder(Row)({"order": "7", "sku": "A-1", "extra": {}})
+
+
+# -- mapping keys ----------------------------------------------------------------------------
+
+PLUS_TWO = timezone(timedelta(hours=2))
+
+
+@dataclass
+class Keyed:
+    """A mapping for each key type the codec converts: JSON object keys are text, and each is
+    read back as its declared type."""
+
+    counts: dict[int, str] = field(default_factory=dict)
+    ratios: dict[float, int] = field(default_factory=dict)
+    flags: dict[bool, str] = field(default_factory=dict)
+    prices: dict[Decimal, int] = field(default_factory=dict)
+    ids: dict[UUID, int] = field(default_factory=dict)
+    days: dict[date, int] = field(default_factory=dict)
+    moments: dict[datetime, int] = field(default_factory=dict)
+    clocks: dict[time, int] = field(default_factory=dict)
+    blobs: dict[bytes, int] = field(default_factory=dict)
+    colours: dict[Colour, int] = field(default_factory=dict)
+    sizes: dict[Literal["s", 1, None], int] = field(default_factory=dict)
+    maybe: dict[int | None, str] = field(default_factory=dict)
+    either: dict[int | str, str] = field(default_factory=dict)
+    nested: dict[int, list[dict[bool, Point]]] = field(default_factory=dict)
+    optional: dict[int, str] | None = None
+    pair: tuple[dict[int, str], dict[str, dict[float, str]]] = ({}, {})
+
+
+def a_keyed() -> Keyed:
+    return Keyed(
+        counts={1: "a", -5: "b", 10**30: "c", 0: "zero"},
+        ratios={1.5: 1, -0.0: 2, 1e16: 3, 5e-324: 4, 0.1: 5, 2: 6},
+        flags={True: "t", False: "f"},
+        prices={Decimal("1.10"): 1, Decimal("-0"): 2, Decimal("1E+400"): 3},
+        ids={UUID(int=1): 1},
+        days={date(2026, 1, 2): 1},
+        moments={datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=PLUS_TWO): 1},
+        clocks={time(3, 4, 5, 6): 1},
+        blobs={b"\x00\xff": 1},
+        colours={Colour.RED: 1, Colour.BLUE: 2},
+        sizes={"s": 1, 1: 2, None: 3},
+        maybe={None: "none", 0: "zero"},
+        either={7: "int", "x": "str", "": "empty"},
+        nested={7: [{True: Point(1)}, {}], 8: []},
+        optional={2: "x"},
+        pair=({3: "y"}, {"k": {2.5: "z"}}),
+    )
+
+
+def test_mapping_keys_are_written_as_json_writes_them_or_as_their_values_are() -> None:
+    wire = encode(a_keyed())
+    assert wire == {
+        "counts": {"1": "a", "-5": "b", "1000000000000000000000000000000": "c", "0": "zero"},
+        "ratios": {"1.5": 1, "-0.0": 2, "1e+16": 3, "5e-324": 4, "0.1": 5, "2": 6},
+        "flags": {"true": "t", "false": "f"},
+        "prices": {"1.10": 1, "-0": 2, "1E+400": 3},
+        "ids": {"00000000-0000-0000-0000-000000000001": 1},
+        "days": {"2026-01-02": 1},
+        "moments": {"2026-01-02T03:04:05.000006+02:00": 1},
+        "clocks": {"03:04:05.000006": 1},
+        "blobs": {"AP8=": 1},
+        "colours": {"red": 1, "2": 2},
+        "sizes": {"s": 1, "1": 2, "null": 3},
+        "maybe": {"null": "none", "0": "zero"},
+        "either": {"7": "int", "x": "str", "": "empty"},
+        "nested": {"7": [{"true": {"x": 1, "y": 0.0}}, {}], "8": []},
+        "optional": {"2": "x"},
+        "pair": [{"3": "y"}, {"k": {"2.5": "z"}}],
+    }
+
+
+def test_mapping_keys_are_read_back_as_their_declared_type() -> None:
+    keyed = a_keyed()
+    back = decoder(Keyed)(encode(keyed))
+    assert back == keyed
+    assert [type(k) for k in back.counts] == [int] * 4
+    assert [type(k) for k in back.ratios] == [float] * 6
+    assert list(back.flags) == [True, False] and list(back.maybe) == [None, 0]
+    assert math.copysign(1.0, list(back.ratios)[1]) == -1.0  # -0.0 keeps its sign
+    assert [str(k) for k in back.prices] == ["1.10", "-0", "1E+400"]  # every digit
+    assert list(back.colours) == [Colour.RED, Colour.BLUE]
+    assert next(iter(back.moments)).utcoffset() == timedelta(hours=2)
+    assert list(back.either) == [7, "x", ""]
+
+
+def test_keys_of_a_message_written_before_keys_were_converted_still_decode() -> None:
+    """What json.dumps wrote for int, float, bool and None keys is the wire form kept: a
+    message already stored (dead, or waiting) reads as its type says."""
+    old = json.loads(
+        json.dumps(
+            {"counts": {1: "a"}, "ratios": {2.5: 1}, "flags": {False: "f"}, "maybe": {None: "n"}}
+        )
+    )
+    assert decoder(Keyed)(old) == Keyed(
+        counts={1: "a"}, ratios={2.5: 1}, flags={False: "f"}, maybe={None: "n"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("field_name", "keys", "message"),
+    [
+        ("counts", {"x": "a"}, "payload.counts: key 'x' is not an integer"),
+        ("counts", {"1.0": "a"}, "payload.counts: key '1.0' is not an integer"),
+        ("counts", {"1": "a", "01": "b"}, "payload.counts: keys '1' and '01' are both read as 1"),
+        ("flags", {"1": "a"}, "payload.flags: key '1' is not true or false"),
+        ("flags", {"True": "a"}, "payload.flags: key 'True' is not true or false"),
+        ("ratios", {"nan": 1}, "payload.ratios: key 'nan' is not a number"),
+        ("ratios", {"1e999": 1}, "payload.ratios: key '1e999' is not a number"),
+        ("ids", {"nope": 1}, "payload.ids: key 'nope' is not a UUID"),
+        (
+            "moments",
+            {"2026-01-02T03:04:05": 1},
+            "payload.moments: key '2026-01-02T03:04:05' is not a datetime with a time zone",
+        ),
+        ("colours", {"green": 1}, "payload.colours: key 'green' is not a Colour ('red', '2')"),
+        ("sizes", {"2": 1}, "payload.sizes: key '2' is not one of ('s', '1', 'null')"),
+        ("maybe", {"None": "n"}, "payload.maybe: key 'None' is not int | None"),
+        (
+            "nested",
+            {"7": [{"yes": {"x": 1}}]},
+            "payload.nested.7[0]: key 'yes' is not true or false",
+        ),
+    ],
+)
+def test_a_key_that_does_not_read_as_its_type_names_the_field(
+    field_name: str, keys: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PayloadInvalid) as info:
+        decoder(Keyed)({field_name: keys})
+    assert message in str(info.value)
+
+
+class Sku(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("keyed", "message"),
+    [
+        (Keyed(counts={True: "a"}), "payload.counts: key True (bool) would be written 'true'"),
+        (
+            Keyed(counts={"1": "a"}),
+            "payload.counts: key '1' (str) would be written '1' and read back as 1 (int)",
+        ),
+        (Keyed(counts={1.5: "a"}), "payload.counts: key 1.5 (float) would be written '1.5'"),
+        (Keyed(ratios={float("nan"): 1}), "payload.ratios: key nan is not a JSON number"),
+        (Keyed(ratios={float("-inf"): 1}), "payload.ratios: key -inf is not a JSON number"),
+        (
+            Keyed(ratios={2**53 + 1: 1}),
+            "payload.ratios: key 9007199254740993 (int) would be written",
+        ),
+        (Keyed(prices={Decimal("NaN"): 1}), "payload.prices: key Decimal('NaN') is refused"),
+        (
+            Keyed(prices={1.5: 1}),
+            "payload.prices: key 1.5 (float) would be written '1.5' and read back as Decimal(",
+        ),
+        (
+            Keyed(moments={datetime(2026, 1, 1): 1}),
+            "payload.moments: key datetime.datetime(2026, 1, 1, 0, 0): a naive datetime",
+        ),
+        (
+            Keyed(days={datetime(2026, 1, 1, tzinfo=UTC): 1}),
+            "tzinfo=datetime.timezone.utc) (datetime) would be written '2026-01-01T00:00:00+00:00'"
+            ", which the declared key type date does not read",
+        ),
+        (
+            Keyed(colours={"red": 1}),
+            "payload.colours: key 'red' (str) would be written 'red' and read back as <Colour.RED",
+        ),
+        (Keyed(sizes={"x": 1}), "payload.sizes: key 'x' (str) would be written 'x'"),
+        (
+            Keyed(either={"1": "a"}),
+            "payload.either: key '1' (str) would be written '1' and read back as 1 (int)",
+        ),
+        (Keyed(counts={(1, 2): "a"}), "payload.counts: key (1, 2) of type tuple has no JSON form"),
+        (
+            Keyed(nested={1: [{}, {1: Point(1)}]}),
+            "payload.nested.1[1]: key 1 (int) would be written '1'",
+        ),
+        (
+            Keyed(pair=({}, {"k": {float("inf"): "z"}})),
+            "payload.pair[1].k: key inf is not a JSON number",
+        ),
+        (
+            Keyed(counts={10**5000: "a"}),
+            "payload.counts: key <an int of 5001 digits> is longer than",
+        ),
+    ],
+)
+def test_send_refuses_a_key_it_would_not_read_back_naming_the_field(
+    keyed: Keyed, message: str
+) -> None:
+    with pytest.raises(SerializationError) as info:
+        json_serializer.dumps(keyed)
+    assert message in str(info.value)
+
+
+def test_keys_that_are_str_subclasses_and_very_large_ints_round_trip() -> None:
+    keyed = Keyed(counts={10**4000: "big"}, either={Sku("x"): "sku", 3: "int"})
+    back = decoder(Keyed)(encode(keyed))
+    assert back == keyed
+    assert [type(k) for k in back.either] == [str, int]
+
+
+@dataclass
+class Grid:
+    cells: dict[tuple[int, int], str]
+
+
+@dataclass
+class Holder:
+    grid: Grid | None = None
+
+
+@dataclass
+class Ambiguous:
+    either: dict[int, str] | dict[str, int]
+
+
+def test_a_key_type_without_a_json_form_is_refused_when_the_topic_is_declared() -> None:
+    for payload in (Grid, Holder):
+        with pytest.raises(ConfigurationError) as info:
+            Topic("grid", payload)
+        text = str(info.value)
+        assert (
+            text.startswith("Topic('grid'): ")
+            and "Grid.cells: a dict key of type tuple[int, int] has no JSON form" in text
+        )
+    handlers = Handlers()
+    with pytest.raises(
+        ConfigurationError, match=r"@handler\('grid'\) on .*Grid\.cells: a dict key"
+    ):
+
+        @handlers.handler("grid")
+        def on(message: InboxMessage[Grid], conn: Any) -> None:
+            pass
+
+    with pytest.raises(SerializationError, match=r"payload: Grid\.cells: a dict key of type"):
+        json_serializer.dumps(Grid({(1, 2): "a"}))
+
+
+def test_a_union_of_mappings_a_json_object_cannot_tell_apart_is_refused() -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"Ambiguous\.either: dict\[int, str\] \| dict\[str, int\]"
+    ):
+        Topic("ambiguous", Ambiguous)
+
+
+def test_the_json_schema_names_the_keys_of_a_mapping() -> None:
+    properties = json_schema(Keyed)["properties"]
+    integer = {"pattern": "^-?[0-9]+$"}
+    assert properties["counts"] == {
+        "type": "object",
+        "propertyNames": integer,
+        "additionalProperties": {"type": "string"},
+    }
+    assert properties["flags"]["propertyNames"] == {"enum": ["true", "false"]}
+    assert properties["ratios"]["propertyNames"]["pattern"].startswith("^-?")
+    assert properties["ids"]["propertyNames"] == {"format": "uuid"}
+    assert properties["days"]["propertyNames"] == {"format": "date"}
+    assert properties["colours"]["propertyNames"] == {"enum": ["red", "2"]}
+    assert properties["sizes"]["propertyNames"] == {"enum": ["s", "1", "null"]}
+    assert properties["maybe"]["propertyNames"] == {"anyOf": [integer, {"const": "null"}]}
+    assert "propertyNames" not in properties["pair"]["prefixItems"][1]
+    assert "propertyNames" not in json_schema(Shape)["properties"]["labels"]
+
+
+class Level(enum.Enum):
+    LOW = 1
+
+
+class KeyedModel(pydantic.BaseModel):
+    counts: dict[int, str] = {}
+    flags: dict[bool, str] = {}
+    ids: dict[UUID, int] = {}
+    nested: dict[int, list[dict[bool, int]]] = {}
+    ratios: dict[float, int] = {}
+    levels: dict[Level, int] = {}
+    either: dict[int | str, int] = {}
+
+
+def test_a_models_keys_round_trip_by_its_own_rules() -> None:
+    model = KeyedModel(
+        counts={1: "a"}, flags={False: "f"}, ids={UUID(int=2): 1}, nested={3: [{True: 1}]}
+    )
+    wire = encode(model)
+    assert wire["counts"] == {"1": "a"} and wire["flags"] == {"false": "f"}
+    assert decoder(KeyedModel)(wire) == model
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            KeyedModel(levels={Level.LOW: 1}),
+            "payload: KeyedModel's own validation refuses what it wrote",
+        ),
+        (KeyedModel(either={1: 1}), "payload.either: key 1 (int) is read back as '1' (str)"),
+        (KeyedModel(ratios={float("nan"): 1}), "payload.ratios: key nan is not a JSON number"),
+        (KeyedModel(ratios={float("inf"): 1}), "payload.ratios: key inf is not a JSON number"),
+        (KeyedModel(either={1: 1, "1": 2}), "payload.either: 2 keys sent, 1 read back"),
+    ],
+)
+def test_send_refuses_a_model_whose_keys_it_would_not_read_back(
+    model: pydantic.BaseModel, message: str
+) -> None:
+    with pytest.raises(SerializationError) as info:
+        json_serializer.dumps(model)
+    assert message in str(info.value)
+    with pytest.raises(SerializationError) as info:
+        json_serializer.dumps({"inside": [model]})
+    assert message.replace("payload", "payload.inside[0]", 1) in str(info.value)
+
+
+class AliasedModel(pydantic.BaseModel):
+    counts: dict[int, str] = pydantic.Field(alias="Counts")
+
+
+class NamedModel(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(populate_by_name=True)
+    counts: dict[int, str] = pydantic.Field(alias="Counts")
+
+
+def test_a_model_with_aliases_reads_back_or_is_refused() -> None:
+    with pytest.raises(SerializationError, match="AliasedModel's own validation refuses"):
+        json_serializer.dumps(AliasedModel(Counts={1: "a"}))
+    named = NamedModel(Counts={1: "a"})
+    assert decoder(NamedModel)(encode(named)) == named
+
+
+def test_keys_of_a_dataclass_local_to_a_function_are_written_by_their_type() -> None:
+    """A Topic resolves its payload's annotations with the names where it is declared."""
+
+    @dataclass
+    class Part:
+        name: str
+
+    @dataclass
+    class Stock:
+        parts: dict[UUID, Part]  # a string annotation naming a local class
+
+    topic = Topic("stock", Stock)
+    stock = Stock({UUID(int=3): Part("gear")})
+    wire = encode(stock)
+    assert wire == {"parts": {str(UUID(int=3)): {"name": "gear"}}}
+    assert topic.payload is not None and decoder(topic.payload, locals())(wire) == stock
+
+
+def test_keys_of_a_dataclass_whose_annotations_cannot_be_resolved_go_as_json_writes_them() -> None:
+    """Sent without a Topic and with no handler registered: outbox cannot tell its key types,
+    so keys are written as json.dumps writes them (the reader converts them back), and what
+    json.dumps refuses is refused."""
+
+    @dataclass
+    class Part:
+        name: str
+
+    @dataclass
+    class Bin:
+        parts: dict[int, Part]
+        spares: dict[UUID, Part] | None = None
+
+    assert encode(Bin({1: Part("gear")})) == {"parts": {"1": {"name": "gear"}}, "spares": None}
+    spare = Bin({}, {UUID(int=3): Part("gear")})
+    with pytest.raises(SerializationError, match=r"payload\.spares: key UUID\('00000000-"):
+        json_serializer.dumps(spare)
+    # A handler's registration resolves them (with its own local names): from then on, too.
+    read = decoder(Bin, locals())
+    assert read(encode(Bin({1: Part("gear")}))) == Bin({1: Part("gear")})
+    assert read(encode(spare)) == spare

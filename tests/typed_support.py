@@ -1,0 +1,326 @@
+"""Generated payload types and values for the typed-payload property tests (Hypothesis).
+
+`payload_types(...)` draws a dataclass (or a pydantic model) made of the field types the codec
+supports: scalars, `list`, `tuple`, `dict` with keys of every supported key type, `X | None`,
+a union of a mapping and a list, nested dataclasses (or models); `payloads(...)` draws one such
+type and an instance of it. With `hostile=True` the values and keys also include what send must
+refuse, or at least never write in a form the reader refuses or reads as another value: keys
+of another type than declared, NaN and infinities, naive datetimes, keys two types of a union
+read alike, lone surrogates, sets.
+
+The property every test checks (`round_trip`): what a `Topic` accepts decodes, through the
+same Topic, to a value equal to the one sent; or the Topic refuses it with a
+`SerializationError` naming the place (`payload...`) before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta, timezone
+from decimal import Decimal
+from typing import Any, Literal
+from uuid import UUID
+
+from hypothesis import event
+from hypothesis import strategies as st
+
+from outbox import JsonSerializer, SerializationError, Topic
+from outbox.core.codecs import decoder, is_model
+from outbox.core.serializers import decode_payload, encode_payload
+
+
+class Hue(enum.Enum):
+    """Values of every JSON scalar type, each with its own key text."""
+
+    RED = "red"
+    TWO = 2
+    HALF = 2.5
+    YES = True
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 10
+
+
+class Clash(enum.Enum):
+    """Two members whose values are written as the same key text ('1')."""
+
+    TEXT = "1"
+    NUMBER = 1
+
+
+class Huge(int):
+    """An int too long for decimal text (Python refuses more than 4,300 digits), printed short."""
+
+    def __repr__(self) -> str:
+        return "Huge(10**5000)"
+
+
+#: Offsets of whole minutes; pydantic writes an offset of seconds without them (another instant).
+MINUTES = [UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-5, minutes=-30))]
+ZONES = st.sampled_from([*MINUTES, timezone(timedelta(seconds=30))])
+#: Text without lone surrogates (which UTF-8 cannot carry: see `hostile_text`), NUL included.
+text = st.text(st.characters(exclude_categories=["Cs"]) | st.sampled_from(["\x00", "€"]))
+hostile_text = st.text(st.characters(exclude_categories=()) | st.sampled_from(["\ud800"]))
+finite_floats = st.floats(allow_nan=False, allow_infinity=False)
+big_ints = st.integers() | st.sampled_from([10**30, -(10**30), 2**63, 10**4000])
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A field type and the values that belong to it."""
+
+    annotation: Any
+    values: st.SearchStrategy[Any]
+    shown: str
+
+    def __repr__(self) -> str:
+        return self.shown
+
+
+def _typed(annotation: Any, values: st.SearchStrategy[Any], shown: str | None = None) -> Typed:
+    return Typed(annotation, values, shown or getattr(annotation, "__name__", repr(annotation)))
+
+
+LITERAL = Literal["a", 1, None, False]
+literals = st.sampled_from(["a", 1, None, False])
+
+
+@dataclass(frozen=True)
+class Grammar:
+    keys: list[Typed]
+    leaves: list[Typed]
+
+
+def grammar(*, hostile: bool, models: bool) -> Grammar:
+    """The key types and the value types to build payload types of."""
+    zones = st.sampled_from(MINUTES) if models else ZONES
+    aware = st.datetimes(timezones=zones)
+    times = st.times(timezones=st.none() | zones)
+    keys = [  # each key of which reads back as itself
+        _typed(int, big_ints),
+        _typed(float, finite_floats),
+        _typed(bool, st.booleans()),
+        _typed(Decimal, st.decimals(allow_nan=False)),
+        _typed(UUID, st.uuids()),
+        _typed(date, st.dates()),
+        _typed(datetime, aware),
+        _typed(time, times),
+        _typed(bytes, st.binary(max_size=6)),
+        _typed(Hue, st.sampled_from(Hue)),
+        _typed(Level, st.sampled_from(Level)),
+        _typed(LITERAL, literals, "Literal['a', 1, None, False]"),
+        _typed(Literal["x", "y"], st.sampled_from(["x", "y"]), "Literal['x', 'y']"),
+        _typed(str, text),
+        _typed(int | None, st.none() | st.integers(), "int | None"),
+        _typed(date | int, st.dates() | st.integers(), "date | int"),
+        _typed(bool | int, st.booleans() | st.integers(), "bool | int"),
+        _typed(UUID | bool, st.uuids() | st.booleans(), "UUID | bool"),
+    ]
+    leaves = [
+        _typed(int, big_ints),
+        _typed(float, finite_floats),
+        _typed(bool, st.booleans()),
+        _typed(str, text),
+        _typed(Decimal, st.decimals(allow_nan=False)),
+        _typed(UUID, st.uuids()),
+        _typed(date, st.dates()),
+        _typed(datetime, aware),
+        _typed(time, times),
+        _typed(bytes, st.binary(max_size=6)),
+        _typed(Hue, st.sampled_from(Hue)),
+        _typed(LITERAL, literals, "Literal['a', 1, None, False]"),
+    ]
+    if not hostile:
+        return Grammar(keys, leaves)
+    naive_or_aware = st.datetimes(timezones=st.none() | zones)
+    keys += [  # keys some of which send must refuse
+        _typed(int, big_ints | st.booleans() | st.floats() | text | st.just(Huge(10**5000))),
+        _typed(float, st.floats() | st.integers()),
+        _typed(
+            Decimal,
+            st.decimals(allow_nan=False) | st.just(Decimal("NaN")) | finite_floats | st.integers(),
+        ),
+        _typed(date, st.dates() | naive_or_aware),
+        _typed(datetime, naive_or_aware),
+        _typed(str, hostile_text | st.integers() | st.booleans()),
+        _typed(Literal["x", "y"], st.sampled_from(["x", "y", "z", 1]), "Literal['x', 'y']"),
+        _typed(int | str, st.integers() | st.text("0123456789-.", max_size=3), "int | str"),
+        _typed(str | int, st.integers() | st.text("0123456789-", max_size=3), "str | int"),
+        _typed(float | int, st.integers() | finite_floats, "float | int"),
+        _typed(Decimal | int, st.integers() | st.decimals(allow_nan=False), "Decimal | int"),
+        _typed(bool, st.booleans() | st.integers(0, 1)),
+        _typed(Clash, st.sampled_from(Clash)),
+        _typed(Hue, st.sampled_from(Hue) | st.sampled_from(["red", 2, 2.5, True])),
+        _typed(Literal["1", 1], st.sampled_from(["1", 1]), "Literal['1', 1]"),
+    ]
+    leaves += [
+        _typed(float, st.floats()),
+        _typed(str, hostile_text),
+        _typed(datetime, naive_or_aware),
+        _typed(frozenset[int], st.frozensets(st.integers(), max_size=2), "frozenset[int]"),
+    ]
+    return Grammar(keys, leaves)
+
+
+_names = itertools.count()
+
+
+def _containers(
+    inner: st.SearchStrategy[Typed],
+    keys: list[Typed],
+    record: Callable[[list[Typed]], st.SearchStrategy[Typed]],
+) -> st.SearchStrategy[Typed]:
+    def listed(t: Typed) -> Typed:
+        return _typed(list[t.annotation], st.lists(t.values, max_size=3), f"list[{t}]")
+
+    def variadic(t: Typed) -> Typed:
+        return _typed(
+            tuple[t.annotation, ...], st.lists(t.values, max_size=3).map(tuple), f"tuple[{t}, ...]"
+        )
+
+    def pair(ts: tuple[Typed, Typed]) -> Typed:
+        a, b = ts
+        return _typed(
+            tuple[a.annotation, b.annotation], st.tuples(a.values, b.values), f"tuple[{a}, {b}]"
+        )
+
+    def mapping(kv: tuple[Typed, Typed]) -> Typed:
+        k, v = kv
+        return _typed(
+            dict[k.annotation, v.annotation],
+            st.dictionaries(k.values, v.values, max_size=3),
+            f"dict[{k}, {v}]",
+        )
+
+    def optional(t: Typed) -> Typed:
+        return _typed(t.annotation | None, st.none() | t.values, f"{t} | None")
+
+    def either(kv: tuple[Typed, Typed]) -> Typed:
+        # A mapping or a list: a JSON object or an array, which the reader tells apart.
+        k, v = kv
+        return _typed(
+            dict[k.annotation, v.annotation] | list[v.annotation],
+            st.dictionaries(k.values, v.values, max_size=2) | st.lists(v.values, max_size=2),
+            f"dict[{k}, {v}] | list[{v}]",
+        )
+
+    key = st.sampled_from(keys)
+    return st.one_of(
+        inner.map(listed),
+        inner.map(variadic),
+        st.tuples(inner, inner).map(pair),
+        st.tuples(key, inner).map(mapping),
+        st.tuples(key, inner).map(mapping),
+        inner.map(optional),
+        st.tuples(key, inner).map(either),
+        st.lists(inner, min_size=1, max_size=3).flatmap(record),
+    )
+
+
+def _dataclass(fields: list[Typed]) -> st.SearchStrategy[Typed]:
+    names = [f"f{i}" for i in range(len(fields))]
+    cls = dataclasses.make_dataclass(
+        f"Generated{next(_names)}", [(n, f.annotation) for n, f in zip(names, fields, strict=True)]
+    )
+    values = st.builds(cls, **{n: f.values for n, f in zip(names, fields, strict=True)})
+    return st.just(_typed(cls, values, f"{cls.__name__}({', '.join(map(repr, fields))})"))
+
+
+def _model(fields: list[Typed]) -> st.SearchStrategy[Typed]:
+    import pydantic
+
+    names = [f"f{i}" for i in range(len(fields))]
+    cls = pydantic.create_model(
+        f"GeneratedModel{next(_names)}",
+        **{n: (f.annotation, ...) for n, f in zip(names, fields, strict=True)},
+    )
+
+    def build(values: dict[str, Any]) -> Any:
+        try:
+            return cls.model_validate(values)
+        except pydantic.ValidationError:  # pydantic refuses the value itself: not this test's
+            return _NOT_BUILT
+
+    values = st.fixed_dictionaries({n: f.values for n, f in zip(names, fields, strict=True)})
+    built = values.map(build).filter(lambda v: v is not _NOT_BUILT)
+    return st.just(_typed(cls, built, f"{cls.__name__}({', '.join(map(repr, fields))})"))
+
+
+_NOT_BUILT = object()
+
+
+def field_types(*, hostile: bool = False, models: bool = False) -> st.SearchStrategy[Typed]:
+    types = grammar(hostile=hostile, models=models)
+    record = _model if models else _dataclass
+    return st.recursive(
+        st.sampled_from(types.leaves),
+        lambda inner: _containers(inner, types.keys, record),
+        max_leaves=6,
+    )
+
+
+def payload_types(*, hostile: bool = False, models: bool = False) -> st.SearchStrategy[Typed]:
+    """A generated dataclass (or pydantic model) and the instances of it."""
+    record = _model if models else _dataclass
+    return st.lists(field_types(hostile=hostile, models=models), min_size=1, max_size=4).flatmap(
+        record
+    )
+
+
+def payloads(*, hostile: bool = False, models: bool = False) -> st.SearchStrategy[Any]:
+    """(payload type, an instance of it)."""
+    return payload_types(hostile=hostile, models=models).flatmap(
+        lambda t: st.tuples(st.just(t.annotation), t.values)
+    )
+
+
+# -- the property -----------------------------------------------------------------------------
+
+serializer = JsonSerializer()
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What send said, refusing a payload."""
+
+    message: str
+
+
+def encode(topic: Topic[Any], payload: Any) -> tuple[bytes, str] | Refused:
+    """What send writes for `payload` (as `Broker.send` encodes it), or its refusal."""
+    topic.check(payload)
+    try:
+        return encode_payload(payload, serializer)
+    except SerializationError as exc:
+        message = str(exc)
+        assert message.startswith("payload"), message  # it names the place
+        return Refused(message)
+
+
+def read(topic: Topic[Any], data: bytes, content_type: str) -> Any:
+    """What a handler of `topic` gets for the encoded payload: any error here is the defect."""
+    assert topic.payload is not None
+    return decoder(topic.payload)(decode_payload(data, content_type, serializer))
+
+
+def round_trip(payload_type: type[Any], payload: Any) -> Any:
+    """The payload read back, or `Refused`; fails if the reader refuses what send wrote or reads
+    another value."""
+    topic = Topic("generated", payload_type)
+    encoded = encode(topic, payload)
+    if isinstance(encoded, Refused):
+        event("refused at send")
+        return encoded
+    event("read back")
+    back = read(topic, *encoded)
+    assert back == payload, (back, payload)
+    assert type(back) is type(payload)
+    if is_model(payload_type):
+        assert back.model_dump() == payload.model_dump()
+    return back
