@@ -1,28 +1,21 @@
-"""Test support: throwaway PostgreSQL/Kafka servers (`servers`) and a pytest plugin (`plugin`).
+"""Test support: throwaway PostgreSQL/Kafka servers (`servers`), a pytest plugin (`plugin`), the
+in-memory stores (`stores`) and transport (`memory`), and `drain`.
 
 The pytest plugin loads automatically through the `pytest11` entry point once the package is
-installed; this module re-exports the pytest-free API: the servers, and `drain` (imported on
-first use, so that loading the plugin does not import the daemons).
+installed; this module re-exports the pytest-free API, each name imported on first use from
+its module, so that this module and `outbox.testing.stores` import neither psycopg nor
+confluent-kafka nor the daemons themselves (tests/unit/test_memory_stores.py).
 """
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
-
-from outbox.testing.servers import (
-    PostgresServer,
-    ServerError,
-    Servers,
-    TansuBroker,
-    create_database,
-    create_topic,
-    docker_available,
-    drop_database,
-    start_servers,
-)
 
 __all__ = [
     "DeadLetter",
     "DrainResult",
     "DrainTimeout",
+    "MemoryInbox",
+    "MemoryOutbox",
     "PostgresLog",
     "PostgresServer",
     "ServerError",
@@ -38,14 +31,45 @@ __all__ = [
 
 if TYPE_CHECKING:
     from outbox.testing.draining import DeadLetter, DrainResult, DrainTimeout, PostgresLog, drain
+    from outbox.testing.servers import (
+        PostgresServer,
+        ServerError,
+        Servers,
+        TansuBroker,
+        create_database,
+        create_topic,
+        docker_available,
+        drop_database,
+        start_servers,
+    )
+    from outbox.testing.stores import MemoryInbox, MemoryOutbox
 
-_DRAINING = ("DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain")
+#: Where each name lives.
+_HOMES = {
+    **dict.fromkeys(
+        ("DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain"), "draining"
+    ),
+    **dict.fromkeys(
+        (
+            "PostgresServer",
+            "ServerError",
+            "Servers",
+            "TansuBroker",
+            "create_database",
+            "create_topic",
+            "docker_available",
+            "drop_database",
+            "start_servers",
+        ),
+        "servers",
+    ),
+    **dict.fromkeys(("MemoryInbox", "MemoryOutbox"), "stores"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    """`drain` and its types, from `outbox.testing.draining`, imported on first use."""
-    if name in _DRAINING:
-        from outbox.testing import draining
-
-        return getattr(draining, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """A name of `__all__`, from its module, imported on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"outbox.testing.{home}"), name)

@@ -21,14 +21,11 @@ from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.ports import DeliveryFailure
 from outbox.testing.memory import InMemoryTransport
-
-from .memory_relay import (
+from outbox.testing.stores import MemoryInbox, MemoryOutbox, MemoryTransaction
+from outbox.testing.stores.consumer_queue import (
     MemoryHandlerSession,
     MemoryHandlerWork,
-    MemoryInbox,
     MemoryInboxDatabase,
-    MemoryOutbox,
-    MemoryTransaction,
 )
 
 
@@ -86,14 +83,14 @@ def test_the_relay_loop_publishes_each_keys_rows_in_order_and_deletes_them_once_
     for n in range(500):  # a backlog, before the relay starts
         key = keys[n % len(keys)]
         payload = f"{n}".encode()
-        queue.send("orders", key, payload)
+        queue.send("orders", payload, key=key)
         sent[key].append(payload)
     with _relaying(queue, transport, batch_size=50) as relay:
         _wait_for(lambda: not queue.rows and relay.relayed == 500, "the backlog to go")
         for n in range(500, 600):  # and rows that come while it waits: a wake-up each
             key = keys[n % len(keys)]
             payload = f"{n}".encode()
-            queue.send("orders", key, payload)
+            queue.send("orders", payload, key=key)
             sent[key].append(payload)
         _wait_for(lambda: not queue.rows and relay.relayed == 600, "the new rows to go")
     records = transport.records("orders")
@@ -111,18 +108,24 @@ def test_a_failed_delivery_is_retried_holding_its_key_and_a_permanent_one_is_dea
     transport = InMemoryTransport()
     transport.fail_topic("flaky", DeliveryFailure("broker says later"))
     transport.fail_topic("refused", DeliveryFailure("too large", permanent=True))
-    first = queue.send("flaky", b"k", b"1")
-    queue.send("flaky", b"k", b"2")
-    dead = queue.send("refused", b"other", b"x")
+    first = queue.send("flaky", b"1", key=b"k")
+    queue.send("flaky", b"2", key=b"k")
+    dead = queue.send("refused", b"x", key=b"other")
+
+    def dead_ids() -> list[str]:
+        return [row.record.message_id for row in queue.dead.values()]
+
     with _relaying(queue, transport) as relay:
-        _wait_for(lambda: relay.failed >= 3 and dead in queue.dead, "failed attempts")
+        _wait_for(lambda: relay.failed >= 3 and dead_ids() == [str(dead)], "failed attempts")
         assert transport.records("flaky") == []
-        assert queue.rows[first].record.attempts >= 1
+        retrying = queue.find(first)
+        assert retrying is not None and retrying.record.attempts >= 1
         transport.fail_topic("flaky", None)
         _wait_for(lambda: not queue.rows, "the retried rows to go")
     assert [r.value for r in transport.records("flaky")] == [b"1", b"2"]  # still in order
-    assert list(queue.dead) == [dead]
-    assert queue.dead[dead].error == "too large"
+    assert dead_ids() == [str(dead)]
+    dead_row = queue.find(dead)
+    assert dead_row is not None and dead_row.error == "too large"
 
 
 def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_order_per_key() -> (
@@ -144,7 +147,7 @@ def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_or
     sent: dict[bytes, list[bytes]] = {key: [] for key in keys}
     for n in range(300):
         key = keys[n % len(keys)]
-        inbox.store("orders", key, b"%d" % n)
+        inbox.store("orders", b"%d" % n, key=key)
         sent[key].append(b"%d" % n)
     config = HandlerConfig(
         "memory://", concurrency=2, batch_size=40, poll_interval=0.05, rebalance_interval=0.05
@@ -152,7 +155,7 @@ def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_or
     with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.handled == 300, "every message handled")
     assert runner.failed == 1
-    assert {entry.state for entry in inbox.rows.values()} == {"processed"}
+    assert inbox.rows == {} and len(inbox.processed) == 300  # handled rows leave the queue
     effects: dict[bytes, list[bytes]] = {key: [] for key in keys}
     for effect in inbox.effects:
         assert isinstance(effect, tuple)
@@ -188,14 +191,14 @@ def test_each_handler_worker_claims_its_own_lanes_and_the_runner_reads_no_rows()
 
     def fetch(lanes: list[int], limit: int, unordered: list[str]) -> list[Pending]:
         if not threading.current_thread().name.startswith("outbox-handler-"):
-            looks.append(limit)  # the runner's control session (claims call inbox.fetch too)
+            looks.append(limit)  # the runner's control session
         return inbox_fetch(lanes, limit, unordered)
 
     MemoryHandlerWork.claim_next = claim_next  # type: ignore[method-assign,assignment]
     inbox.fetch = fetch  # type: ignore[method-assign]
     try:
         for n in range(400):
-            inbox.store("orders", f"key-{n % 37}".encode(), b"%d" % n)
+            inbox.store("orders", b"%d" % n, key=f"key-{n % 37}".encode())
         config = HandlerConfig("memory://", concurrency=3, batch_size=30, poll_interval=0.05)
         with _handling(inbox, handlers, config) as runner:
             _wait_for(lambda: runner.handled == 400, "every message handled")
@@ -234,7 +237,7 @@ def test_a_handler_worker_whose_lanes_have_no_rows_opens_no_session() -> None:
         with _handling(inbox, handlers, config) as runner:
             for wave in range(3):  # a backlog, then rows that wake it
                 for n in range(50):
-                    inbox.store("orders", b"the-one-key", b"%d" % n)
+                    inbox.store("orders", b"%d" % n, key=b"the-one-key")
                 _wait_for(lambda: runner.handled == 50 * (wave + 1), "the wave handled")  # noqa: B023
     finally:
         MemoryInboxDatabase.open_session = open_session  # type: ignore[method-assign]
@@ -256,7 +259,7 @@ def test_more_handler_workers_than_lanes_handle_everything_in_order() -> None:
     sent: dict[bytes, list[bytes]] = {key: [] for key in keys}
     for n in range(600):
         key = keys[n % len(keys)]
-        inbox.store("orders", key, b"%d" % n)
+        inbox.store("orders", b"%d" % n, key=key)
         sent[key].append(b"%d" % n)
     config = HandlerConfig("memory://", concurrency=100, batch_size=20, poll_interval=0.05)
     with _handling(inbox, handlers, config) as runner:
