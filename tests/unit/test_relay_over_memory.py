@@ -269,3 +269,30 @@ def test_more_handler_workers_than_lanes_handle_everything_in_order() -> None:
         assert isinstance(effect, tuple)
         effects[effect[0]].append(effect[1])
     assert effects == sent
+
+
+def test_a_callback_past_its_lease_is_ended_and_its_message_handled_once_more() -> None:
+    """The runner's lease over a MemoryInbox: the hung callback's transaction is terminated
+    (its write never commits), the attempt is recorded, and the retry handles the message."""
+    inbox = MemoryInbox()
+    handlers = Handlers()
+    release = threading.Event()
+    calls: list[bytes] = []
+
+    @handlers.handler("orders", backoff=Backoff(initial=0.01, maximum=0.01))
+    def on_order(message: InboxMessage[object], tx: MemoryTransaction) -> None:
+        calls.append(message.raw_payload)
+        tx.write(message.raw_payload)
+        if len(calls) == 1:
+            release.wait(10)  # hangs past its lease the first time
+
+    inbox.store("orders", b"slow", key=b"k")
+    inbox.store("orders", b"next", key=b"k")
+    config = HandlerConfig("memory://", lease=0.3, poll_interval=0.05, rebalance_interval=0.05)
+    with _handling(inbox, handlers, config) as runner:
+        _wait_for(lambda: runner.lease_expired == 1, "the lease to expire")
+        _wait_for(lambda: len(inbox.effects) == 2, "both messages handled")
+        release.set()
+    assert inbox.effects == [b"slow", b"next"]  # the hung attempt's write never committed
+    assert [p.attempts for p in inbox.processed.values()] == [2, 1]
+    assert inbox.rows == {}

@@ -126,11 +126,12 @@ class MemoryInbox:
         *,
         key: bytes | None = None,
         headers: Mapping[str, str | bytes] | None = None,
-        content_type: str = "application/json",
+        content_type: str = "application/octet-stream",
         message_id: uuid.UUID | None = None,
     ) -> int | None:
         """Store one message as a Consumer would have; its row id, or None when its message
-        id is stored already or was handled within the dedup window."""
+        id is stored already or was handled within the dedup window. Bytes by default, as
+        `Broker.send` sends bytes: pass the content type your handlers decode."""
         message_id = message_id or uuid.uuid4()
         row = InboxRow(
             message_id,
