@@ -6,6 +6,7 @@ failures in its own transactions."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -373,3 +374,27 @@ def test_an_error_that_is_not_storable_text_is_refused_for_its_data(
             control.fail(FailedAttempt(row.id, error, False, 1.0))
         assert refused_for_data(refused.value), repr(refused.value)
         assert control.attempts(row.id) == 0
+
+
+def test_a_statement_on_a_row_another_transaction_holds_waits_for_it_to_end(
+    stores: StoresUnderTest,
+) -> None:
+    """A failure recorded on a row a worker holds (the lease's `fail` racing a late commit)
+    waits for the worker's transaction, then finds the row as it left it: here, handled."""
+    send(stores, ("1", b"k"))
+    database = stores.inbox()
+    with database.connect() as control, worker(database) as session:
+        with session.transaction() as (tx, _):
+            [row] = database.work.claim_next(tx, ALL, 10, []).rows
+            waiting = threading.Thread(
+                target=control.fail, args=(FailedAttempt(row.id, "late", True, 0.0),)
+            )
+            waiting.start()
+            waiting.join(0.5)
+            assert waiting.is_alive(), "the statement did not wait for the row's lock"
+            database.work.done_many(tx, [row.id])
+        waiting.join(10)
+        assert not waiting.is_alive()
+        assert control.attempts(row.id) == 0
+    assert stores.inbox_dead() == []
+    assert len(stores.processed()) == 1
