@@ -296,3 +296,24 @@ def test_a_callback_past_its_lease_is_ended_and_its_message_handled_once_more() 
     assert inbox.effects == [b"slow", b"next"]  # the hung attempt's write never committed
     assert [p.attempts for p in inbox.processed.values()] == [2, 1]
     assert inbox.rows == {}
+
+
+def test_async_callbacks_run_over_a_memory_inbox_each_in_its_own_transaction() -> None:
+    inbox = MemoryInbox()
+    handlers = Handlers()
+    failed: list[bytes] = []
+
+    @handlers.handler("orders", backoff=Backoff(initial=0.01, maximum=0.01))
+    async def on_order(message: InboxMessage[object], tx: MemoryTransaction) -> None:
+        tx.write((message.key, message.raw_payload))
+        if message.raw_payload == b"3" and not failed:
+            failed.append(message.raw_payload)
+            raise RuntimeError("fails once: its write rolls back")
+
+    for n in range(6):
+        inbox.store("orders", b"%d" % n, key=b"k")
+    config = HandlerConfig("memory://", poll_interval=0.05, rebalance_interval=0.05)
+    with _handling(inbox, handlers, config) as runner:
+        _wait_for(lambda: runner.handled == 6, "every message handled")
+    assert inbox.effects == [(b"k", b"%d" % n) for n in range(6)]
+    assert runner.failed == 1
