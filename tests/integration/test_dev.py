@@ -21,7 +21,7 @@ import pytest
 
 from outbox import Broker
 
-from .dev_support import OUTBOX, DevProcess, environment, processes_under
+from .dev_support import OUTBOX, DevProcess, environment, postgres_installed, processes_under
 
 #: The service of the tests: a message declared once, its handler writes a row.
 SERVICE = {
@@ -52,6 +52,10 @@ SERVICE = {
             conn.execute("INSERT INTO shipments (order_id) VALUES (%s)", (order_id,))
     """,
 }
+pytestmark = pytest.mark.skipif(
+    not postgres_installed(),
+    reason="outbox dev needs PostgreSQL's server (apt-get install postgresql)",
+)
 #: The newcomer's first message is handled within 10 s of starting `outbox run` (issue 32);
 #: this bound only guards against a regression on a machine shared with other test runs.
 FIRST_MESSAGE_BOUND = 45.0

@@ -63,6 +63,7 @@ def test_the_log_needs_no_broker(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_docker_engine_stands_in_for_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(servers, "find_postgres_bindir", _missing("initdb"))
     monkeypatch.setattr(servers, "docker_available", lambda timeout=0.3: True)
+    pytest.importorskip("testcontainers")
     monkeypatch.setattr(servers.ContainerPostgres, "start", classmethod(lambda cls: "pg"))
     postgres, kafka = dev_command._choose(log=False)
     assert postgres(Path("/nowhere")) == "pg"  # type: ignore[comparison-overlap]
@@ -99,3 +100,18 @@ def test_a_dir_the_postgres_user_cannot_enter_is_refused_before_starting(
     assert err.count("\n") == 1
     assert f"{tmp_path} does not let other users through" in err
     assert list((tmp_path / "servers").iterdir()) == []
+
+
+def test_a_docker_engine_without_testcontainers_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(servers, "find_postgres_bindir", _missing("initdb"))
+    monkeypatch.setattr(servers, "docker_available", lambda timeout=0.3: True)
+    real = dev_command.importlib.util.find_spec
+    monkeypatch.setattr(
+        dev_command.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "testcontainers" else real(name, *a),
+    )
+    assert main(["dev"]) == 1
+    assert "apt-get install postgresql" in capsys.readouterr().err
