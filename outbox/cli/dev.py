@@ -21,7 +21,6 @@ import os
 import re
 import shlex
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -33,7 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from outbox import settings
-from outbox.core.errors import ConfigurationError
+from outbox.core.errors import ConfigurationError, OutboxError
 
 if TYPE_CHECKING:
     from outbox.testing.servers import KafkaHandle, PostgresHandle
@@ -182,8 +181,9 @@ def _say(text: str = "") -> None:
 
 
 def run_dev(args: argparse.Namespace) -> int:
-    """Start the servers, print the exports, wait for a signal, stop; exit 0 when stopped by
-    a signal, 1 when a server failed or stopped on its own."""
+    """Start the servers, print the exports, wait for a signal, stop: exit 0 when stopped by
+    a signal; an OutboxError (one line, exit 1) when a server cannot start or stops on its
+    own, once what was started is stopped."""
     from outbox.testing import servers
 
     stop = _Stop()
@@ -195,14 +195,18 @@ def run_dev(args: argparse.Namespace) -> int:
         started = time.monotonic()
         postgres: PostgresHandle | None = None
         kafka: KafkaHandle | None = None
-        code = 1
+        ran = False
         try:
-            postgres, kafka = _start(postgres_start, kafka_start, root)
+            try:
+                postgres, kafka = _start(postgres_start, kafka_start, root)
+            except servers.ServerError as exc:
+                raise OutboxError(f"could not start the development servers: {exc}") from None
+            if not stop.event.is_set():
+                _say(_servers_line(postgres, kafka))
+                exports = _prepare(args, postgres, kafka, root)
             if stop.event.is_set():
                 _say(f"{stop.reason} during start-up: stopping")
                 return 0
-            _say(_servers_line(postgres, kafka))
-            exports = _prepare(args, postgres, kafka, root)
             took = time.monotonic() - started
             _say(f"ready in {took:.1f} s; paste into your service's terminal:")
             for name, value in exports:
@@ -211,17 +215,14 @@ def run_dev(args: argparse.Namespace) -> int:
                 "running until Ctrl-C (or SIGTERM): then the servers stop and "
                 + (f"{root} stays" if args.keep else f"{root} is removed")
             )
+            ran = True
             failure = _watch(stop.event, postgres, kafka)
             if failure:
-                _fatal(failure)
-                return 1
-            code = 0
+                ran = False
+                raise OutboxError(failure)
             return 0
-        except servers.ServerError as exc:
-            _fatal(f"could not start the development servers: {exc}")
-            return 1
         finally:
-            _stop(postgres, kafka, root, keep=bool(args.keep), said=code == 0)
+            _stop(postgres, kafka, root, keep=bool(args.keep), said=ran)
 
 
 def _check_dir(directory: Path) -> None:
@@ -421,9 +422,3 @@ def _stop(
         shutil.rmtree(root, ignore_errors=True)
         if said:
             _say(f"stopped; {root} removed")
-
-
-def _fatal(reason: str) -> None:
-    from outbox.core.redact import redact_text
-
-    print(f"outbox: error: {redact_text(reason)}", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ terminal, and runs the service's commands with the exported variables only.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -217,3 +218,15 @@ def test_a_signal_during_start_up_stops_it_cleanly(servers_dir: Path) -> None:
     assert processes_under(root) == []
     assert not root.exists()
     assert not any(line.startswith("export ") for line in dev.lines)
+
+
+def test_a_server_that_stops_on_its_own_ends_it_with_one_line(servers_dir: Path) -> None:
+    with DevProcess(["--dir", str(servers_dir)]) as dev:
+        _, root = dev.wait_running()
+        (tansu,) = [p for p in processes_under(root) if " broker --listener-url " in p]
+        os.kill(int(tansu.split()[0]), signal.SIGKILL)
+        assert dev.process.wait(60) == 1, dev.output()
+        dev.stop()
+    assert dev.lines[-1].startswith("outbox: error: the broker stopped on its own"), dev.output()
+    assert processes_under(root) == []
+    assert not root.exists()
