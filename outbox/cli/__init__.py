@@ -6,7 +6,7 @@
 - `reference`: docs/reference/configuration.md, generated from the parser.
 
 `outbox console` and `outbox spark` declare their flags in `outbox.cli.console` and
-`outbox.cli.spark`.
+`outbox.cli.spark`; `outbox dev` (local servers for development) in `outbox.cli.dev`.
 """
 
 from outbox.cli.command import build_parser, main

@@ -259,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_asyncapi_command(commands)
 
+    from outbox.cli.dev import add_dev_command
+
+    add_dev_command(commands)
+
     demo = commands.add_parser(
         "demo",
         help="say where the two-service demo runs: a source checkout (./run demo)",
@@ -829,6 +833,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.cli.asyncapi import run_asyncapi
 
             return run_asyncapi(args)
+        if args.command == "dev":
+            from outbox.cli.dev import run_dev
+
+            return run_dev(args)
         if args.command == "spark":
             from outbox.cli.spark import run_spark_command
 

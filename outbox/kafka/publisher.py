@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,30 @@ from outbox.ports import DeliveryFailure
 log = logging.getLogger("outbox.kafka")
 #: librdkafka's own log lines, routed through logging instead of raw stderr.
 rdkafka_log = logging.getLogger("outbox.kafka.librdkafka")
+#: librdkafka's warning that a setting is for the other kind of client (`session.timeout.ms`
+#: given to a producer): expected, since one `--kafka-config` or OUTBOX_KAFKA_CONFIG_<NAME>
+#: serves the relay and the consumer of `outbox run` alike.
+OTHER_CLIENTS_SETTING = re.compile(
+    r"is a (?:consumer|producer) property and will be ignored by this (?:producer|consumer)"
+)
+
+
+class _OtherClientsSettings(logging.Filter):
+    """Logs librdkafka's OTHER_CLIENTS_SETTING warnings at DEBUG: the setting is ignored by
+    this client and used by the other, as meant."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
+            return True
+        if OTHER_CLIENTS_SETTING.search(record.getMessage()) is None:
+            return True
+        if not rdkafka_log.isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+rdkafka_log.addFilter(_OtherClientsSettings())
 
 #: Settings the delivery guarantee depends on; a user override that weakens them is refused.
 REQUIRED = {"enable.idempotence": "true", "acks": "all"}

@@ -409,8 +409,9 @@ class PostgresServer(_ContextManagerMixin):
             time.sleep(downtime)
         self._pg_ctl_start()
 
-    def stop(self) -> None:
-        """Stop the server (pg_ctl stop -m fast, SIGKILL fallback) and delete its directory."""
+    def stop(self, *, keep_files: bool = False) -> None:
+        """Stop the server (pg_ctl stop -m fast, SIGKILL fallback) and delete its directory,
+        unless `keep_files` (its data and log stay in `root`)."""
         if self._stopped:
             return
         self._stopped = True
@@ -426,7 +427,8 @@ class PostgresServer(_ContextManagerMixin):
                             os.kill(self.pid, signal.SIGKILL)
             self.pid = 0
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
+            if not keep_files:
+                shutil.rmtree(self.root, ignore_errors=True)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -613,8 +615,9 @@ class TansuBroker(_ContextManagerMixin):
         """Unfreeze the broker with SIGCONT."""
         self._signal(signal.SIGCONT)
 
-    def stop(self) -> None:
-        """Terminate the broker (SIGCONT, SIGTERM, SIGKILL after 2 s) and delete its directory."""
+    def stop(self, *, keep_files: bool = False) -> None:
+        """Terminate the broker (SIGCONT, SIGTERM, SIGKILL after 2 s) and delete its directory,
+        unless `keep_files` (its log stays in `workdir`)."""
         if self._stopped:
             return
         self._stopped = True
@@ -622,7 +625,8 @@ class TansuBroker(_ContextManagerMixin):
         try:
             self._terminate()
         finally:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            if not keep_files:
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- internals -------------------------------------------------------------------------
 
