@@ -119,6 +119,8 @@ class NoteEvent(Base):
 
 #: Async callbacks get an `AsyncSession` whose transaction also marks the message processed.
 handlers = Handlers(transaction="sqlalchemy")
+#: This service also sends NOTES_CREATED (`outbox asyncapi examples.fastapi_app.app` says so).
+handlers.sends(NOTES_CREATED)
 
 
 @handlers.handler(NOTES_CREATED)
