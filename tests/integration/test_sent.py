@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Engine, create_engine, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -373,3 +373,32 @@ def test_another_schema(outbox_database_factory: Any) -> None:
             billing.send(conn, "invoices", {"id": str(uuid.UUID(int=1))})
         conn.rollback()
     assert messages.one().topic == "invoices"
+
+
+# -- a per-test topic through the daemons ------------------------------------------------------
+
+
+def test_a_renamed_topic_is_sent_relayed_and_handled_under_its_per_test_name(
+    engine: Engine,
+    outbox_rename_topic: Any,
+    outbox_drain: Any,
+    outbox_memory_transport: Any,
+) -> None:
+    from examples.shipping_service import create_schema as create_shipping_schema
+    from examples.shipping_service.handlers import handlers
+    from examples.shipping_service.models import Shipment
+
+    create_shipping_schema(engine.url.render_as_string(hide_password=False))
+    name = outbox_rename_topic(orders_created())
+    with Session(engine) as session:
+        with sent(session, orders_created()) as messages:
+            order_id, _ = place_order(session, "ada", Decimal("3.00"))
+        session.commit()
+        assert messages.one().topic == name
+
+        result = outbox_drain(handlers)  # the relay, the consumer and the handler, in threads
+
+        assert (result.relayed, result.handled, result.unhandled_topics) == (1, 1, ())
+        assert outbox_memory_transport.topics == [name]
+        assert session.scalars(select(Shipment.order_id)).all() == [order_id]
+    assert orders_created().name == name  # until the test ends (test_topic_renamed.py)
