@@ -1,5 +1,9 @@
 """The AsyncAPI 3.0 document of a service: what it receives (its handlers) and what it sends
-(the topics its registry declares with `handlers.sends`), over Kafka or the PostgreSQL log.
+(its `Topic`s, or the topics its registry declares with `handlers.sends`), over Kafka or the
+PostgreSQL log.
+
+A service is given as a `Handlers` registry, a `Topic` or a list of them, or a module holding
+its registries and Topics (`load_service`): a service that only sends needs no registry.
 
 Each topic is a channel with one message: its payload's JSON Schema as the payload travels (a
 pydantic model's by pydantic, a dataclass's by the codec's rules, `outbox.core.codecs`; any
@@ -13,9 +17,13 @@ Pure code: building the document imports the service's registry and nothing conn
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import re
-from collections.abc import Mapping
+import sys
+import types
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from outbox._version import version as outbox_version
@@ -33,6 +41,7 @@ from outbox.core.headers import (
 )
 from outbox.core.serializers import BYTES, JSON
 from outbox.core.text import first_line
+from outbox.core.topics import Topic
 
 ASYNCAPI_VERSION = "3.0.0"
 #: Where named schemas live and how a `$ref` names one.
@@ -55,7 +64,126 @@ class _Channel:
     sent: bool = False
 
 
-# -- loading -----------------------------------------------------------------------------------
+# -- the service -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Service:
+    """What a document describes: the handlers a service runs (what it receives) and the topics
+    it sends, and the content type of payloads its registry's serializer writes."""
+
+    receivers: tuple[HandlerSpec, ...] = ()
+    sent: tuple[Topic[Any], ...] = ()
+    content_type: str = JSON
+
+
+def service_of(target: object, where: str = "the service") -> Service:
+    """The `Service` of a `Handlers` registry, a `Topic`, a list (tuple, set) of Topics or a
+    module; a `ConfigurationError` naming `where` for anything else."""
+    if isinstance(target, Service):
+        return target
+    if isinstance(target, Handlers):
+        return Service(tuple(target), target.sent_topics, target.serializer.content_type)
+    if isinstance(target, Topic):
+        return Service(sent=(target,))
+    if isinstance(target, types.ModuleType):
+        return _module_service(target)
+    if isinstance(target, Iterable) and not isinstance(target, str | bytes | Mapping):
+        topics = list(target)
+        if not topics:
+            raise ConfigurationError(f"{where} is an empty {type(target).__name__}: no Topic")
+        for index, item in enumerate(topics):
+            if not isinstance(item, Topic):
+                raise ConfigurationError(
+                    f"{where}[{index}] is a {type(item).__name__}, not an outbox.Topic"
+                )
+        return Service(sent=tuple(_distinct(topics)))
+    raise ConfigurationError(
+        f"{where} is a {type(target).__name__}, not an outbox.Handlers registry, a Topic or a "
+        "list of Topics"
+    )
+
+
+def _distinct(items: Iterable[Any]) -> list[Any]:
+    """`items` without repeats of one object, in order."""
+    seen: dict[int, Any] = {}
+    for item in items:
+        seen.setdefault(id(item), item)
+    return list(seen.values())
+
+
+def _module_service(module: types.ModuleType) -> Service:
+    """A module's service: the handlers of every `Handlers` registry at its top level, and its
+    top-level Topics that none of them receives (a Topic handled here is received; declare
+    with `handlers.sends` one this service both sends and receives), with the registries'
+    declared sent topics."""
+    values = list(vars(module).values())
+    registries = _distinct(v for v in values if isinstance(v, Handlers))
+    topics = _distinct(v for v in values if isinstance(v, Topic))
+    name = module.__name__
+    if not registries and not topics:
+        raise ConfigurationError(
+            f"module {name!r} has no outbox.Topic and no outbox.Handlers registry at its top "
+            "level: name one as MODULE:ATTRIBUTE (a registry, a Topic or a list of Topics)"
+        )
+    receivers: list[HandlerSpec] = []
+    handled: dict[str, HandlerSpec] = {}
+    for registry in registries:
+        for spec in registry:
+            other = handled.get(spec.topic)
+            if other is not None and other.func is not spec.func:
+                raise ConfigurationError(
+                    f"module {name!r}: topic {spec.topic!r} has two handlers in two registries "
+                    f"({other.name} and {spec.name}); name one registry as MODULE:ATTRIBUTE"
+                )
+            if other is None:
+                handled[spec.topic] = spec
+                receivers.append(spec)
+    content_types = {r.serializer.content_type for r in registries}
+    if len(content_types) > 1:
+        raise ConfigurationError(
+            f"module {name!r}: its registries' serializers write {sorted(content_types)}; "
+            "name one registry as MODULE:ATTRIBUTE"
+        )
+    declared = [t for r in registries for t in r.sent_topics]
+    received = {id(s.declared) for s in receivers if s.declared is not None}
+    sent = [t for t in topics if id(t) not in received and t.name not in handled]
+    return Service(
+        tuple(receivers),
+        tuple(_distinct([*declared, *sent])),
+        content_types.pop() if content_types else JSON,
+    )
+
+
+def load_service(path: str) -> Service:
+    """The `Service` of `MODULE[:ATTRIBUTE]`: ATTRIBUTE a `Handlers` registry (which may have no
+    handlers), a `Topic` or a list of Topics; MODULE alone, its registries and Topics. One
+    `ConfigurationError` for every way that fails, the module's own exception included."""
+    module_name, sep, attribute = path.partition(":")
+    if not module_name or (sep and not attribute):
+        raise ConfigurationError(
+            "give the service as MODULE or MODULE:ATTRIBUTE (e.g. myservice.handlers:handlers, "
+            f"or myservice.contracts for a module of Topics), got {path!r}"
+        )
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module itself fails
+        raise ConfigurationError(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    if not sep:
+        return _module_service(module)
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if isinstance(target, types.ModuleType):
+        return _module_service(target)
+    return service_of(target, path)
 
 
 def load_registry(path: str) -> Handlers:
@@ -245,10 +373,10 @@ def _described_payload(content_type: str, schema: dict[str, Any] | None) -> dict
 # -- the document ------------------------------------------------------------------------------
 
 
-def _gather(handlers: Handlers) -> dict[str, _Channel]:
-    """The channels of a registry: one per topic handled or declared sent, in that order."""
+def _gather(service: Service) -> dict[str, _Channel]:
+    """The channels of a service: one per topic handled or sent, in that order."""
     channels: dict[str, _Channel] = {}
-    default_type = handlers.serializer.content_type
+    default_type = service.content_type
 
     def merge(name: str, declared: Any, payload: Any, origin: str) -> _Channel:
         channel = channels.setdefault(name, _Channel(name))
@@ -273,12 +401,12 @@ def _gather(handlers: Handlers) -> dict[str, _Channel]:
                 channel.key = getattr(declared, "key", None)
         return channel
 
-    for spec in handlers:
-        declared = getattr(spec, "declared", None)
-        payload = getattr(declared, "payload", None) or getattr(spec, "payload_type", None)
+    for spec in service.receivers:
+        declared = spec.declared
+        payload = (declared.payload if declared is not None else None) or spec.payload_type
         merge(spec.topic, declared, payload, f"the handler {spec.name}").receivers.append(spec)
-    for topic in getattr(handlers, "sent_topics", ()):
-        merge(topic.name, topic, getattr(topic, "payload", None), "a sent topic").sent = True
+    for topic in service.sent:
+        merge(topic.name, topic, topic.payload, "a sent topic").sent = True
     for channel in channels.values():
         channel.content_type = channel.content_type or default_type
     return channels
@@ -335,7 +463,7 @@ def _headers_schema(content_type: str) -> dict[str, Any]:
 
 
 def build_document(
-    handlers: Handlers,
+    service: Handlers | Service | Topic[Any] | Iterable[Topic[Any]] | types.ModuleType,
     *,
     title: str,
     version: str = "1.0.0",
@@ -343,9 +471,10 @@ def build_document(
     security_schemes: Mapping[str, Any] | None = None,
     source: str | None = None,
 ) -> dict[str, Any]:
-    """The AsyncAPI 3.0 document of `handlers`: a channel and a message per topic, a receive
-    operation per handler, a send operation per topic declared sent."""
-    channels = _gather(handlers)
+    """The AsyncAPI 3.0 document of a service (`service_of`: a registry, a Topic or a list of
+    them, a module): a channel and a message per topic, a receive operation per handler, a
+    send operation per topic sent; `info.description` names both sets."""
+    channels = _gather(service_of(service))
     typed = {
         name: channel.payload
         for name, channel in channels.items()
@@ -354,6 +483,10 @@ def build_document(
     schemas, defs = payload_schemas(typed)
     description = f"Generated by outbox {outbox_version()}"
     description += f" from {source}." if source else "."
+    sends = [name for name, channel in channels.items() if channel.sent]
+    receives = [name for name, channel in channels.items() if channel.receivers]
+    description += f" Sends: {', '.join(sends) or 'nothing'}."
+    description += f" Receives: {', '.join(receives) or 'nothing'}."
     document: dict[str, Any] = {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {"title": title, "version": version, "description": description},
@@ -490,10 +623,13 @@ def _yaml(value: Any, indent: int, lines: list[str]) -> None:
 __all__ = [
     "ASYNCAPI_VERSION",
     "FORMATS",
+    "Service",
     "build_document",
     "dumps",
     "kafka_servers",
     "load_registry",
+    "load_service",
     "log_servers",
     "payload_schemas",
+    "service_of",
 ]

@@ -50,6 +50,7 @@ CONSOLE_PORT = "OUTBOX_CONSOLE_PORT"
 CONSOLE_TOKEN = "OUTBOX_CONSOLE_TOKEN"
 CONSOLE_READ_ONLY = "OUTBOX_CONSOLE_READ_ONLY"
 CONSOLE_REFRESH = "OUTBOX_CONSOLE_REFRESH"
+CONSOLE_ASYNCAPI = "OUTBOX_CONSOLE_ASYNCAPI"
 
 # -- logs, metrics and health of the commands and daemons (`outbox.observability`) ----------
 LOG_LEVEL = "OUTBOX_LOG_LEVEL"
@@ -195,6 +196,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         CONSOLE_REFRESH,
         "seconds between two refreshes of the console page; the default of `--refresh` (else 3)",
+        "`outbox console`",
+    ),
+    EnvironmentVariable(
+        CONSOLE_ASYNCAPI,
+        "MODULE[:ATTRIBUTE] of the service whose AsyncAPI page the console serves at "
+        "`/asyncapi`; the default of `--asyncapi` (else no such page)",
         "`outbox console`",
     ),
     EnvironmentVariable(

@@ -1,4 +1,5 @@
-"""The `outbox asyncapi` command: the AsyncAPI 3.0 document of a service's handlers."""
+"""The `outbox asyncapi` command: the AsyncAPI 3.0 document of a service: its handlers, and
+the topics it sends (a module of Topics, a Topic list or a registry)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ def add_asyncapi_command(commands: argparse._SubParsersAction[argparse.ArgumentP
     """Add `outbox asyncapi` to the `outbox` command's subparsers."""
     asyncapi = commands.add_parser(
         "asyncapi",
-        help="write the AsyncAPI 3.0 document of a service's handlers and sent topics",
-        description="Writes the AsyncAPI 3.0 document of a Handlers registry: a channel per "
-        "topic it handles or declares sent (handlers.sends), each message's JSON Schema, key "
-        "and headers, and the server: Kafka (--kafka-bootstrap) or, with --transport "
-        "postgres, the log at --log-url (host, port and database only). Nothing connects. "
-        "See docs/how-to/asyncapi.md.",
+        help="write the AsyncAPI 3.0 document of a service: what it sends and receives",
+        description="Writes the AsyncAPI 3.0 document of a service: a channel per topic it "
+        "receives (its handlers) or sends (its Topics, or handlers.sends), each message's JSON "
+        "Schema, key and headers, a receive or send operation, and the server: Kafka "
+        "(--kafka-bootstrap) or, with --transport postgres, the log at --log-url (host, port "
+        "and database only). Nothing connects. See docs/how-to/asyncapi.md.",
     )
     asyncapi.add_argument(
-        "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
+        "handlers",
+        metavar="MODULE[:ATTRIBUTE]",
+        help="a module of the service (its Handlers registries and Topics at top level: a "
+        "Topic no handler there receives is one it sends), or an attribute of one: a Handlers "
+        "registry, a Topic or a list of Topics; e.g. svc.handlers:handlers, svc.contracts",
     )
     asyncapi.add_argument(
         "--format",
@@ -34,7 +39,9 @@ def add_asyncapi_command(commands: argparse._SubParsersAction[argparse.ArgumentP
         "--output", metavar="FILE", default=None, help="write the document to FILE, not stdout"
     )
     asyncapi.add_argument(
-        "--title", default=None, help="the document's title (default: the MODULE:ATTRIBUTE)"
+        "--title",
+        default=None,
+        help="the document's title (default: the MODULE[:ATTRIBUTE] given)",
     )
     asyncapi.add_argument(
         "--api-version", default="1.0.0", help="the document's info.version (default 1.0.0)"
@@ -44,11 +51,12 @@ def add_asyncapi_command(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def run_asyncapi(args: argparse.Namespace) -> int:
-    """Write the document; a registry that cannot be described is one line and exit 1."""
+    """Write the document; a service that cannot be loaded or described is one line and
+    exit 1."""
     from outbox import transports
-    from outbox.asyncapi import build_document, dumps, load_registry
+    from outbox.asyncapi import build_document, dumps, load_service
 
-    handlers = load_registry(args.handlers)
+    service = load_service(args.handlers)
     servers, schemes = transports.get(args.transport, what="--transport").asyncapi_servers(
         transports.TransportSettings(
             kafka_bootstrap=args.kafka_bootstrap or "",
@@ -58,7 +66,7 @@ def run_asyncapi(args: argparse.Namespace) -> int:
         )
     )
     document = build_document(
-        handlers,
+        service,
         title=args.title or args.handlers,
         version=args.api_version,
         servers=servers,

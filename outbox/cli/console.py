@@ -62,6 +62,14 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         help=f"hide and refuse requeue and purge (env {settings.CONSOLE_READ_ONLY})",
     )
     console.add_argument(
+        "--asyncapi",
+        metavar="MODULE[:ATTRIBUTE]",
+        default=os.environ.get(settings.CONSOLE_ASYNCAPI) or None,
+        help="serve the AsyncAPI document of this service at /asyncapi, a page linked from "
+        "the console's (the argument of `outbox asyncapi`: a module of the service, or its "
+        f"Handlers registry, Topic or list of Topics; env {settings.CONSOLE_ASYNCAPI})",
+    )
+    console.add_argument(
         "--refresh",
         type=flag_type("seconds", settings.CONSOLE_REFRESH),
         default=os.environ.get(settings.CONSOLE_REFRESH, "3"),
@@ -105,6 +113,7 @@ def run_console(args: argparse.Namespace) -> int:
         transport=args.transport,
         log_url=args.log_url or None,
         log_schema=args.log_schema,
+        asyncapi=args.asyncapi,
     )
     console = Console(config)
 

@@ -54,6 +54,15 @@ button.purge { color: var(--bad); }
 #message { font-weight: 600; }
 .pager { margin: 6px 0; display: flex; gap: 8px; }
 dialog { border: 1px solid var(--line); border-radius: 6px; }
+header a.doc, header .status a { color: #adb5bd; }
+.asyncapi { overflow-wrap: anywhere; }
+.asyncapi .schema table { margin: 4px 0; }
+.asyncapi .schema table table { font-size: 12px; }
+.asyncapi .description { color: #495057; }
+.asyncapi .operation { margin: 4px 0; }
+.asyncapi details { margin: 4px 0 10px; }
+.state.send { background: #d0ebff; color: #1864ab; }
+.state.receive { background: #d3f9d8; color: #2b8a3e; }
 """
 
 JS = """\
@@ -190,7 +199,7 @@ PAGE = """\
 <header>
 <h1>outbox console</h1>
 <nav id="databases">{databases}</nav>
-{read_only}
+{read_only}{asyncapi}
 <span class="status"><span title="{described}">schema {schema}</span> ·
 <span id="updated">loading…</span></span>
 </header>

@@ -122,6 +122,9 @@ class ConsoleConfig:
     databases_file: str | None = None
     #: The schema of a database in `databases_file` that names none.
     schema: str = "outbox"
+    #: MODULE[:ATTRIBUTE] of the service whose AsyncAPI document the console serves (as
+    #: `outbox asyncapi` takes it), or None for no AsyncAPI page.
+    asyncapi: str | None = None
 
     def __post_init__(self) -> None:
         if not self.databases and not self.databases_file:
@@ -221,6 +224,7 @@ class Console:
         self._sampled: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.asyncapi = _asyncapi(config)
         self._server = _Server(config, _Handler)
         self._server.console = self
 
@@ -433,6 +437,7 @@ class Console:
             described=render.esc(redact_url(d.url)),
             schema=render.esc(d.schema),
             read_only='<span class="ro">read-only</span>' if self.config.read_only else "",
+            asyncapi=' <a class="db doc" href="/asyncapi">AsyncAPI</a>' if self.asyncapi else "",
         )
 
     def view(self, d: Database, query: Mapping[str, str]) -> dict[str, Any]:
@@ -516,6 +521,33 @@ class Console:
         log.info("console: %sd row %s of %s in %s", action, row_id, ops.TABLES[queue], d.name)
         rows = "row" if count == 1 else "rows"
         return {"changed": count, "message": f"{action}d {count} {rows} of {ops.TABLES[queue]}"}
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncApi:
+    """The AsyncAPI document the console serves, and its page (built once, at start-up)."""
+
+    document: dict[str, Any]
+    html: str
+
+
+def _asyncapi(config: ConsoleConfig) -> AsyncApi | None:
+    """The document of `config.asyncapi`, as `outbox asyncapi` writes it (the servers of the
+    console's transport), and its page; a ConfigurationError when it cannot be built."""
+    if not config.asyncapi:
+        return None
+    from outbox.asyncapi import build_document, load_service
+    from outbox.console import asyncapi_page
+
+    servers, schemes = transports.get(config.transport).asyncapi_servers(config.transport_settings)
+    document = build_document(
+        load_service(config.asyncapi),
+        title=config.asyncapi,
+        servers=servers,
+        security_schemes=schemes,
+        source=config.asyncapi,
+    )
+    return AsyncApi(document, asyncapi_page.page(document, source=config.asyncapi))
 
 
 #: Reads consumer-group lag as `outbox.core.lag.GroupLag`: the `LagReader` of the transport
@@ -911,6 +943,17 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/api/row":
             d = self.console.database(query.get("db"))
             self._json(HTTPStatus.OK, self.console.row(d, query))
+        elif path in ("/asyncapi", "/asyncapi.json"):
+            found = self.console.asyncapi
+            if found is None:
+                raise _Refused(
+                    HTTPStatus.NOT_FOUND,
+                    "no AsyncAPI document: start the console with --asyncapi MODULE[:ATTRIBUTE]",
+                )
+            if path == "/asyncapi":
+                self._send(HTTPStatus.OK, found.html.encode(), "text/html; charset=utf-8")
+            else:
+                self._json(HTTPStatus.OK, found.document)
         elif path == "/favicon.ico":
             self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
         else:

@@ -13,10 +13,11 @@ import sys
 import typing
 from collections import abc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from outbox.core import topics as _topics
 from outbox.core.codecs import check_payload_type, decoder, type_name
 from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
@@ -73,6 +74,10 @@ class Handlers:
     (at the next fetch or at the end of the batch), so the runner then rolls the batch back and
     runs it again without the pipeline to find the failing message; `COPY` is not allowed, and
     `cursor.rowcount` is only known after a fetch. Opt in when callbacks only write.
+
+    A handler registered with a `Topic` follows the name it answers to: while a test runs the
+    Topic under a name of its own (`outbox.testing.topic_renamed`), `get`, `topics` and the
+    specs answer under that name.
     """
 
     def __init__(
@@ -94,8 +99,12 @@ class Handlers:
         self.transaction: TransactionKind = transaction
         self.pipeline = bool(pipeline)
         self.serializer: Serializer = serializer or JsonSerializer()
+        #: By the name each topic was registered under (a Topic's declared name).
         self._specs: dict[str, HandlerSpec] = {}
         self._sent: dict[str, Topic[Any]] = {}
+        #: `_specs` by the names their Topics answer to now, as of `topics.names_version()`.
+        self._live: dict[str, HandlerSpec] = {}
+        self._live_version = -1
 
     def handler(
         self,
@@ -156,7 +165,7 @@ class Handlers:
         """What `handler` and `batch_handler` share: check the arguments now, register the
         function when the decorator is applied."""
         declared = topic if isinstance(topic, Topic) else None
-        name = validate_topic(topic.name if isinstance(topic, Topic) else topic)
+        name = validate_topic(topic.declared_name if isinstance(topic, Topic) else topic)
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         decorator = "batch_handler" if batch else "handler"
@@ -208,6 +217,28 @@ class Handlers:
                 f"cannot also register {spec.name} (one handler per topic)"
             )
         self._specs[spec.topic] = spec
+        self._live_version = -1
+
+    def _current(self) -> dict[str, HandlerSpec]:
+        """The specs by the name each topic answers to now: a Topic a test runs under another
+        name (`outbox.testing.topic_renamed`) is handled under that name."""
+        version = _topics.names_version()
+        if version == self._live_version:
+            return self._live
+        live: dict[str, HandlerSpec] = {}
+        for spec in self._specs.values():
+            name = spec.declared.name if spec.declared is not None else spec.topic
+            if name != spec.topic:
+                spec = replace(spec, topic=name)
+            existing = live.get(name)
+            if existing is not None and existing.func is not spec.func:
+                raise HandlerConflict(
+                    f"topic {name!r} has two handlers while a Topic runs under that name: "
+                    f"{existing.name} and {spec.name}; rename to a name no handler reads"
+                )
+            live[name] = spec
+        self._live, self._live_version = live, version
+        return live
 
     def include(self, other: Handlers) -> Handlers:
         """Merge another registry's handlers into this one; returns self."""
@@ -221,7 +252,7 @@ class Handlers:
                 f"cannot include a registry with pipeline={other.pipeline} into one with "
                 f"pipeline={self.pipeline}"
             )
-        for spec in other:
+        for spec in other._specs.values():
             self._add(spec)
         other_sent = other.sent_topics
         if other_sent:
@@ -236,35 +267,35 @@ class Handlers:
                 raise ConfigurationError(
                     f"sends() takes outbox.Topic declarations, got {type(topic).__name__}"
                 )
-            existing = self._sent.get(topic.name)
+            existing = self._sent.get(topic.declared_name)
             if existing is not None and existing is not topic:
                 raise ConfigurationError(
                     f"topic {topic.name!r} is already declared as sent by another Topic object "
                     f"({existing!r}); declare each topic once and import it"
                 )
-            self._sent[topic.name] = topic
+            self._sent[topic.declared_name] = topic
 
     @property
     def sent_topics(self) -> tuple[Topic[Any], ...]:
         """The topics declared with `sends`, by name."""
-        return tuple(self._sent[name] for name in sorted(self._sent))
+        return tuple(sorted(self._sent.values(), key=lambda topic: topic.name))
 
     def get(self, topic: str) -> HandlerSpec | None:
         """The handler of `topic`, or None."""
-        return self._specs.get(topic)
+        return self._current().get(topic)
 
     @property
     def unordered_topics(self) -> list[str]:
         """Topics whose handler was declared `ordered=False`."""
-        return sorted(t for t, spec in self._specs.items() if not spec.ordered)
+        return sorted(t for t, spec in self._current().items() if not spec.ordered)
 
     @property
     def topics(self) -> list[str]:
         """The registered topics, sorted."""
-        return sorted(self._specs)
+        return sorted(self._current())
 
     def __iter__(self) -> Iterator[HandlerSpec]:
-        return iter(list(self._specs.values()))
+        return iter(list(self._current().values()))
 
     def __len__(self) -> int:
         return len(self._specs)

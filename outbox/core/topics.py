@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 from uuid import UUID
@@ -49,9 +50,14 @@ class Topic(Generic[P]):
     `payload` instance, validated on the way in. `payload` is a pydantic v2 model, a dataclass,
     or None for any JSON value; `key` names an attribute of the payload, or is a function of it
     returning str, bytes or None.
+
+    `renamed(name)` is a copy declared under another name. A test that must run this very
+    object (imported by the code under test) under a name of its own uses
+    `outbox.testing.topic_renamed`, which makes it answer to that name in this process until
+    the block ends: sends, and the `Handlers` registries that registered it, follow.
     """
 
-    __slots__ = ("content_type", "description", "key", "name", "payload")
+    __slots__ = ("_name", "content_type", "description", "key", "payload")
 
     @overload
     def __init__(
@@ -84,7 +90,7 @@ class Topic(Generic[P]):
         content_type: str = "application/json",
         description: str = "",
     ) -> None:
-        self.name: str = validate_topic(name)
+        self._name: str = validate_topic(name)
         self.payload: type[P] | None = check_payload_type(payload, f"Topic({name!r})")
         try:  # a key type with no JSON form, say, refused now rather than at the first send
             prepare(self.payload, _caller_locals())
@@ -110,6 +116,35 @@ class Topic(Generic[P]):
             raise ConfigurationError(f"Topic({name!r}): content_type must be a non-empty str")
         self.content_type: str = content_type
         self.description: str = description
+
+    @property
+    def name(self) -> str:
+        """The topic's name: as declared, or the one a test runs it under for now
+        (`outbox.testing.topic_renamed`)."""
+        if _overrides:
+            return _overrides.get(self, self._name)
+        return self._name
+
+    @property
+    def declared_name(self) -> str:
+        """The name the Topic was declared with, whatever name a test runs it under."""
+        return self._name
+
+    def renamed(self, name: str) -> Topic[P]:
+        """A copy of this declaration under another topic name (payload type, key, content
+        type and description the same); `InvalidTopic` if Kafka would refuse the name. The
+        copy is a Topic of its own: this one, and whoever holds it, are unchanged."""
+        try:
+            valid = validate_topic(name)
+        except InvalidTopic as exc:
+            raise InvalidTopic(f"cannot rename topic {self.name!r}: {exc}") from None
+        copy: Topic[P] = object.__new__(Topic)
+        copy._name = valid
+        copy.payload = self.payload
+        copy.key = self.key
+        copy.content_type = self.content_type
+        copy.description = self.description
+        return copy
 
     def key_of(self, payload: P) -> bytes | None:
         """The message key the declaration derives from `payload` (UTF-8 for str; int and UUID
@@ -161,6 +196,48 @@ class Topic(Generic[P]):
     def __repr__(self) -> str:
         payload = type_name(self.payload) if self.payload is not None else "any JSON"
         return f"Topic({self.name!r}, {payload})"
+
+
+#: The names Topics answer to instead of their declared ones, for a test
+#: (`outbox.testing.topic_renamed`): one table for the whole process, so that the daemons' threads
+#: see it too. Empty outside such tests (`Topic.name` then costs one truth test).
+_overrides: dict[Topic[Any], str] = {}
+#: Counts the changes of `_overrides`: a registry keyed by topic names builds its keys again
+#: when it differs (`names_version`).
+_version = 0
+_overrides_lock = threading.Lock()
+
+
+def override_name(topic: Topic[Any], name: str | None) -> str | None:
+    """Make `topic` answer to `name` in this whole process (None: to its declared name again)
+    and return the name it answered to before when that was not its declared one, else None.
+
+    For `outbox.testing.topic_renamed`, which restores what this returns; `InvalidTopic` if
+    Kafka would refuse `name`.
+    """
+    global _version
+    if not isinstance(topic, Topic):
+        raise ConfigurationError(f"a Topic is renamed, not a {type(topic).__name__}")
+    if name is not None:
+        try:
+            validate_topic(name)
+        except InvalidTopic as exc:
+            raise InvalidTopic(
+                f"cannot run topic {topic.declared_name!r} under another name: {exc}"
+            ) from None
+    with _overrides_lock:
+        before = _overrides.get(topic)
+        if name is None or name == topic.declared_name:
+            _overrides.pop(topic, None)
+        else:
+            _overrides[topic] = name
+        _version += 1
+    return before
+
+
+def names_version() -> int:
+    """A number that changes whenever a Topic starts or stops answering to another name."""
+    return _version
 
 
 def _caller_locals() -> dict[str, Any]:

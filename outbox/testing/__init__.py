@@ -1,5 +1,6 @@
 """Test support: throwaway PostgreSQL/Kafka servers (`servers`), a pytest plugin (`plugin`), the
-in-memory stores (`stores`) and transport (`memory`), and `drain`.
+in-memory stores (`stores`) and transport (`memory`), `drain`, `sent` (what a block of code
+sent) and `topic_renamed` (a `Topic` under a per-test name).
 
 The pytest plugin loads automatically through the `pytest11` entry point once the package is
 installed; this module re-exports the pytest-free API, each name imported on first use from
@@ -16,8 +17,11 @@ __all__ = [
     "DrainTimeout",
     "MemoryInbox",
     "MemoryOutbox",
+    "PayloadUndecodable",
     "PostgresLog",
     "PostgresServer",
+    "Sent",
+    "SentMessage",
     "ServerError",
     "Servers",
     "TansuBroker",
@@ -26,11 +30,15 @@ __all__ = [
     "docker_available",
     "drain",
     "drop_database",
+    "per_test_name",
+    "sent",
     "start_servers",
+    "topic_renamed",
 ]
 
 if TYPE_CHECKING:
     from outbox.testing.draining import DeadLetter, DrainResult, DrainTimeout, PostgresLog, drain
+    from outbox.testing.sending import PayloadUndecodable, Sent, SentMessage, sent
     from outbox.testing.servers import (
         PostgresServer,
         ServerError,
@@ -43,6 +51,7 @@ if TYPE_CHECKING:
         start_servers,
     )
     from outbox.testing.stores import MemoryInbox, MemoryOutbox
+    from outbox.testing.topics import per_test_name, topic_renamed
 
 #: Where each name lives.
 _HOMES = {
@@ -64,6 +73,8 @@ _HOMES = {
         "servers",
     ),
     **dict.fromkeys(("MemoryInbox", "MemoryOutbox"), "stores"),
+    **dict.fromkeys(("PayloadUndecodable", "Sent", "SentMessage", "sent"), "sending"),
+    **dict.fromkeys(("per_test_name", "topic_renamed"), "topics"),
 }
 
 

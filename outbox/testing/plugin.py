@@ -19,8 +19,9 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import psycopg
@@ -45,10 +46,11 @@ from outbox.testing.servers import (
 
 if TYPE_CHECKING:  # the package under test is imported late, in the fixtures
     from outbox.core.handlers import Handlers
+    from outbox.core.topics import Topic
     from outbox.testing.draining import DrainResult, PostgresLog
     from outbox.testing.memory import InMemoryTransport
 
-__all__ = ["DatabaseFactory", "Drain", "TopicFactory"]
+__all__ = ["DatabaseFactory", "Drain", "RenameTopic", "TopicFactory"]
 
 #: Consumer settings for Tansu, which joins a group in half of session.timeout.ms (real Kafka
 #: refuses session timeouts under 6 s, and keeps its defaults).
@@ -159,6 +161,15 @@ class TopicFactory(Protocol):
 
     def __call__(self, partitions: int = 3) -> str:
         """Create a topic with `partitions` partitions and return its name."""
+        ...
+
+
+class RenameTopic(Protocol):
+    """`outbox_rename_topic`: run a `Topic` under a name of this test's own until it ends."""
+
+    def __call__(self, topic: Topic[Any], name: str | None = None) -> str:
+        """Make `topic` answer to `name` (default `<its name>-<8 hex>`) for the rest of the
+        test, in sends and in the registries that registered it; return the name."""
         ...
 
 
@@ -329,6 +340,21 @@ def outbox_memory_transport() -> InMemoryTransport:
     from outbox.testing.memory import InMemoryTransport
 
     return InMemoryTransport()
+
+
+@pytest.fixture
+def outbox_rename_topic() -> Iterator[RenameTopic]:
+    """Run module-level `Topic`s under names of this test's own (`outbox.testing.topic_renamed`);
+    each gets its declared name back when the test ends. Starts no server: give it
+    `outbox_topic` as the name to use a topic created on the session's broker."""
+    from outbox.testing.topics import topic_renamed
+
+    with ExitStack() as renamed:
+
+        def rename(topic: Topic[Any], name: str | None = None) -> str:
+            return renamed.enter_context(topic_renamed(topic, name))
+
+        yield rename
 
 
 @pytest.fixture

@@ -170,8 +170,63 @@ SERVICE = textwrap.dedent(
 )
 
 
+#: A service that only sends: a module of Topics, no Handlers.
+CONTRACTS = textwrap.dedent(
+    """
+    import dataclasses
+    import decimal
+
+    import pydantic
+
+    from outbox import Topic
+
+
+    @dataclasses.dataclass
+    class OrderPlaced:
+        order_id: int
+        total: decimal.Decimal
+
+
+    class Paid(pydantic.BaseModel):
+        order_id: int
+        via: str = pydantic.Field(description="the payment's <b>method</b>")
+
+
+    PLACED = Topic("orders.placed", OrderPlaced, key="order_id", description="Orders placed.")
+    PAID = Topic("orders.paid", Paid, description='Paid; "quoted" & <i>marked</i>.')
+    ALIAS = PLACED  # the same Topic under a second name: one channel
+    ALL = [PLACED, PAID]
+    EMPTY = []
+    MIXED = [PLACED, "orders.paid"]
+    """
+)
+
+#: A module with a registry and Topics: the handled one is received, the other sent.
+MIXED_SERVICE = textwrap.dedent(
+    '''
+    from outbox import Handlers, InboxMessage, Topic
+
+    from contracts_asyncapi import PAID, PLACED
+
+    REFUNDED = Topic("orders.refunded", None, description="Refunds.")
+    handlers = Handlers()
+
+
+    @handlers.handler(PLACED)
+    def on_placed(message, conn):
+        """Bill a placed order."""
+    '''
+)
+
+#: A module with neither.
+NOTHING = "VALUE = 1\n"
+
+
 def _cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "service_asyncapi.py").write_text(SERVICE)
+    (tmp_path / "contracts_asyncapi.py").write_text(CONTRACTS)
+    (tmp_path / "mixed_asyncapi.py").write_text(MIXED_SERVICE)
+    (tmp_path / "nothing_asyncapi.py").write_text(NOTHING)
     environ = {
         key: value
         for key, value in os.environ.items()
@@ -236,7 +291,10 @@ def test_the_command_with_no_server_and_no_handlers_gives_a_placeholder(tmp_path
         (["service_asyncapi:not_a_registry"], "not an outbox.Handlers registry"),
         (["service_asyncapi:missing"], "has no attribute 'missing'"),
         (["no_such_module_asyncapi:h"], "cannot import 'no_such_module_asyncapi'"),
-        (["service_asyncapi"], "module:attribute"),
+        (["nothing_asyncapi"], "has no outbox.Topic and no outbox.Handlers registry"),
+        (["service_asyncapi:"], "give the service as MODULE or MODULE:ATTRIBUTE"),
+        (["contracts_asyncapi:EMPTY"], "contracts_asyncapi:EMPTY is an empty list"),
+        (["contracts_asyncapi:MIXED"], "contracts_asyncapi:MIXED[1] is a str, not an outbox"),
         (["service_asyncapi:handlers", "--output", "/nonexistent/dir/a.json"], "cannot write"),
     ],
 )
@@ -246,3 +304,49 @@ def test_the_command_fails_in_one_line(tmp_path: Path, args: list[str], fragment
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert result.stdout == ""
+
+
+def test_a_module_of_topics_is_a_service_that_only_sends(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "contracts_asyncapi")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert set(document["channels"]) == {"orders.placed", "orders.paid"}
+    assert set(document["operations"]) == {"send-orders.placed", "send-orders.paid"}
+    description = document["info"]["description"]
+    assert "Sends: orders.placed, orders.paid. Receives: nothing." in description
+    assert document["channels"]["orders.paid"]["description"] == 'Paid; "quoted" & <i>marked</i>.'
+    assert_valid(_write(tmp_path, document))
+
+
+@pytest.mark.parametrize("target", ["contracts_asyncapi:ALL", "contracts_asyncapi:PAID"])
+def test_a_topic_or_a_list_of_topics(tmp_path: Path, target: str) -> None:
+    result = _cli(tmp_path, target, "--format", "yaml")
+    assert result.returncode == 0, result.stderr
+    document = yaml.safe_load(result.stdout)
+    assert all(op["action"] == "send" for op in document["operations"].values())
+    assert "orders.paid" in document["channels"]
+    assert_valid(_write(tmp_path, document, "asyncapi.yaml"))
+
+
+def test_a_module_with_a_registry_says_what_it_receives_and_what_it_sends(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "mixed_asyncapi")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert set(document["operations"]) == {
+        "receive-orders.placed",  # its handler's
+        "send-orders.paid",  # imported, no handler here: sent
+        "send-orders.refunded",
+    }
+    assert document["operations"]["receive-orders.placed"]["description"] == "Bill a placed order."
+    assert "Receives: orders.placed." in document["info"]["description"]
+    assert_valid(_write(tmp_path, document))
+
+
+def test_the_fastapi_example_sends_and_receives_its_topic(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "examples.fastapi_app.app")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert set(document["operations"]) == {"receive-notes.created", "send-notes.created"}
+    payload = document["components"]["messages"]["notes.created"]["payload"]
+    assert payload["$ref"] == SCHEMAS + "NoteCreated"
+    assert_valid(_write(tmp_path, document))

@@ -234,3 +234,36 @@ def test_the_open_button_of_a_dead_letter_stays_on_one_line(
             })""",
         )
     assert lines == [1, 1, 1]
+
+
+def test_the_asyncapi_page_in_a_browser_fetches_nothing_from_elsewhere(
+    browser_page: Any, outbox_database_url: str
+) -> None:
+    """From the console's page to the AsyncAPI page by its link; every request the browser
+    makes goes to the console, the page runs no script and reports no error."""
+    app = serve(
+        ConsoleConfig(
+            databases=(Database("notes", outbox_database_url),),
+            port=0,
+            asyncapi="examples.fastapi_app.app",
+        )
+    )
+    requested: list[str] = []
+    errors: list[str] = []
+    browser_page.on("request", lambda request: requested.append(request.url))
+    browser_page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        browser_page.goto(app.url)
+        browser_page.click("a[href='/asyncapi']")
+        browser_page.wait_for_url(f"{app.url}asyncapi")
+        headings = browser_page.locator("h2").all_inner_texts()
+        assert any("notes.created" in h for h in headings), headings
+        assert browser_page.locator("script").count() == 0
+        browser_page.click("summary >> nth=0")  # a schema's JSON opens
+        assert browser_page.locator("details[open] pre").first.inner_text().startswith("{")
+    finally:
+        app.close()
+    foreign = [url for url in requested if not url.startswith(app.url)]
+    assert requested and not foreign, foreign
+    assert errors == [], errors

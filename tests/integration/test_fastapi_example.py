@@ -1,21 +1,37 @@
-"""examples/fastapi_app: a real HTTP request sends, and the handler's effect shows, with the
-relay, consumer and handler running in the web process's lifespan (uvicorn, a subprocess)."""
+"""examples/fastapi_app: a typed FastAPI service.
+
+A real HTTP request (uvicorn, a subprocess) sends, and the handler's effect shows, with the
+relay, consumer and handler running in the web process's lifespan. Through uvicorn serving the
+app without the runtime in this process (so that the outbox row stays for the test to see, and
+a test can override the Broker dependency): the note and its `NoteCreated` commit together, and
+a request that fails after writing both, or whose message the Broker refuses, leaves neither.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from uuid import UUID
 
 import httpx
 import psycopg
 import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from examples.fastapi_app.app import NOTES_CREATED, NoteCreated, create_app, get_broker
+from outbox import Broker
+from outbox.testing import sent
 
 from .relay_helpers import RelayTransport, wait_for
 
@@ -115,3 +131,122 @@ def test_a_post_sends_in_its_transaction_and_the_handler_in_the_lifespan_sees_it
         queued = conn.execute("SELECT count(*) FROM outbox.producer_queue").fetchone()
     assert rows == [(note,)]  # once
     assert queued == (0,)
+
+
+# -- the sending side, in process ----------------------------------------------------------------
+
+
+def _rows(url: str) -> tuple[list[tuple[Any, ...]], int]:
+    """The notes, and the rows of producer_queue, committed in the database at `url`."""
+    with psycopg.connect(url) as conn:
+        notes = conn.execute("SELECT id, text FROM notes ORDER BY id").fetchall()
+        queued = conn.execute("SELECT count(*) FROM outbox.producer_queue").fetchone()
+    assert queued is not None
+    return notes, int(queued[0])
+
+
+class Served:
+    """The app served by uvicorn in a thread of this process, on a free loopback port."""
+
+    def __init__(self, app: FastAPI, client: httpx.Client) -> None:
+        self.app = app
+        self.client = client
+
+
+@pytest.fixture
+def served(outbox_database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """The app without the runtime (nothing relays: the outbox rows stay) on this test's
+    database, and an HTTP client of it."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", outbox_database_url)
+    app = create_app(run_outbox=False)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started or not thread.is_alive(), 30, "uvicorn to start")
+        assert server.started, "uvicorn did not start"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield Served(app, client)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_a_post_commits_the_note_and_its_message_together(
+    served: Served, outbox_database_url: str
+) -> None:
+    client = served.client
+    with sent(outbox_database_url, NOTES_CREATED) as messages:
+        created = client.post("/notes", json={"text": "hello <b>world</b>"})
+    assert created.status_code == 201, created.text
+    body = created.json()
+    message = messages.one()
+    assert UUID(body["message_id"]) == message.message_id
+    assert isinstance(message.payload, NoteCreated)
+    assert (message.payload.note_id, message.payload.text) == (body["id"], "hello <b>world</b>")
+    assert message.key == str(body["id"]).encode()
+    assert message.topic == NOTES_CREATED.name
+    assert _rows(outbox_database_url) == ([(body["id"], "hello <b>world</b>")], 1)
+
+    shown = client.get(f"/notes/{body['id']}")
+    assert shown.json() == {"id": body["id"], "text": "hello <b>world</b>", "handled": 0}
+    assert client.get("/notes/999999").status_code == 404
+    assert client.get("/readyz").status_code == 503  # no runtime in this process
+
+
+class _FailsAfterSending(Broker):
+    """Sends for real, then fails: the request dies with both rows written, uncommitted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[UUID] = []
+
+    async def send_async(self, tx: object, *args: Any, **kwargs: Any) -> UUID:
+        self.sent.append(await super().send_async(tx, *args, **kwargs))
+        raise RuntimeError("the request fails after writing the note and its message")
+
+
+def test_a_request_that_fails_after_both_writes_leaves_neither(
+    served: Served, outbox_database_url: str
+) -> None:
+    failing = _FailsAfterSending()
+    served.app.dependency_overrides[get_broker] = lambda: failing
+    with sent(outbox_database_url) as messages:
+        answer = served.client.post("/notes", json={"text": "never"})
+    assert answer.status_code == 500
+    assert len(failing.sent) == 1  # the message was written, then rolled back with the note
+    assert list(messages) == []
+    assert _rows(outbox_database_url) == ([], 0)
+
+
+def test_a_message_the_broker_refuses_leaves_no_note(
+    served: Served, outbox_database_url: str
+) -> None:
+    small = Broker(max_message_bytes=500)  # PayloadTooLarge after the note was flushed
+    served.app.dependency_overrides[get_broker] = lambda: small
+    answer = served.client.post("/notes", json={"text": "x" * 1000})
+    assert answer.status_code == 500
+    assert _rows(outbox_database_url) == ([], 0)
+
+
+@pytest.mark.parametrize(
+    "body", [{}, {"text": ""}, {"text": 7}, {"text": "x" * 10_001}, {"note": "x"}]
+)
+def test_an_invalid_request_writes_nothing(
+    served: Served, outbox_database_url: str, body: dict[str, Any]
+) -> None:
+    answer = served.client.post("/notes", json=body)
+    assert answer.status_code == 422, answer.text
+    assert _rows(outbox_database_url) == ([], 0)
+
+
+def test_the_docs_show_the_endpoint_as_it_is() -> None:
+    page = (REPO_ROOT / "docs" / "how-to" / "one-process.md").read_text(encoding="utf-8")
+    section = page[page.index("### FastAPI") : page.index("### Django")]
+    source = (REPO_ROOT / "examples" / "fastapi_app" / "app.py").read_text(encoding="utf-8")
+    endpoint = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "@router" in b]
+    assert len(endpoint) == 1 and endpoint[0] in source, "one-process.md shows create_note"

@@ -11,7 +11,9 @@ import decimal
 import enum
 import json
 import sys
+import types
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +24,10 @@ from outbox.asyncapi import (
     build_document,
     dumps,
     kafka_servers,
+    load_service,
     log_servers,
     payload_schemas,
+    service_of,
 )
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID
@@ -322,6 +326,121 @@ def test_the_how_to_commands_parse() -> None:
 
     page = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "asyncapi.md"
     commands = outbox_commands(page.read_text())
-    assert len(commands) == 4
+    assert len(commands) == 5
     for args in commands:
         assert build_parser().parse_args(args).command == "asyncapi"
+
+
+# -- any service: Topics, a Topic list, a module ----------------------------------------------
+
+
+def _module(name: str, **attributes: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    return module
+
+
+def test_a_list_of_topics_is_a_service_that_only_sends() -> None:
+    placed, paid = Topic("orders.placed", Line), Topic("orders.paid", None)
+    for given in ([placed, paid], (placed, paid), [placed, paid, placed]):
+        document = build_document(given, title="s")
+        assert list(document["operations"]) == ["send-orders.placed", "send-orders.paid"]
+        assert (
+            "Sends: orders.placed, orders.paid. Receives: nothing."
+            in (document["info"]["description"])
+        )
+    assert list(build_document(placed, title="s")["channels"]) == ["orders.placed"]
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ([], "the service is an empty list: no Topic"),
+        ([Topic("a", None), "b"], r"the service\[1\] is a str, not an outbox.Topic"),
+        (42, "is a int, not an outbox.Handlers registry, a Topic or a list of Topics"),
+        ("orders", "is a str, not an outbox.Handlers registry"),
+        ({"orders": Topic("a", None)}, "is a dict, not"),
+    ],
+)
+def test_what_is_not_a_service_is_named(given: Any, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        service_of(given)
+
+
+def test_a_module_receives_what_its_registries_handle_and_sends_its_other_topics() -> None:
+    placed = Topic("orders.placed", Line, description="<b>placed</b>")
+    paid = Topic("orders.paid", None)
+    refunded = Topic("orders.refunded", None)
+    handlers = Handlers()
+    handlers.handler(placed)(_noop)
+    audit = Handlers()
+    audit.handler("audit")(_noop)
+    audit.sends(refunded)
+    module = _module(
+        "svc", handlers=handlers, again=handlers, audit=audit, PLACED=placed, PAID=paid
+    )
+    service = service_of(module)
+    assert [s.topic for s in service.receivers] == ["orders.placed", "audit"]
+    assert [t.name for t in service.sent] == ["orders.refunded", "orders.paid"]
+    document = build_document(module, title="svc")
+    assert set(document["operations"]) == {
+        "receive-orders.placed",
+        "receive-audit",
+        "send-orders.refunded",
+        "send-orders.paid",
+    }
+    assert document["channels"]["orders.placed"]["description"] == "<b>placed</b>"
+
+
+def test_a_topic_a_module_both_sends_and_receives_is_declared_with_sends() -> None:
+    notes = Topic("notes", None)
+    handlers = Handlers()
+    handlers.handler(notes)(_noop)
+    handlers.sends(notes)
+    document = build_document(_module("svc", handlers=handlers, NOTES=notes), title="svc")
+    assert set(document["operations"]) == {"receive-notes", "send-notes"}
+
+
+def test_a_module_with_nothing_or_two_handlers_of_a_topic_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"module 'empty' has no outbox\.Topic"):
+        service_of(_module("empty", VALUE=1, Topic=Topic, Handlers=Handlers))
+    one, two = Handlers(), Handlers()
+    one.handler("orders")(_noop)
+    two.handler("orders")(lambda message, conn: None)
+    with pytest.raises(ConfigurationError, match="'orders' has two handlers in two registries"):
+        service_of(_module("svc", one=one, two=two))
+    json_registry, other = Handlers(), Handlers(serializer=_Plain())
+    with pytest.raises(ConfigurationError, match="serializers write"):
+        service_of(_module("svc", a=json_registry, b=other))
+
+
+class _Plain:
+    content_type = "text/csv"
+
+    def dumps(self, payload: Any) -> bytes:
+        return str(payload).encode()
+
+    def loads(self, data: bytes) -> Any:
+        return data.decode()
+
+
+def test_load_service_takes_a_module_or_an_attribute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "svc_contracts_unit.py").write_text(
+        "from outbox import Topic\n\nA = Topic('a', None)\nB = Topic('b', None)\nBOTH = [A, B]\n"
+        "import json\n"
+    )
+    (tmp_path / "svc_broken_unit.py").write_text("raise RuntimeError('at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [t.name for t in load_service("svc_contracts_unit").sent] == ["a", "b"]
+    assert [t.name for t in load_service("svc_contracts_unit:BOTH").sent] == ["a", "b"]
+    assert [t.name for t in load_service("svc_contracts_unit:B").sent] == ["b"]
+    with pytest.raises(ConfigurationError, match=r"'json' has no outbox\.Topic"):
+        load_service("svc_contracts_unit:json")  # a module attribute: described as a module
+    with pytest.raises(ConfigurationError, match="RuntimeError: at import"):
+        load_service("svc_broken_unit")
+    for bad in ("", ":x", "svc_contracts_unit:"):
+        with pytest.raises(ConfigurationError, match="MODULE or MODULE:ATTRIBUTE"):
+            load_service(bad)

@@ -1,0 +1,16 @@
+-- The read-only statements of `outbox.testing.sent` (what a block of a test's code wrote to
+-- producer_queue); they never lock or change a row. `{schema}` is the quoted outbox schema.
+-- Every name starts with `sent_`.
+
+-- name: sent_mark
+-- The last id producer_queue's sequence gave out (0 before the first), read when the block
+-- starts: a row the block then writes has a greater id. A sequence is not transactional, so
+-- ids given to transactions still open do not hide below the mark.
+SELECT COALESCE(pg_sequence_last_value(
+    pg_get_serial_sequence(%(table)s, 'id')::regclass), 0)
+
+-- name: sent_rows
+-- The rows of producer_queue written since the mark, as the reading transaction sees them, in
+-- the order they were written.
+SELECT message_id, topic, key, payload, headers, content_type
+FROM {schema}.producer_queue WHERE id > %(after)s ORDER BY id
