@@ -6,8 +6,16 @@ a zone -> ISO 8601 (a naive datetime is refused: read elsewhere, it would mean a
 date and time -> ISO 8601; Decimal -> a string (a JSON number would be read back as a float and
 lose digits); Enum -> its value; dataclass -> an object of its fields; pydantic model ->
 `model_dump(mode="json")`; bytes inside a payload -> a standard base64 string. A set is refused
-(its order is not defined: send a sorted list). Anything else is refused with its path, e.g.
+(its order is not defined: send a sorted list), unless a dataclass field declares a set (then
+an array, sorted when its items compare). Anything else is refused with its path, e.g.
 `payload.items[2].price: object of type Foo is not JSON-encodable`.
+
+A dataclass's values are written by their declared types, so that the handler reads back the
+same value (issue 31): a value of another type than declared that the reader would refuse or
+read back as another value is refused, naming the field (`True` in an `int` field, a datetime
+in a `date` field, an int a `float` would round, a UUID in a `str | UUID` field, which the
+reader, taking the first type of a union that accepts the text, would read back as a str; a
+subclass of a dataclass where the dataclass is declared).
 
 Mapping keys (JSON object keys are text): a key is written as json.dumps writes it (int
 `"1"`, float by `repr`, `"true"`/`"false"`, `"null"`) or as its value is written (Decimal,
@@ -34,6 +42,7 @@ import binascii
 import contextlib
 import dataclasses
 import enum
+import json
 import math
 import re
 import sys
@@ -106,6 +115,9 @@ def to_json(value: Any) -> Any:
 
     Called by `json.dumps(default=...)` only for such objects, so plain payloads pay nothing.
     """
+    plan = _plans.get(type(value))
+    if plan is not None:  # a dataclass written before: the most frequent payload, first
+        return _write_fields(value, plan)
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise TypeError(
@@ -124,13 +136,7 @@ def to_json(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        for name, write in _encoding(type(value)):
-            try:
-                fields[name] = write(fields[name])
-            except _Refused as exc:
-                raise exc.within(f".{name}") from None
-        return fields
+        return _write_fields(value, _plan(type(value)))
     if is_model(type(value)):
         dumped = value.model_dump(mode="json")
         check = _model_check(type(value))
@@ -154,34 +160,37 @@ def describe_unencodable(payload: Any) -> str:
         found = _find(payload, "payload", set())
     except RecursionError:
         found = None
-    return found or f"payload of type {type(payload).__qualname__} cannot be JSON-encoded"
+    if found is None:
+        return f"payload of type {type(payload).__qualname__} cannot be JSON-encoded"
+    return f"{found[0]}: {found[1]}"
 
 
-def _find(value: Any, path: str, seen: set[int]) -> str | None:
+def _find(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
+    """The path of the first value inside `value` that cannot be written, and why."""
     if value is None or isinstance(value, str | bool):
         return None
     if isinstance(value, int):
-        return _too_long(value, path)
+        return (path, _long_int(value)) if _too_long(value) else None
     if isinstance(value, float):
         if math.isfinite(value):
             return None
-        return f"{path}: {value!r} is {_NOT_A_NUMBER}"
+        return path, f"{value!r} is {_NOT_A_NUMBER}"
     if isinstance(value, dict | list | tuple):
         if id(value) in seen:
-            return f"{path}: circular reference"
+            return path, "circular reference"
         seen.add(id(value))
         try:
             if isinstance(value, dict):
                 for k, item in value.items():
                     if not (k is None or isinstance(k, str | int | float | bool)):
-                        return (
-                            f"{path}: key {_shown(k)} of type {type(k).__qualname__} is "
-                            "refused (object keys must be str, int, float, bool or None)"
+                        return path, (
+                            f"key {_shown(k)} of type {type(k).__qualname__} is refused "
+                            "(object keys must be str, int, float, bool or None)"
                         )
                     if isinstance(k, float) and not math.isfinite(k):
-                        return f"{path}: key {k!r} is {_NOT_A_NUMBER}"
-                    if isinstance(k, int) and not isinstance(k, bool) and _too_long(k, ""):
-                        return f"{path}: key {_shown(k)} {_long()}"
+                        return path, f"key {k!r} is {_NOT_A_NUMBER}"
+                    if isinstance(k, int) and not isinstance(k, bool) and _too_long(k):
+                        return path, f"key {_shown(k)} {_long()}"
                     found = _find(
                         item, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]", seen
                     )
@@ -198,15 +207,15 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
     try:
         converted = to_json(value)
     except _Refused as exc:
-        return f"{path}{exc.where}: {exc.reason}"
+        return f"{path}{exc.where}", exc.reason
     except TypeError as exc:
-        return f"{path}: {exc}"
+        return path, str(exc)
     except Exception as exc:  # a model_dump that raises: its own error
-        return f"{path}: {type(exc).__name__}: {exc}"
+        return path, f"{type(exc).__name__}: {exc}"
     if converted is value:
         return None
     if id(value) in seen:
-        return f"{path}: circular reference"
+        return path, "circular reference"
     seen.add(id(value))
     try:
         return _find(converted, path, seen)
@@ -224,16 +233,20 @@ def _long() -> str:
     )
 
 
-def _too_long(value: int, path: str) -> str | None:
-    """Why an int cannot be written in decimal (more digits than Python converts), or None."""
+def _too_long(value: int) -> bool:
+    """True if an int cannot be written in decimal (more digits than Python converts)."""
     limit = sys.get_int_max_str_digits()
     if not limit or value.bit_length() <= 3 * limit:  # surely writable: no text built
-        return None
+        return False
     try:
         int.__repr__(value)
     except ValueError:
-        return f"{path}: {_shown(value)} {_long()}"
-    return None
+        return True
+    return False
+
+
+def _long_int(value: int) -> str:
+    return f"{_shown(value)} {_long()}"
 
 
 def _shown(value: Any) -> str:
@@ -368,6 +381,9 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             raise _fail(path, names, data)
 
         return union
+    bare = _BARE.get(tp)
+    if bare is not None:
+        return _converter(bare, ctx)
     if origin is typing.Literal:
 
         def literal(data: Any, path: str) -> Any:
@@ -474,7 +490,10 @@ def _scalar_converter(tp: type[Any]) -> Convert:
 
         def number(data: Any, path: str) -> Any:
             if isinstance(data, int | float) and not isinstance(data, bool):
-                return float(data)
+                try:
+                    return float(data)
+                except OverflowError:  # an int beyond 1.8e308
+                    pass
             raise _fail(path, "a number", data)
 
         return number
@@ -673,7 +692,7 @@ def _key_text(key: Any) -> str:
     if isinstance(key, bool):
         return "true" if key else "false"
     if isinstance(key, int):
-        if _too_long(key, ""):
+        if _too_long(key):
             raise _Refused(f"key {_shown(key)} {_long()}")
         return int.__repr__(key)
     if isinstance(key, float):
@@ -856,43 +875,82 @@ def _text_keys(tp: Any) -> bool:
 
 
 # -- writing what a dataclass declares ------------------------------------------------------
+#
+# `to_json` writes a dataclass field by field, each by the writer of its declared type: what the
+# handler's converter (above) reads back. A writer is `(exact, write)`: a value whose type is in
+# `exact` is written as it is (json.dumps and `to_json` give what the reader reads back as an
+# equal value: one set lookup per field, the common case); any other value goes through `write`,
+# which returns what to write (a mapping with its keys as text, a set as a list) or raises
+# `_Refused` saying why the reader would refuse it or read back another value. What no rule
+# below covers is checked by writing it and reading it back with the declared type's converter
+# (`_checked`): exact, and paid only by values of another type than declared.
 
 Encode = Callable[[Any], Any]
-_encodings: dict[type[Any], tuple[tuple[str, Encode], ...]] = {}
+Writer = tuple[frozenset[type[Any]], Encode]
+Plan = tuple[tuple[str, frozenset[type[Any]], Encode], ...]
+_plans: dict[type[Any], Plan] = {}
 _unresolved: set[type[Any]] = set()
+_NONE: type[Any] = type(None)
+_JSON_SCALARS: frozenset[type[Any]] = frozenset({str, int, float, bool, _NONE})
+#: Types whose exact instances a field declared with that very type writes as they are.
+_EXACT: frozenset[type[Any]] = frozenset(
+    {bool, int, float, str, _NONE, UUID, datetime, date, time, Decimal, bytes}
+)
+#: What json.dumps writes as JSON text, for reading back what a writer wrote (`_written`).
+_FORM = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=to_json
+)
 
 
 def prepare(payload_type: type[Any] | None, localns: Mapping[str, Any] | None = None) -> None:
     """Build now what encoding `payload_type` needs (a `Topic` does when it is declared), so
-    that a key type with no text form, or a union of mappings a JSON object cannot tell apart,
-    is a `ConfigurationError` before anything is sent. Annotations that cannot be resolved
-    (names local to a function, not in `localns`) are left for later: until a handler's
-    registration resolves them, such a dataclass's keys are written as json.dumps writes them."""
+    that a type outbox cannot write so that it reads back (a key type with no text form, a
+    union of mappings a JSON object cannot tell apart) is a `ConfigurationError` before anything
+    is sent. Annotations that cannot be resolved (names local to a function, not in `localns`)
+    are left for later: until a handler's registration resolves them, such a dataclass is
+    written as json.dumps writes it, unchecked."""
     if payload_type is None:
         return
     if dataclasses.is_dataclass(payload_type):
-        if payload_type not in _encodings:  # unresolved: the first send tries again
-            _build_encoding(payload_type, _Context(localns, declaring=True))
+        if payload_type not in _plans:  # unresolved: the first send tries again
+            _build_plan(payload_type, _Context(localns, declaring=True))
     elif is_model(payload_type):
         _model_check(payload_type)
 
 
-def _encoding(tp: type[Any]) -> tuple[tuple[str, Encode], ...]:
-    """The fields of dataclass `tp` that `to_json` writes beyond taking them as they are (their
-    mappings have keys to write, here or nested), each with its writer."""
-    found = _encodings.get(tp)
+def _write_fields(value: Any, plan: Plan) -> dict[str, Any]:
+    fields = {}
+    for name, exact, write in plan:
+        item = getattr(value, name)
+        if type(item) not in exact:
+            try:
+                item = write(item)
+            except _Refused as exc:
+                raise exc.within(f".{name}") from None
+        fields[name] = item
+    return fields
+
+
+def _plan(tp: type[Any]) -> Plan:
+    """How `to_json` writes the fields of dataclass `tp` (built once, then cached)."""
+    found = _plans.get(tp)
     if found is not None:
         return found
     if tp in _unresolved:
-        return ()
+        return _loose_plan(tp)
     try:
-        return _build_encoding(tp, _Context(None))
+        return _build_plan(tp, _Context(None))
     except ConfigurationError as exc:
         raise _Refused(str(exc)) from None
 
 
-def _build_encoding(tp: type[Any], ctx: _Context) -> tuple[tuple[str, Encode], ...]:
-    if tp in ctx.encoding:  # contains itself: each instance is its own to_json call
+def _loose_plan(tp: type[Any]) -> Plan:
+    """The fields of a dataclass whose annotations are not known: as json.dumps writes them."""
+    return tuple((f.name, _ANY[0], _ANY[1]) for f in dataclasses.fields(tp))
+
+
+def _build_plan(tp: type[Any], ctx: _Context) -> Plan:
+    if tp in ctx.encoding:  # contains itself: built by the outer call, which caches it
         return ()
     ctx.encoding.add(tp)
     try:
@@ -900,26 +958,36 @@ def _build_encoding(tp: type[Any], ctx: _Context) -> tuple[tuple[str, Encode], .
     except Exception:
         if not ctx.declaring:  # not tried again at each send: until a handler resolves it
             _unresolved.add(tp)
-        return ()
+        return _loose_plan(tp)
     plan = []
     for f in dataclasses.fields(tp):
+        if not f.init:  # not read back (the reader does not pass it): as json.dumps writes it
+            plan.append((f.name, *_ANY))
+            continue
         try:
-            write = _writer(hints.get(f.name, Any), ctx)
+            exact, write = _writer(hints.get(f.name, Any), ctx)
         except _TypeRefused as exc:
             raise ConfigurationError(f"{type_name(tp)}.{f.name}: {exc}") from None
-        if write is not None:
-            plan.append((f.name, write))
+        plan.append((f.name, exact, write))
     found = tuple(plan)
-    _encodings[tp] = found
+    _plans[tp] = found
     return found
 
 
-def _writer(tp: Any, ctx: _Context) -> Encode | None:
-    """How `to_json` writes a value declared `tp` beyond what json.dumps does by itself, or None
-    when nothing more is needed (no mapping with keys to write inside). A nested dataclass is
-    written by its own `to_json` call: its encoding is only built here, to refuse now."""
+def _as_is(value: Any) -> Any:
+    return value
+
+
+#: A value declared Any (or object) is written as json.dumps writes it, and read back as JSON.
+_ANY: Writer = (_JSON_SCALARS, _as_is)
+
+
+def _writer(tp: Any, ctx: _Context) -> Writer:
+    """How `to_json` writes a value declared `tp` so that the reader reads back an equal value,
+    or refuses it (`_Refused`); `_TypeRefused` for a type it cannot write so (built once per
+    field, when the dataclass is first written or its Topic declared)."""
     if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
-        return None
+        return _ANY
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Annotated:
@@ -929,36 +997,260 @@ def _writer(tp: Any, ctx: _Context) -> Encode | None:
     if origin is typing.Union or origin is types.UnionType:
         return _union_writer(tp, ctx)
     if origin is typing.Literal:
-        return None
+        return _literal_writer(tp, ctx)
+    bare = _BARE.get(tp)
+    if bare is not None:
+        return _writer(bare, ctx)
     if origin in _SEQUENCES:
-        return _sequence_writer(origin, args, ctx)
+        return _sequence_writer(tp, origin, args, ctx)
     if origin in _MAPPINGS:
-        return _mapping_writer(args, ctx)
+        return _mapping_writer(tp, args, ctx)
     if origin is not None:
         return _writer(origin, ctx)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp not in _encodings:
-        _build_encoding(tp, ctx)
-    return None
+    if not isinstance(tp, type):  # the reader takes such a value as it is
+        return _ANY
+    if typing.is_typeddict(tp):
+        return _writer(dict[str, Any], ctx)
+    if dataclasses.is_dataclass(tp):
+        if tp not in _plans:  # a field type refused now, not at the first send
+            _build_plan(tp, ctx)
+        return frozenset({tp}), _checked(tp, ctx)  # an instance writes itself, by its own plan
+    if is_model(tp):
+        return frozenset({tp}), _checked(tp, ctx)
+    if issubclass(tp, enum.Enum):
+        return _enum_writer(tp, ctx)
+    if tp is float:
+        return _float_writer(ctx)
+    if tp is Decimal:  # an int reads back as the equal Decimal
+        return frozenset({Decimal, int}), _checked(tp, ctx)
+    if tp in _EXACT or (issubclass(tp, str | int | float) and not issubclass(tp, bool)):
+        return frozenset({tp}), _checked(tp, ctx)
+    return frozenset(), _checked(tp, ctx)
 
 
-def _mapping_writer(args: tuple[Any, ...], ctx: _Context) -> Encode | None:
+def _checked(tp: Any, ctx: _Context) -> Encode:
+    """A writer that writes a value as `to_json` does and reads it back with the converter of
+    `tp` (built when first needed): the value if that gives it back, else `_Refused`."""
+    declared = _annotation_name(tp)
+    localns = ctx.localns
+    read: list[Convert] = []
+
+    def check(value: Any) -> Any:
+        if not read:
+            try:
+                read.append(_converter(tp, _Context(localns)))
+            except ConfigurationError as exc:
+                raise _Refused(str(exc)) from None
+        return _read_back(value, value, read[0], declared)
+
+    return check
+
+
+def _read_back(value: Any, written: Any, read: Convert, declared: str) -> Any:
+    """`written` (what is written for `value`) if `read` gives `value` back from its JSON, else
+    `_Refused` saying what the reader does with it."""
+    form, text = _written(written)
+    try:
+        back = read(form, "payload")
+    except PayloadInvalid:
+        raise _Refused(
+            f"{_shown(value)} ({type(value).__qualname__}) would be written {text}, which the "
+            f"declared type {declared} does not read"
+        ) from None
+    if not _same_value(back, value):
+        raise _Refused(
+            f"{_shown(value)} ({type(value).__qualname__}) would be written {text} and read "
+            f"back as {_shown(back)} ({type(back).__qualname__}): the declared type is "
+            f"{declared}"
+        )
+    return written
+
+
+def _written(value: Any) -> tuple[Any, str]:
+    """The JSON value a reader gets for `value` (as send writes it), and its text for messages;
+    `_Refused` if it cannot be written."""
+    try:
+        text = _FORM.encode(value)
+    except _Refused:
+        raise
+    except (TypeError, ValueError):
+        found = _find(value, "", set())
+        if found is None:
+            raise _Refused(f"a {type(value).__qualname__} cannot be JSON-encoded") from None
+        where, reason = found
+        raise _Refused(reason, where) from None
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    return json.loads(text), shown
+
+
+def _same_value(back: Any, sent: Any) -> bool:
+    """True if `back`, read from what was written for `sent`, is `sent` for the handler: equal,
+    and a bool not a number, a str not another type, as Python alone would say."""
+    if back is sent:
+        return True
+    if isinstance(back, bool) is not isinstance(sent, bool):
+        return False
+    if isinstance(back, str) is not isinstance(sent, str):
+        return False
+    try:
+        return bool(back == sent)
+    except Exception:  # a signalling NaN, an __eq__ that raises: not the same
+        return False
+
+
+def _float_writer(ctx: _Context) -> Writer:
+    """A float, or an int a float holds exactly (read back as the equal float)."""
+    checked = _checked(float, ctx)
+
+    def number(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                if float(value) == value:
+                    return value
+            except OverflowError:
+                pass
+        return checked(value)
+
+    return frozenset({float}), number
+
+
+def _enum_writer(tp: type[enum.Enum], ctx: _Context) -> Writer:
+    """A member whose value reads back as that very member; another is refused, naming why (a
+    value the reader cannot read, or reads as another member)."""
+    read = _converter(tp, ctx)
+    declared = type_name(tp)
+    refused: dict[Any, _Refused] = {}
+    for each in tp:
+        try:
+            _read_back(each, each, read, declared)
+        except _Refused as exc:
+            refused[each] = exc
+    checked = _checked(tp, ctx)
+    if not refused:
+        return frozenset({tp}), checked
+
+    def member(value: Any) -> Any:
+        if type(value) is tp:
+            problem = refused.get(value)
+            if problem is None:
+                return value
+            raise _Refused(problem.reason, problem.where)
+        return checked(value)
+
+    return frozenset(), member
+
+
+def _literal_writer(tp: Any, ctx: _Context) -> Writer:
+    """One of the Literal's values that reads back as itself (a value of that very type)."""
+    read = _converter(tp, ctx)
+    declared = _annotation_name(tp)
+    fine: set[tuple[type[Any], Any]] = set()
+    for arg in typing.get_args(tp):
+        with contextlib.suppress(_Refused):
+            _read_back(arg, arg, read, declared)
+            fine.add((type(arg), arg))
+    checked = _checked(tp, ctx)
+
+    def literal(value: Any) -> Any:
+        try:
+            if (type(value), value) in fine:
+                return value
+        except TypeError:  # unhashable: not one of them
+            pass
+        return checked(value)
+
+    return frozenset(), literal
+
+
+#: Bare collection annotations, as the reader reads them.
+_BARE: dict[Any, Any] = {
+    list: list[Any],
+    tuple: tuple[Any, ...],
+    set: set[Any],
+    frozenset: frozenset[Any],
+    dict: dict[Any, Any],
+}
+
+
+def _sequence_writer(tp: Any, origin: Any, args: tuple[Any, ...], ctx: _Context) -> Writer:
+    checked = _checked(tp, ctx)
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        writers = [_writer(a, ctx) for a in args]
+
+        def fixed(value: Any) -> Any:
+            if not isinstance(value, tuple) or len(value) != len(writers):
+                return checked(value)
+            result = []
+            for index, ((exact, write), item) in enumerate(zip(writers, value, strict=True)):
+                if type(item) not in exact:
+                    try:
+                        item = write(item)
+                    except _Refused as exc:
+                        raise exc.within(f"[{index}]") from None
+                result.append(item)
+            return result
+
+        return frozenset(), fixed
+    exact, write = _writer(args[0], ctx) if args else _ANY
+    unordered = origin in (set, frozenset, abc.Set, abc.MutableSet)
+    accepted: type[Any] | types.UnionType = (
+        list
+        if origin is list
+        else tuple
+        if origin is tuple
+        else set | frozenset
+        if unordered
+        else list | tuple  # an abstract Sequence, Iterable, Collection: read back as a list
+    )
+
+    def sequence(value: Any) -> Any:
+        if not isinstance(value, accepted):
+            return checked(value)
+        items = _ordered(value) if unordered else value
+        if set(map(type, items)) <= exact:
+            return items
+        result = []
+        for index, item in enumerate(items):
+            if type(item) not in exact:
+                try:
+                    item = write(item)
+                except _Refused as exc:
+                    raise exc.within(f"[{index}]") from None
+            result.append(item)
+        return result
+
+    return frozenset(), sequence
+
+
+def _ordered(items: Iterable[Any]) -> list[Any]:
+    """A set's items as a list, sorted when they can be (one wire form for one set)."""
+    try:
+        return sorted(items)
+    except TypeError:  # items of types that do not compare: in the set's own order
+        return list(items)
+
+
+def _mapping_writer(tp: Any, args: tuple[Any, ...], ctx: _Context) -> Writer:
     key_type = args[0] if args else Any
-    write_item = _writer(args[1], ctx) if len(args) > 1 else None
+    exact, write_item = _writer(args[1], ctx) if len(args) > 1 else _ANY
+    checked = _checked(tp, ctx)
     keys = _plain_keys(key_type)
-    if keys == "any":
-        write_key = None
-    elif keys == "str":
-        write_key = _string_key(key_type)
-        if write_item is None:  # nothing to build: check the keys only
-            return _checking_keys(write_key)
-    else:
+    write_key: Callable[[Any], str] | None = None
+    if keys == "str":
+        string = _string_key(key_type)
+    elif keys is None:
         write_key = _key_writer(key_type, ctx)
-    if write_key is None and write_item is None:
-        return None
 
     def mapping(value: Any) -> Any:
-        if not isinstance(value, Mapping):  # not what was declared: as json.dumps writes it
-            return value
+        if not isinstance(value, Mapping):
+            return checked(value)
+        if write_key is None:
+            if keys == "str" and not set(map(type, value)) <= _STR:
+                for key in value:
+                    if not isinstance(key, str):
+                        string(key)
+            if isinstance(value, dict) and set(map(type, value.values())) <= exact:
+                return value
         result = {}
         for key, item in value.items():
             text = key
@@ -966,15 +1258,18 @@ def _mapping_writer(args: tuple[Any, ...], ctx: _Context) -> Encode | None:
                 text = write_key(key)
                 if text in result:  # cannot be: each key reads back as itself; never drop one
                     raise _Refused(f"two keys are both written {text!r}")
-            if write_item is not None:
+            if type(item) not in exact:
                 try:
                     item = write_item(item)
                 except _Refused as exc:
-                    raise exc.within(f".{text}") from None
+                    raise exc.within(_step(key) if write_key is None else f".{text}") from None
             result[text] = item
         return result
 
-    return mapping
+    return frozenset(), mapping
+
+
+_STR: frozenset[type[Any]] = frozenset({str})
 
 
 def _plain_keys(tp: Any) -> str | None:
@@ -1007,17 +1302,6 @@ def _string_key(tp: Any) -> Callable[[Any], str]:
     return string
 
 
-def _checking_keys(check: Callable[[Any], str]) -> Encode:
-    def keys(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            for key in value:
-                if type(key) is not str:
-                    check(key)
-        return value
-
-    return keys
-
-
 def _key_writer(tp: Any, ctx: _Context) -> Callable[[Any], str]:
     """The text a key is written as, checked to read back as that very key (`_Refused` if not)."""
     read = _key_converter(tp, ctx)
@@ -1046,78 +1330,92 @@ def _key_writer(tp: Any, ctx: _Context) -> Callable[[Any], str]:
     return write
 
 
-def _sequence_writer(origin: Any, args: tuple[Any, ...], ctx: _Context) -> Encode | None:
-    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-        writers = [_writer(a, ctx) for a in args]
-        if all(w is None for w in writers):
-            return None
-
-        def fixed(value: Any) -> Any:
-            if not isinstance(value, list | tuple) or len(value) != len(writers):
-                return value
-            result = []
-            for index, (write, item) in enumerate(zip(writers, value, strict=True)):
-                if write is not None:
-                    try:
-                        item = write(item)
-                    except _Refused as exc:
-                        raise exc.within(f"[{index}]") from None
-                result.append(item)
-            return result
-
-        return fixed
-    write_item = _writer(args[0], ctx) if args else None
-    if write_item is None:
-        return None
-
-    def sequence(value: Any) -> Any:
-        if not isinstance(value, list | tuple):  # a set is refused by to_json
-            return value
-        result = []
-        for index, item in enumerate(value):
-            try:
-                result.append(write_item(item))
-            except _Refused as exc:
-                raise exc.within(f"[{index}]") from None
-        return result
-
-    return sequence
-
-
-def _union_writer(tp: Any, ctx: _Context) -> Encode | None:
-    """A union with a mapping (or a sequence of them) that has keys to write: the reader takes
-    the first type that accepts a JSON value, so the only one of the union a JSON object (or
-    array) can be read as must be that one, else `_TypeRefused`."""
+def _union_writer(tp: Any, ctx: _Context) -> Writer:
+    """The reader takes the first type of the union that accepts a JSON value (null first when
+    the union has None). A value is written by the writer of its own type; if a type before it
+    may read JSON of the same kind (`str | UUID`: both strings), what is written is read back
+    with the union's converter and refused unless it gives the value back. A union with a
+    mapping whose keys are not text is refused if another of its types reads JSON objects too:
+    `_TypeRefused`."""
     args = typing.get_args(tp)
-    writers = [(arm, _writer(arm, ctx)) for arm in args]
-    if all(write is None for _, write in writers):
-        return None
-    by_kind: dict[str, Encode] = {}
-    for arm, write in writers:
-        if write is None:
+    for arm in args:
+        if not _keyed(arm):
             continue
         kinds = _json_kinds(arm)
         for other in args:
-            shared = _json_kinds(other) & (kinds | {"any"}) if other is not arm else None
-            if shared:
+            if other is not arm and _json_kinds(other) & (kinds | {"any"}):
                 raise _TypeRefused(
                     f"{_annotation_name(tp)}: a JSON {'/'.join(sorted(kinds))} could be read "
                     f"back as {_annotation_name(arm)} or as {_annotation_name(other)} (the first "
                     "that accepts it is taken): declare one of them, or two fields"
                 )
-        for kind in kinds:
-            by_kind[kind] = write
-    write_object = by_kind.get("object")
-    write_array = by_kind.get("array")
+    optional = _NONE in args
+    declared = _annotation_name(tp)
+    arms: list[tuple[frozenset[type[Any]], Encode, bool]] = []
+    earlier: set[str] = {"null"} if optional else set()
+    for arm in args:
+        if arm is _NONE:
+            continue
+        exact, write = _writer(arm, ctx)
+        kinds = _json_kinds(arm)
+        loose = arm is Any or arm is object or isinstance(arm, typing.TypeVar)
+        shared = "any" in earlier or bool(kinds & (earlier | {"any"}))
+        arms.append((exact, write, shared and not loose))
+        earlier |= kinds
+    if len(arms) == 1 and not arms[0][2]:  # X | None: null is read as None, X as X
+        ((exact, write, _),) = arms
+
+        def optional_value(value: Any) -> Any:
+            return value if value is None else write(value)
+
+        return exact | {_NONE}, optional_value
+    by_type: dict[type[Any], int] = {}
+    for index, (exact, _, _) in enumerate(arms):
+        for t in exact:
+            by_type.setdefault(t, index)
+    fast = frozenset(t for t, i in by_type.items() if not arms[i][2])
+    if optional:
+        fast |= {_NONE}
+    localns = ctx.localns
+    read: list[Convert] = []
 
     def union(value: Any) -> Any:
-        if write_object is not None and isinstance(value, Mapping):
-            return write_object(value)
-        if write_array is not None and isinstance(value, list | tuple):
-            return write_array(value)
-        return value
+        if value is None and optional:
+            return None
+        own = by_type.get(type(value))
+        problems = []
+        for exact, write, shared in arms if own is None else arms[own : own + 1]:
+            try:
+                written = value if type(value) in exact else write(value)
+            except _Refused as exc:
+                problems.append(exc)
+                continue
+            if not shared:
+                return written
+            if not read:
+                read.append(_converter(tp, _Context(localns)))
+            return _read_back(value, written, read[0], declared)
+        if len(problems) == 1:
+            raise problems[0]
+        raise _Refused(f"{_shown(value)} ({type(value).__qualname__}) is not {declared}")
 
-    return union
+    return fast, union
+
+
+def _keyed(tp: Any) -> bool:
+    """True if a value declared `tp` is, or holds in its lists and tuples, a mapping whose keys
+    are not text (not looking into dataclasses)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _keyed(args[0])
+    if isinstance(tp, typing.NewType):
+        return _keyed(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType or origin in _SEQUENCES:
+        return any(_keyed(a) for a in args if a is not Ellipsis)
+    if origin in _MAPPINGS:
+        return bool(args) and (not _text_keys(args[0]) or (len(args) > 1 and _keyed(args[1])))
+    return False
 
 
 _ANY_KIND = frozenset({"any"})
@@ -1147,6 +1445,8 @@ def _json_kinds(tp: Any) -> frozenset[str]:
         return _ANY_KIND
     if tp is type(None):
         return frozenset({"null"})
+    if typing.is_typeddict(tp):
+        return frozenset({"object"})
     if issubclass(tp, enum.Enum):
         return frozenset().union(*(_value_kinds(m.value) for m in tp)) or _ANY_KIND
     if issubclass(tp, bool):

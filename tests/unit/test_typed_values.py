@@ -1,0 +1,237 @@
+"""What a `Topic` accepts reads back as the same value, or send refuses it naming the place
+(issue 31): the values of a dataclass checked against their declared types when they are
+written, unions, Enums and Literals of any value, mapping subclasses, numbers a float would
+change, non-finite Decimals, plain payloads whose keys are written alike, and pydantic models
+with aliases, strict validation and offsets of seconds. Each case here was sent, then refused
+(or changed) by the handler, before its fix."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from outbox import JsonSerializer, SerializationError, Topic
+from outbox.core.codecs import PayloadInvalid, decoder
+from outbox.core.serializers import decode_payload, encode_payload
+
+serializer = JsonSerializer()
+
+
+def sent(payload: Any) -> bytes:
+    return encode_payload(payload, serializer)[0]
+
+
+def round_trip(payload: Any) -> Any:
+    """The payload read back through a Topic of its type, as a handler reads it."""
+    topic = Topic("t", type(payload))
+    topic.check(payload)
+    assert topic.payload is not None
+    back = decoder(topic.payload)(
+        decode_payload(sent(payload), serializer.content_type, serializer)
+    )
+    assert back == payload
+    assert type(back) is type(payload)
+    return back
+
+
+def refused(payload: Any) -> str:
+    """Send's refusal of `payload` (it must begin with the place: `payload...`)."""
+    Topic("t", type(payload)).check(payload)
+    with pytest.raises(SerializationError) as info:
+        sent(payload)
+    text = str(info.value)
+    assert text.startswith("payload"), text
+    return text
+
+
+# -- unions ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Either:
+    text_or_id: str | UUID = ""
+    id_or_text: UUID | str = ""
+    text_or_int: str | int = ""
+    day_or_moment: date | datetime | None = None
+    moment_or_day: datetime | date | None = None
+    number: float | int = 0
+    maybe: list[int | None] | None = None
+
+
+def test_a_union_value_reads_back_as_its_own_member() -> None:
+    some = uuid4()
+    back = round_trip(
+        Either(
+            text_or_id="x",
+            id_or_text=some,
+            text_or_int=3,
+            day_or_moment=datetime(2026, 1, 2, 3, tzinfo=UTC),
+            moment_or_day=date(2026, 1, 2),
+            number=2,
+            maybe=[1, None],
+        )
+    )
+    assert type(back.id_or_text) is UUID and type(back.moment_or_day) is date
+    round_trip(Either(id_or_text="not a uuid", text_or_int="3"))
+
+
+@pytest.mark.parametrize(
+    ("either", "message"),
+    [
+        (
+            Either(text_or_id=UUID(int=1)),
+            "payload.text_or_id: UUID('00000000-0000-0000-0000-000000000001') (UUID) would be "
+            'written "00000000-0000-0000-0000-000000000001" and read back as '
+            "'00000000-0000-0000-0000-000000000001' (str): the declared type is str | UUID",
+        ),
+        (
+            Either(id_or_text=str(UUID(int=1))),
+            "payload.id_or_text: '00000000-0000-0000-0000-000000000001' (str) would be written",
+        ),
+        (Either(text_or_int=True), "payload.text_or_int: True (bool) is not str | int"),
+        (
+            Either(maybe=[1, "2"]),
+            "payload.maybe[1]: '2' (str) would be written \"2\", which the declared type int",
+        ),
+    ],
+)
+def test_send_refuses_a_union_value_read_back_as_another_member(
+    either: Either, message: str
+) -> None:
+    assert message in refused(either)
+
+
+# -- scalars of another type than declared -----------------------------------------------------
+
+
+@dataclass
+class Scalars:
+    count: int = 0
+    ratio: float = 0.0
+    flag: bool = False
+    name: str = ""
+    day: date = date(2026, 1, 1)
+    id: UUID = field(default_factory=lambda: UUID(int=0))
+    price: Decimal = Decimal(0)
+    items: list[int] = field(default_factory=list)
+    pair: tuple[int, ...] = ()
+
+
+@pytest.mark.parametrize(
+    ("scalars", "message"),
+    [
+        (Scalars(count=True), "payload.count: True (bool) would be written true, which the"),
+        (Scalars(ratio=False), "payload.ratio: False (bool) would be written false, which"),
+        (Scalars(count=1.0), "payload.count: 1.0 (float) would be written 1.0, which the"),
+        (Scalars(flag=1), "payload.flag: 1 (int) would be written 1, which the declared type"),
+        (Scalars(name=7), "payload.name: 7 (int) would be written 7, which the declared"),
+        (
+            Scalars(day=datetime(2026, 1, 1, tzinfo=UTC)),
+            "payload.day: datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc) "
+            '(datetime) would be written "2026-01-01T00:00:00+00:00", which the declared type '
+            "date does not read",
+        ),
+        (
+            Scalars(id=str(UUID(int=1))),
+            "read back as UUID('00000000-0000-0000-0000-000000000001') (UUID): the declared",
+        ),
+        (Scalars(ratio=10**309), "payload.ratio: 1000000000000000000000"),
+        (
+            Scalars(ratio=2**53 + 1),
+            "payload.ratio: 9007199254740993 (int) would be written 9007199254740993 and read "
+            "back as 9007199254740992.0 (float)",
+        ),
+        (Scalars(price=0.1), "payload.price: 0.1 (float) would be written 0.1 and read back"),
+        (Scalars(items=[1, True]), "payload.items[1]: True (bool) would be written true"),
+        (Scalars(items=(1, 2)), "payload.items: (1, 2) (tuple) would be written [1,2] and"),
+        (Scalars(pair=[1]), "payload.pair: [1] (list) would be written [1] and read back as"),
+    ],
+)
+def test_send_refuses_a_value_its_declared_type_would_not_read_back(
+    scalars: Scalars, message: str
+) -> None:
+    assert message in refused(scalars)
+
+
+def test_values_a_declared_type_reads_back_equal_are_sent() -> None:
+    """An int for a float (read back as the equal float), an int for a Decimal, an IntEnum for
+    an int, a str subclass for a str: equal values."""
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    class Sku(str):
+        pass
+
+    back = decoder(Scalars)(json.loads(sent(Scalars(count=Level.LOW, ratio=2**53, name=Sku("a")))))
+    assert back == Scalars(count=1, ratio=float(2**53), name="a")
+    assert back.ratio == 2**53 and type(back.ratio) is float
+    assert decoder(Scalars)(json.loads(sent(Scalars(price=5)))).price == Decimal(5)
+
+
+def test_a_number_too_large_for_a_float_is_refused_by_the_reader_naming_the_field() -> None:
+    with pytest.raises(PayloadInvalid, match=r"payload\.ratio: expected a number"):
+        decoder(Scalars)({"ratio": 10**309})
+
+
+@dataclass
+class Inner:
+    x: int
+
+
+@dataclass
+class InnerMore(Inner):
+    y: int = 0
+
+
+@dataclass
+class Outer:
+    inner: Inner
+
+
+def test_a_subclass_is_refused_where_its_base_is_declared() -> None:
+    """The handler reads the declared class: a subclass would come back as its base, without
+    its own fields, and not equal to what was sent."""
+    assert "payload.inner: InnerMore(x=1, y=2) (InnerMore) would be written" in refused(
+        Outer(InnerMore(1, 2))
+    )
+    round_trip(Outer(Inner(1)))
+
+
+# -- sets and bare collections ------------------------------------------------------------------
+
+
+@dataclass
+class Collections:
+    ids: set[UUID] = field(default_factory=set)
+    frozen: frozenset[int] = frozenset()
+    anything: tuple = ()  # type: ignore[type-arg]
+    bag: set = field(default_factory=set)  # type: ignore[type-arg]
+
+
+def test_a_set_is_written_as_a_sorted_array_and_bare_collections_read_back() -> None:
+    """A set a type declares is read back as a set: written as an array (sorted, one wire form
+    for one set); a bare `tuple` was read as nothing at all (every message dead)."""
+    collections = Collections(
+        ids={UUID(int=2), UUID(int=1)}, frozen=frozenset({3, 1}), anything=(1, "a"), bag={2, 1}
+    )
+    back = round_trip(collections)
+    assert type(back.ids) is set and type(back.frozen) is frozenset
+    wire = json.loads(sent(collections))
+    assert wire == {
+        "ids": [str(UUID(int=1)), str(UUID(int=2))],
+        "frozen": [1, 3],
+        "anything": [1, "a"],
+        "bag": [1, 2],
+    }
+    assert "payload.ids: [UUID('00000000-0000-0000-0000-000000000001')] (list) would be " in (
+        refused(Collections(ids=[UUID(int=1)]))
+    )
+    round_trip(Collections(frozen={1}))  # a set for a frozenset: read back equal
