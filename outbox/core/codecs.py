@@ -385,10 +385,15 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
     if bare is not None:
         return _converter(bare, ctx)
     if origin is typing.Literal:
+        find = _by_form(args)
 
         def literal(data: Any, path: str) -> Any:
-            if data in args:
-                return data
+            found = find(data)
+            if found is not _MISSING:
+                return found
+            for arg in args:  # a serializer other than JSON may give the value itself
+                if data is arg:
+                    return data
             raise _fail(path, f"one of {args!r}", data)
 
         return literal
@@ -506,13 +511,22 @@ def _scalar_converter(tp: type[Any]) -> Convert:
 
         return text
     if issubclass(tp, enum.Enum):
+        find = _by_form(list(tp))
+        values = ", ".join(repr(m.value) for m in tp)
 
         def member(data: Any, path: str) -> Any:
-            try:
-                return tp(data)
-            except ValueError:
-                values = ", ".join(repr(m.value) for m in tp)
-                raise _fail(path, f"a {name} ({values})", data) from None
+            found = find(data)
+            if found is not _MISSING:
+                return found
+            if isinstance(data, tp):  # a serializer other than JSON may give the member
+                return data
+            try:  # a Flag's combination of members, an Enum's own _missing_
+                found = tp(data)
+                if _same_form(_written(found)[0], data):
+                    return found
+            except (ValueError, TypeError, _Refused):
+                pass
+            raise _fail(path, f"a {name} ({values})", data)
 
         return member
     for base, parse in _PARSERS.items():
@@ -545,6 +559,76 @@ def _scalar_converter(tp: type[Any]) -> Convert:
 
 def _raise(exc: Exception) -> Any:
     raise exc
+
+
+_MISSING: Any = object()
+
+
+def _by_form(values: Iterable[Any]) -> Callable[[Any], Any]:
+    """A function that finds, among `values` (an Enum's members, a Literal's values), the first
+    that is written as the JSON value it is given (`_MISSING` if none): a member of any value
+    (a tuple, a Decimal) reads back, and `true` is not taken for 1."""
+    table: dict[tuple[str, Any], Any] = {}
+    others: list[tuple[Any, Any]] = []  # written as an array or an object
+    for value in values:
+        try:
+            form = _written(value)[0]
+        except _Refused:  # cannot be written: refused when sent, never read
+            continue
+        key = _form_key(form)
+        if key is not None:
+            table.setdefault(key, value)
+        elif not any(_same_form(form, other) for other, _ in others):
+            others.append((form, value))
+
+    def find(data: Any) -> Any:
+        try:
+            key = _form_key(data)
+        except TypeError:  # unhashable: not a JSON value
+            return _MISSING
+        if key is not None:
+            return table.get(key, _MISSING)
+        for form, value in others:
+            if _same_form(form, data):
+                return value
+        return _MISSING
+
+    return find
+
+
+def _form_key(form: Any) -> tuple[str, Any] | None:
+    """A JSON scalar as a dict key that tells a boolean from a number; None for an array or an
+    object (or what JSON does not have)."""
+    if form is None:
+        return ("null", None)
+    if isinstance(form, bool):
+        return ("boolean", form)
+    if isinstance(form, int | float):
+        return ("number", form)
+    if isinstance(form, str):
+        return ("string", form)
+    return None
+
+
+def _same_form(one: Any, other: Any) -> bool:
+    """True if two JSON values are the same JSON (a boolean is not a number)."""
+    if isinstance(one, list):
+        return (
+            isinstance(other, list)
+            and len(one) == len(other)
+            and all(_same_form(a, b) for a, b in zip(one, other, strict=True))
+        )
+    if isinstance(one, dict):
+        return (
+            isinstance(other, dict)
+            and one.keys() == other.keys()
+            and all(_same_form(item, other[key]) for key, item in one.items())
+        )
+    try:
+        key = _form_key(one)
+        return key is not None and key == _form_key(other)
+    except TypeError:
+        return False
 
 
 def _parsed(tp: type[Any], base: type[Any], parse: Callable[[str], Any]) -> Convert:
@@ -1465,8 +1549,15 @@ def _json_kinds(tp: Any) -> frozenset[str]:
 
 
 def _value_kinds(value: Any) -> frozenset[str]:
-    if isinstance(value, enum.Enum):
-        return _value_kinds(value.value)
+    """The JSON type a Literal's value or an Enum's member is written as."""
+    try:
+        value = _written(value)[0]
+    except _Refused:
+        return _ANY_KIND
+    if isinstance(value, list):
+        return frozenset({"array"})
+    if isinstance(value, dict):
+        return frozenset({"object"})
     if value is None:
         return frozenset({"null"})
     if isinstance(value, bool):
@@ -1690,7 +1781,7 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
     if origin is typing.Union or origin is types.UnionType:
         return {"anyOf": [_schema(a, seen) for a in args]}
     if origin is typing.Literal:
-        return {"enum": list(args)}
+        return {"enum": _forms(args)}
     if origin in _SEQUENCES:
         if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             return {
@@ -1739,6 +1830,15 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
     return _scalar_schema(tp)
 
 
+def _forms(values: Iterable[Any]) -> list[Any]:
+    """The JSON values `values` (an Enum's members, a Literal's values) are written as."""
+    forms = []
+    for value in values:
+        with contextlib.suppress(_Refused):  # cannot be written: never sent
+            forms.append(_written(value)[0])
+    return forms
+
+
 _DECIMAL_PATTERN = r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
 
 
@@ -1782,7 +1882,7 @@ def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
     if issubclass(tp, bool):
         return {"type": "boolean"}
     if issubclass(tp, enum.Enum):
-        return {"enum": [m.value for m in tp], "title": tp.__qualname__}
+        return {"enum": _forms(tp), "title": tp.__qualname__}
     if issubclass(tp, int):
         return {"type": "integer"}
     if issubclass(tp, float):

@@ -12,13 +12,13 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID, uuid4
 
 import pytest
 
 from outbox import JsonSerializer, SerializationError, Topic
-from outbox.core.codecs import PayloadInvalid, decoder
+from outbox.core.codecs import PayloadInvalid, decoder, json_schema
 from outbox.core.serializers import decode_payload, encode_payload
 
 serializer = JsonSerializer()
@@ -203,6 +203,95 @@ def test_a_subclass_is_refused_where_its_base_is_declared() -> None:
         Outer(InnerMore(1, 2))
     )
     round_trip(Outer(Inner(1)))
+
+
+# -- Enums and Literals of any value ------------------------------------------------------------
+
+
+class Pair(enum.Enum):
+    ORIGIN = (0, 0)
+    UNIT = (1, 1)
+
+
+class Rate(enum.Enum):
+    LOW = Decimal("0.5")
+    HIGH = Decimal("1.5")
+
+
+class Shade(enum.Enum):
+    DARK = "dark"
+    LIGHT = "light"
+
+
+class Twice(enum.Enum):
+    """Two members written alike: the reader takes the first."""
+
+    TEXT = "1.5"
+    NUMBER = Decimal("1.5")
+
+
+class Perm(enum.Flag):
+    R = 1
+    W = 2
+
+
+@dataclass
+class Enums:
+    pair: Pair = Pair.ORIGIN
+    rate: Rate = Rate.LOW
+    shade: Literal[Shade.DARK] = Shade.DARK
+    either: Literal[Shade.LIGHT, 0, "x"] = "x"
+    twice: Twice = Twice.TEXT
+    perm: Perm = Perm.R
+    pairs: dict[str, Pair] = field(default_factory=dict)
+
+
+def test_enums_of_any_value_and_literals_of_enums_read_back_as_their_members() -> None:
+    back = round_trip(
+        Enums(
+            pair=Pair.UNIT,
+            rate=Rate.HIGH,
+            either=Shade.LIGHT,
+            perm=Perm.R | Perm.W,
+            pairs={"a": Pair.UNIT},
+        )
+    )
+    assert back.pair is Pair.UNIT and back.rate is Rate.HIGH and back.shade is Shade.DARK
+    assert back.either is Shade.LIGHT and back.perm == Perm.R | Perm.W
+    assert json.loads(sent(back)) == {
+        "pair": [1, 1],
+        "rate": "1.5",
+        "shade": "dark",
+        "either": "light",
+        "twice": "1.5",
+        "perm": 3,
+        "pairs": {"a": [1, 1]},
+    }
+    round_trip(Enums(either=0))
+    properties = json_schema(Enums)["properties"]
+    assert properties["pair"] == {"enum": [[0, 0], [1, 1]], "title": "Pair"}
+    assert properties["rate"] == {"enum": ["0.5", "1.5"], "title": "Rate"}
+    assert properties["shade"] == {"enum": ["dark"]}
+
+
+def test_an_enum_member_written_as_another_is_refused_at_send() -> None:
+    assert (
+        "payload.twice: <Twice.NUMBER: Decimal('1.5')> (Twice) would be written \"1.5\" and "
+        "read back as <Twice.TEXT: '1.5'> (Twice)" in refused(Enums(twice=Twice.NUMBER))
+    )
+    assert "payload.either: 'light' (str) would be written" in refused(Enums(either="light"))
+
+
+def test_the_reader_of_an_enum_or_a_literal_tells_a_boolean_from_a_number() -> None:
+    @dataclass
+    class Strict:
+        perm: Perm = Perm.R
+        one: Literal[1] = 1
+
+    with pytest.raises(PayloadInvalid) as info:
+        decoder(Strict)({"perm": True, "one": True})
+    assert "payload.perm: expected a Perm" in str(info.value)
+    assert "payload.one: expected one of (1,), got bool True" in str(info.value)
 
 
 # -- sets and bare collections ------------------------------------------------------------------
