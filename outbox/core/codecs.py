@@ -48,7 +48,7 @@ import re
 import sys
 import types
 import typing
-from collections import abc
+from collections import Counter, OrderedDict, abc, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime, time
 from decimal import Decimal, InvalidOperation
@@ -346,7 +346,39 @@ _SEQUENCES = {
     abc.Set,
     abc.MutableSet,
 }
-_MAPPINGS = {dict, abc.Mapping, abc.MutableMapping}
+#: The mapping annotations the reader reads a JSON object as, each with what it builds.
+_MAPPINGS: dict[Any, Callable[[Any], Any]] = {
+    dict: dict,
+    abc.Mapping: dict,
+    abc.MutableMapping: dict,
+    OrderedDict: OrderedDict,
+    Counter: Counter,
+}
+
+
+def _mapping(tp: Any) -> tuple[Any, Any, Callable[[Any], Any] | None] | None:
+    """For a mapping annotation, bare or with arguments: its key type, its value type and what
+    the reader builds (None for a defaultdict: its default_factory is not written); None for
+    other annotations."""
+    origin = typing.get_origin(tp) or tp
+    try:
+        build = _MAPPINGS.get(origin)
+    except TypeError:  # an unhashable annotation: not a mapping
+        return None
+    if build is None and origin is not defaultdict:
+        return None
+    args = typing.get_args(tp)
+    key = args[0] if args else Any
+    if origin is Counter:
+        return key, int, build
+    return key, args[1] if len(args) > 1 else Any, build
+
+
+def _no_default_factory() -> _TypeRefused:
+    return _TypeRefused(
+        "a defaultdict's default_factory is not written in JSON, so the handler could not read "
+        "it back: declare dict[K, V] (and build the defaultdict where it is used)"
+    )
 
 
 def _fail(path: str, expected: str, data: Any) -> PayloadInvalid:
@@ -414,9 +446,9 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             tuple
             if origin is tuple
             else set
-            if origin is set
+            if origin in (set, abc.MutableSet)
             else frozenset
-            if origin is frozenset
+            if origin in (frozenset, abc.Set)
             else list
         )
 
@@ -426,9 +458,13 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             return build([item(d, f"{path}[{i}]") for i, d in enumerate(data)])
 
         return sequence
-    if origin in _MAPPINGS:
-        key = _key_converter(args[0], ctx) if args else _converter(Any, ctx)
-        value = _converter(args[1], ctx) if len(args) > 1 else _converter(Any, ctx)
+    parts = _mapping(tp)
+    if parts is not None:
+        key_type, value_type, build_mapping = parts
+        if build_mapping is None:
+            raise _no_default_factory()
+        key = _key_converter(key_type, ctx)
+        value = _converter(value_type, ctx)
 
         def mapping(data: Any, path: str) -> Any:
             if not isinstance(data, dict):
@@ -436,7 +472,7 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             result = {key(k, path): value(v, f"{path}.{k}") for k, v in data.items()}
             if len(result) < len(data):  # "1" and "01" for an int: refused, not one dropped
                 raise _merged(data, key, path)
-            return result
+            return result if build_mapping is dict else build_mapping(result)
 
         return mapping
     if origin is not None:
@@ -1087,8 +1123,9 @@ def _writer(tp: Any, ctx: _Context) -> Writer:
         return _writer(bare, ctx)
     if origin in _SEQUENCES:
         return _sequence_writer(tp, origin, args, ctx)
-    if origin in _MAPPINGS:
-        return _mapping_writer(tp, args, ctx)
+    parts = _mapping(tp)
+    if parts is not None:
+        return _mapping_writer(tp, parts, ctx)
     if origin is not None:
         return _writer(origin, ctx)
     if not isinstance(tp, type):  # the reader takes such a value as it is
@@ -1314,9 +1351,13 @@ def _ordered(items: Iterable[Any]) -> list[Any]:
         return list(items)
 
 
-def _mapping_writer(tp: Any, args: tuple[Any, ...], ctx: _Context) -> Writer:
-    key_type = args[0] if args else Any
-    exact, write_item = _writer(args[1], ctx) if len(args) > 1 else _ANY
+def _mapping_writer(
+    tp: Any, parts: tuple[Any, Any, Callable[[Any], Any] | None], ctx: _Context
+) -> Writer:
+    key_type, value_type, build = parts
+    if build is None:
+        raise _no_default_factory()
+    exact, write_item = _writer(value_type, ctx)
     checked = _checked(tp, ctx)
     keys = _plain_keys(key_type)
     write_key: Callable[[Any], str] | None = None
@@ -1497,8 +1538,9 @@ def _keyed(tp: Any) -> bool:
         return _keyed(tp.__supertype__)
     if origin is typing.Union or origin is types.UnionType or origin in _SEQUENCES:
         return any(_keyed(a) for a in args if a is not Ellipsis)
-    if origin in _MAPPINGS:
-        return bool(args) and (not _text_keys(args[0]) or (len(args) > 1 and _keyed(args[1])))
+    parts = _mapping(tp)
+    if parts is not None:
+        return not _text_keys(parts[0]) or _keyed(parts[1])
     return False
 
 
@@ -1521,7 +1563,7 @@ def _json_kinds(tp: Any) -> frozenset[str]:
         return frozenset().union(*(_value_kinds(a) for a in args))
     if origin in _SEQUENCES:
         return frozenset({"array"})
-    if origin in _MAPPINGS:
+    if _mapping(tp) is not None:
         return frozenset({"object"})
     if origin is not None:
         return _json_kinds(origin)
@@ -1617,8 +1659,9 @@ def _converts_keys(tp: Any, seen: set[type[Any]]) -> bool:
         return _converts_keys(args[0], seen)
     if isinstance(tp, typing.NewType):
         return _converts_keys(tp.__supertype__, seen)
-    if origin in _MAPPINGS:
-        return bool(args) and (not _text_keys(args[0]) or _converts_keys(args[1], seen))
+    parts = _mapping(tp)
+    if parts is not None:
+        return not _text_keys(parts[0]) or _converts_keys(parts[1], seen)
     if origin is not None:
         return any(_converts_keys(a, seen) for a in args if a is not Ellipsis)
     annotations = _field_annotations(tp)
@@ -1683,8 +1726,9 @@ def _differ(tp: Any, building: dict[type[Any], Differ | None]) -> Differ | None:
             return None
 
         return sequence
-    if origin in _MAPPINGS:
-        return _mapping_differ(args, building)
+    parts = _mapping(tp)
+    if parts is not None:
+        return _mapping_differ(parts[:2], building)
     if origin is not None:
         return _differ(origin, building)
     if tp in building:  # contains itself: the one being built, looked up when used
@@ -1791,12 +1835,13 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
                 "maxItems": len(args),
             }
         return {"type": "array", "items": _schema(args[0], seen) if args else {}}
-    if origin in _MAPPINGS:
-        keys = _key_schema(args[0]) if args else None
+    parts = _mapping(tp)
+    if parts is not None:
+        keys = _key_schema(parts[0])
         return {
             "type": "object",
             **({"propertyNames": keys} if keys is not None else {}),
-            "additionalProperties": _schema(args[1], seen) if len(args) > 1 else {},
+            "additionalProperties": _schema(parts[1], seen),
         }
     if origin is not None:
         return _schema(origin, seen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -17,7 +18,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from outbox import JsonSerializer, SerializationError, Topic
+from outbox import ConfigurationError, JsonSerializer, SerializationError, Topic
 from outbox.core.codecs import PayloadInvalid, decoder, json_schema
 from outbox.core.serializers import decode_payload, encode_payload
 
@@ -324,3 +325,43 @@ def test_a_set_is_written_as_a_sorted_array_and_bare_collections_read_back() -> 
         refused(Collections(ids=[UUID(int=1)]))
     )
     round_trip(Collections(frozen={1}))  # a set for a frozenset: read back equal
+
+
+# -- mapping annotations ---------------------------------------------------------------------------
+
+
+@dataclass
+class Mappings:
+    ordered: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    counter: Counter[str] = field(default_factory=Counter)
+    keyed: OrderedDict[int, Decimal] = field(default_factory=OrderedDict)
+
+
+def test_ordered_dicts_and_counters_read_back_as_themselves() -> None:
+    mappings = Mappings(
+        ordered=OrderedDict([("b", 2), ("a", 1)]),
+        counter=Counter("abca"),
+        keyed=OrderedDict([(2, Decimal("1.10"))]),
+    )
+    back = round_trip(mappings)
+    assert type(back.ordered) is OrderedDict and list(back.ordered) == ["b", "a"]
+    assert type(back.counter) is Counter and back.counter["a"] == 2
+    assert type(back.keyed) is OrderedDict and list(back.keyed) == [2]
+    assert json.loads(sent(mappings))["keyed"] == {"2": "1.10"}
+    assert json_schema(Mappings)["properties"]["counter"] == {
+        "type": "object",
+        "additionalProperties": {"type": "integer"},
+    }
+    round_trip(Mappings(ordered={"a": 1}, counter={"a": 1}))  # equal mappings: read back equal
+
+
+def test_a_defaultdict_is_refused_when_the_topic_is_declared() -> None:
+    @dataclass
+    class Tallies:
+        tallies: defaultdict[str, int]
+
+    with pytest.raises(ConfigurationError) as info:
+        Topic("tallies", Tallies)
+    assert "Tallies.tallies: a defaultdict's default_factory is not written" in str(info.value)
+    with pytest.raises(ConfigurationError, match=r"Tallies\.tallies: a defaultdict's"):
+        decoder(Tallies, locals())  # what a handler's registration builds
