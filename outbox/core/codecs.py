@@ -130,6 +130,8 @@ def to_json(value: Any) -> Any:
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise TypeError(f"{value!r} is {_NOT_A_DECIMAL}")
         return str(value)
     if isinstance(value, enum.Enum):
         return value.value
@@ -224,6 +226,10 @@ def _find(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
 
 
 _NOT_A_NUMBER = "not a JSON number (NaN and infinities are refused)"
+_NOT_A_DECIMAL = (
+    "refused: a Decimal is written as its digits, and infinities and NaN have none (as a float's "
+    "are refused: NaN is not even equal to itself)"
+)
 
 
 def _long() -> str:
@@ -819,15 +825,13 @@ def _key_text(key: Any) -> str:
         if not math.isfinite(key):
             raise _Refused(f"key {key!r} is {_NOT_A_NUMBER}")
         return float.__repr__(key)
-    if isinstance(key, Decimal) and key.is_nan():
-        raise _Refused(
-            f"key {key!r} is refused: a NaN is not equal to itself, so no one could look it up"
-        )
     if isinstance(key, Decimal | UUID | date | time | bytes):
         try:
             text: str = to_json(key)
-        except TypeError as exc:  # a naive datetime
-            raise _Refused(f"key {_shown(key)}: {exc}") from None
+        except TypeError as exc:  # a naive datetime, a Decimal infinity or NaN
+            raise _Refused(
+                f"key {exc}" if isinstance(key, Decimal) else f"key {_shown(key)}: {exc}"
+            ) from None
         return text
     raise _Refused(
         f"key {_shown(key)} of type {type(key).__qualname__} has no JSON form (object keys are "

@@ -365,3 +365,30 @@ def test_a_defaultdict_is_refused_when_the_topic_is_declared() -> None:
     assert "Tallies.tallies: a defaultdict's default_factory is not written" in str(info.value)
     with pytest.raises(ConfigurationError, match=r"Tallies\.tallies: a defaultdict's"):
         decoder(Tallies, locals())  # what a handler's registration builds
+
+
+# -- Decimal infinities and NaN -----------------------------------------------------------------
+
+
+@dataclass
+class Prices:
+    price: Decimal = Decimal(0)
+    by_price: dict[Decimal, int] = field(default_factory=dict)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (Prices(price=Decimal("Infinity")), "payload.price: Decimal('Infinity') is refused"),
+        (Prices(price=Decimal("-Infinity")), "payload.price: Decimal('-Infinity') is refused"),
+        (Prices(price=Decimal("NaN")), "payload.price: Decimal('NaN') is refused"),
+        (Prices(price=Decimal("sNaN")), "payload.price: Decimal('sNaN') is refused"),
+        (Prices(by_price={Decimal("Infinity"): 1}), "payload.by_price: key Decimal('Infinity')"),
+        ({"a": [Decimal("-Infinity")]}, "payload.a[0]: Decimal('-Infinity') is refused"),
+        ({Decimal("NaN"): 1}, "payload: key Decimal('NaN') of type Decimal is refused"),
+    ],
+)
+def test_a_decimal_infinity_or_nan_is_refused_at_send(payload: Any, message: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        sent(payload)
+    assert message in str(info.value)
