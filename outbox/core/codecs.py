@@ -1098,12 +1098,131 @@ def _build_plan(tp: type[Any], ctx: _Context) -> Plan:
     return found
 
 
-def _as_is(value: Any) -> Any:
+def plain_problem(payload: Any) -> str | None:
+    """Where and why json.dumps would lose part of `payload`, a plain JSON value it has just
+    written (so not circular): two keys of one dict written as one text (`{1: "a", "1": "b"}`
+    is `{"1":"a","1":"b"}`, which a reader reads as one key); None if it would not. Only dicts
+    whose keys are not all str are looked at key by key."""
+    try:
+        if _str_keys(payload):
+            return None
+    except RecursionError:  # nested deeper than Python recurses: looked at without recursing
+        pass
+    try:
+        _check_plain(payload, circular=False)
+    except _Refused as exc:
+        return f"payload{exc.where}: {exc.reason}"
+    return None
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _str_keys(value: Any) -> bool:
+    """True if every dict inside `value` (through dicts, lists and tuples) has only str keys:
+    the common case, which cannot lose a key (RecursionError if `value` contains itself)."""
+    if isinstance(value, dict):
+        if not _STR.issuperset(map(type, value)):
+            return False
+        values: Iterable[Any] = value.values()
+    elif isinstance(value, list | tuple):
+        values = value
+    else:
+        return True
+    if _JSON_SCALARS.issuperset(map(type, values)):
+        return True
+    return all(_str_keys(v) for v in values if isinstance(v, _CONTAINERS))
+
+
+def _plain(value: Any) -> Any:
+    """A value declared Any: `value`, if json.dumps writes no two keys inside it as one."""
+    try:
+        if _str_keys(value):
+            return value
+    except RecursionError:  # deeper than Python recurses, or circular: looked at without
+        pass
+    return _check_plain(value)
+
+
+def _check_plain(value: Any, circular: bool = True) -> Any:
+    """`value`, if json.dumps writes no two keys of a dict inside it as one text, else
+    `_Refused` naming that dict. Looks into dicts, lists and tuples only: other objects are
+    written by `to_json`, by their own rules. `circular`: `value` may contain itself (then a
+    container seen twice is looked at once; json.dumps refuses a circular one)."""
+    if type(value) in _JSON_SCALARS:
+        return value
+    stack: list[tuple[Any, _Link]] = [(value, None)]
+    seen: set[int] | None = set() if circular else None
+    while stack:
+        item, link = stack.pop()
+        if seen is not None:
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            if not _STR.issuperset(map(type, item)):
+                problem = _alike(item)
+                if problem is not None:
+                    raise _Refused(problem, _path(link))
+            if not _JSON_SCALARS.issuperset(map(type, item.values())):
+                for key, inner in item.items():
+                    if isinstance(inner, dict | list | tuple):
+                        stack.append((inner, (link, key, True)))
+        elif isinstance(item, list | tuple) and not _JSON_SCALARS.issuperset(map(type, item)):
+            for index, inner in enumerate(item):
+                if isinstance(inner, dict | list | tuple):
+                    stack.append((inner, (link, index, False)))
     return value
 
 
-#: A value declared Any (or object) is written as json.dumps writes it, and read back as JSON.
-_ANY: Writer = (_JSON_SCALARS, _as_is)
+#: Where `_check_plain` is: (the link of the container above, the key or index, a key?).
+_Link = tuple[Any, Any, bool] | None
+
+
+def _path(link: _Link) -> str:
+    steps = []
+    while link is not None:
+        link, step, key = link
+        steps.append(
+            (f".{step}" if isinstance(step, str) else f"[{step!r}]") if key else f"[{step}]"
+        )
+    return "".join(reversed(steps))
+
+
+def _alike(mapping: Mapping[Any, Any]) -> str | None:
+    """Why two keys of `mapping` are written as one JSON object key by json.dumps, or None."""
+    texts: dict[str, Any] = {}
+    for key in mapping:
+        text = _dumped_key(key)
+        if text is None:  # json.dumps refuses it, naming it
+            continue
+        first = texts.setdefault(text, key)
+        if first is not key:
+            return (
+                f"keys {_shown(first)} and {_shown(key)} are both written "
+                f"{json.dumps(text, ensure_ascii=False)}: one would be lost"
+            )
+    return None
+
+
+def _dumped_key(key: Any) -> str | None:
+    """The text json.dumps writes a dict key as (None for a key it refuses)."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return None if _too_long(key) else int.__repr__(key)
+    if isinstance(key, float):
+        return float.__repr__(key) if math.isfinite(key) else None
+    return None
+
+
+#: A value declared Any (or object) is written as json.dumps writes it, and read back as JSON;
+#: two keys it would write as one are refused.
+_ANY: Writer = (_JSON_SCALARS, _plain)
 
 
 def _writer(tp: Any, ctx: _Context) -> Writer:
@@ -1374,10 +1493,15 @@ def _mapping_writer(
         if not isinstance(value, Mapping):
             return checked(value)
         if write_key is None:
-            if keys == "str" and not set(map(type, value)) <= _STR:
-                for key in value:
-                    if not isinstance(key, str):
-                        string(key)
+            if not set(map(type, value)) <= _STR:
+                if keys == "str":
+                    for key in value:
+                        if not isinstance(key, str):
+                            string(key)
+                else:  # Any: as json.dumps writes them, two of which must not be one
+                    problem = _alike(value)
+                    if problem is not None:
+                        raise _Refused(problem)
             if isinstance(value, dict) and set(map(type, value.values())) <= exact:
                 return value
         result = {}

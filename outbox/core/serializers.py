@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, Protocol, runtime_checkable
 
-from outbox.core.codecs import describe_unencodable, to_json
+from outbox.core.codecs import describe_unencodable, plain_problem, to_json
 from outbox.core.errors import SerializationError
 
 BYTES = "application/octet-stream"
@@ -41,8 +41,9 @@ class JsonSerializer:
 
     Beyond JSON's own types it encodes models, dataclasses, UUID, datetime with a zone, date,
     time, Decimal (as a string), Enum (its value) and bytes inside a payload (base64), as
-    `outbox.core.codecs` says; anything else, a naive datetime and a set are refused with the
-    path of the offending value.
+    `outbox.core.codecs` says; anything else, a naive datetime, a set and two keys of a dict
+    it would write as one (`{1: "a", "1": "b"}`) are refused with the path of the offending
+    value.
     """
 
     content_type = JSON
@@ -57,6 +58,10 @@ class JsonSerializer:
                 f"payload of type {type(payload).__name__} is nested too deeply to encode as "
                 f"JSON (more than about {sys.getrecursionlimit()} levels)"
             ) from None
+        if isinstance(payload, dict | list | tuple):  # a dataclass's fields check their own
+            problem = plain_problem(payload)
+            if problem is not None:
+                raise SerializationError(problem)
         try:
             return text.encode()
         except UnicodeEncodeError as exc:

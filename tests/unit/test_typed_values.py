@@ -392,3 +392,36 @@ def test_a_decimal_infinity_or_nan_is_refused_at_send(payload: Any, message: str
     with pytest.raises(SerializationError) as info:
         sent(payload)
     assert message in str(info.value)
+
+
+# -- plain payloads: keys written alike ----------------------------------------------------------
+
+
+@dataclass
+class Loose:
+    anything: Any = None
+    by_any: dict[Any, int] = field(default_factory=dict)
+    by_name: dict[str, Any] = field(default_factory=dict)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({1: "a", "1": "b"}, "payload: keys 1 and '1' are both written \"1\": one would be lost"),
+        ([{"x": {True: 1, "true": 2}}], "payload[0].x: keys True and 'true' are both written"),
+        ({"n": {None: 1, "null": 2}}, "payload.n: keys None and 'null' are both written"),
+        ({"f": {"1.5": 1, 1.5: 2}}, "payload.f: keys '1.5' and 1.5 are both written"),
+        (Loose(anything={"k": {2: 0, "2": 1}}), "payload.anything.k: keys 2 and '2' are both"),
+        (Loose(by_any={0: 0, "0": 1}), "payload.by_any: keys 0 and '0' are both written"),
+        (Loose(by_name={"k": [{1: 0, "1": 1}]}), "payload.by_name.k[0]: keys 1 and '1' are"),
+    ],
+)
+def test_plain_keys_written_alike_are_refused_at_send(payload: Any, message: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        sent(payload)
+    assert message in str(info.value)
+
+
+def test_plain_keys_of_other_types_that_are_written_apart_are_sent_as_before() -> None:
+    payload = {1: "a", "2": "b", None: [{True: 1.5, 2.5: None}]}
+    assert sent(payload) == json.dumps(payload, separators=(",", ":")).encode()
