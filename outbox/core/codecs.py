@@ -153,8 +153,10 @@ def to_json(value: Any) -> Any:
     raise TypeError(f"object of type {type(value).__qualname__} is not JSON-encodable")
 
 
-def describe_unencodable(payload: Any) -> str:
-    """Where and why `payload` cannot be JSON-encoded: `payload.items[2].price: ...`.
+def describe_unencodable(payload: Any, otherwise: str | None = None) -> str:
+    """Where and why `payload` cannot be JSON-encoded: `payload.items[2].price: ...` (a lone
+    surrogate in a string or a key too, which UTF-8 cannot carry); `otherwise` if no reason is
+    found.
 
     Walks the value the way `json.dumps(default=to_json)` does; called only after that failed.
     """
@@ -163,13 +165,30 @@ def describe_unencodable(payload: Any) -> str:
     except RecursionError:
         found = None
     if found is None:
-        return f"payload of type {type(payload).__qualname__} cannot be JSON-encoded"
+        return otherwise or f"payload of type {type(payload).__qualname__} cannot be JSON-encoded"
     return f"{found[0]}: {found[1]}"
+
+
+def _surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in `text` (which UTF-8 cannot encode), or None."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def _find(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
     """The path of the first value inside `value` that cannot be written, and why."""
-    if value is None or isinstance(value, str | bool):
+    if isinstance(value, str):
+        position = _surrogate(value)
+        if position is None:
+            return None
+        return path, (
+            f"a string that is not valid Unicode (a lone surrogate at position {position}), which "
+            "JSON in UTF-8 cannot carry: use bytes for binary data"
+        )
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
         return (path, _long_int(value)) if _too_long(value) else None
@@ -191,6 +210,12 @@ def _find(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
                         )
                     if isinstance(k, float) and not math.isfinite(k):
                         return path, f"key {k!r} is {_NOT_A_NUMBER}"
+                    position = _surrogate(k) if isinstance(k, str) else None
+                    if position is not None:
+                        return path, (
+                            f"key {_shown(k)} is not valid Unicode (a lone surrogate at position "
+                            f"{position}), which JSON in UTF-8 cannot carry"
+                        )
                     if isinstance(k, int) and not isinstance(k, bool) and _too_long(k):
                         return path, f"key {_shown(k)} {_long()}"
                     found = _find(

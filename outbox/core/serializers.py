@@ -66,9 +66,12 @@ class JsonSerializer:
             return text.encode()
         except UnicodeEncodeError as exc:
             raise SerializationError(
-                f"payload of type {type(payload).__name__} has a string that is not valid "
-                f"Unicode (a lone surrogate at position {exc.start}), which JSON in UTF-8 "
-                "cannot encode"
+                describe_unencodable(
+                    payload,
+                    f"payload of type {type(payload).__name__} has a string that is not valid "
+                    f"Unicode (a lone surrogate at position {exc.start} of its JSON), which "
+                    "JSON in UTF-8 cannot encode",
+                )
             ) from None
 
     def loads(self, data: bytes) -> Any:

@@ -425,3 +425,14 @@ def test_plain_keys_written_alike_are_refused_at_send(payload: Any, message: str
 def test_plain_keys_of_other_types_that_are_written_apart_are_sent_as_before() -> None:
     payload = {1: "a", "2": "b", None: [{True: 1.5, 2.5: None}]}
     assert sent(payload) == json.dumps(payload, separators=(",", ":")).encode()
+
+
+# -- lone surrogates and NUL -------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_is_refused_naming_its_place_and_nul_is_sent() -> None:
+    with pytest.raises(SerializationError, match=r"payload\.a\[1\]: a string that is not valid"):
+        sent({"a": ["ok", "x\ud800"]})
+    with pytest.raises(SerializationError, match=r"payload\.by_name: key 'k\\udc80' is not valid"):
+        sent(Loose(by_name={"k\udc80": 1}))
+    assert round_trip(Loose(by_name={"\x00": "\x00"})).by_name == {"\x00": "\x00"}
