@@ -1354,13 +1354,34 @@ def _written(value: Any) -> tuple[Any, str]:
 
 def _same_value(back: Any, sent: Any) -> bool:
     """True if `back`, read from what was written for `sent`, is `sent` for the handler: equal,
-    and a bool not a number, a str not another type, as Python alone would say."""
+    and a bool not a number, a str not another type, as Python alone would say. Dataclasses,
+    lists, tuples and dicts are compared item by item, so that this holds inside them too (and
+    a dataclass declared eq=False, equal only to itself, is compared by its fields)."""
     if back is sent:
         return True
     if isinstance(back, bool) is not isinstance(sent, bool):
         return False
     if isinstance(back, str) is not isinstance(sent, str):
         return False
+    if dataclasses.is_dataclass(sent) and not isinstance(sent, type):
+        return type(back) is type(sent) and all(
+            _same_value(getattr(back, f.name), getattr(sent, f.name))
+            for f in dataclasses.fields(sent)
+            if f.compare
+        )
+    if isinstance(sent, list | tuple) and isinstance(back, list | tuple):
+        return (
+            isinstance(back, list) is isinstance(sent, list)
+            and len(back) == len(sent)
+            and all(_same_value(a, b) for a, b in zip(back, sent, strict=True))
+        )
+    if isinstance(sent, Mapping) and isinstance(back, Mapping):
+        try:
+            return back.keys() == sent.keys() and all(
+                _same_value(back[key], item) for key, item in sent.items()
+            )
+        except Exception:  # keys that do not compare: not the same
+            return False
     try:
         return bool(back == sent)
     except Exception:  # a signalling NaN, an __eq__ that raises: not the same

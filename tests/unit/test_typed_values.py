@@ -13,9 +13,10 @@ from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 from uuid import UUID, uuid4
 
+import pydantic
 import pytest
 
 from outbox import ConfigurationError, JsonSerializer, SerializationError, Topic
@@ -23,6 +24,7 @@ from outbox.core.codecs import PayloadInvalid, decoder, json_schema
 from outbox.core.serializers import decode_payload, encode_payload
 
 serializer = JsonSerializer()
+T = TypeVar("T")
 
 
 def sent(payload: Any) -> bytes:
@@ -204,6 +206,44 @@ def test_a_subclass_is_refused_where_its_base_is_declared() -> None:
         Outer(InnerMore(1, 2))
     )
     round_trip(Outer(Inner(1)))
+
+
+def test_a_topic_refuses_a_subclass_of_its_payload_type() -> None:
+    with pytest.raises(SerializationError) as info:
+        Topic("t", Inner).check(InnerMore(1, 2))
+    assert str(info.value) == (
+        "topic 't' carries Inner; got a InnerMore, a subclass, which the handler would read "
+        "back as a Inner (not equal to what was sent, its own fields dropped): build a Inner"
+    )
+
+    class Box(pydantic.BaseModel, Generic[T]):
+        item: T
+
+    Topic("box", Box).check(Box[int](item=1))  # a parametrized model: its own type
+    Topic("box", Box[int]).check(Box[int](item=1))
+
+
+@dataclass(eq=False)
+class Loner:
+    x: int
+
+
+@dataclass
+class Named:
+    name: str
+
+
+@dataclass
+class Either2:
+    one: Named | Loner
+
+
+def test_a_dataclass_equal_only_to_itself_is_compared_by_its_fields() -> None:
+    """The value of a union whose earlier type reads JSON objects too is read back and compared:
+    a dataclass declared eq=False, equal only to itself, must be compared by its fields."""
+    back = decoder(Either2)(json.loads(sent(Either2(Loner(1)))))
+    assert type(back.one) is Loner and back.one.x == 1
+    assert "payload.one: Inner(x=1) (Inner) is not Named | Loner" in refused(Either2(Inner(1)))
 
 
 # -- Enums and Literals of any value ------------------------------------------------------------
