@@ -42,6 +42,7 @@ import binascii
 import contextlib
 import dataclasses
 import enum
+import functools
 import json
 import math
 import re
@@ -140,7 +141,7 @@ def to_json(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _write_fields(value, _plan(type(value)))
     if is_model(type(value)):
-        dumped = value.model_dump(mode="json")
+        dumped = value.model_dump(mode="json", by_alias=True)
         check = _model_check(type(value))
         if check is not None:
             check(value, dumped)
@@ -345,9 +346,16 @@ class _Context:
     declaring: bool = False
 
 
+def _validation(tp: type[Any]) -> Callable[[Any], Any]:
+    """A model's validation as its handler runs it: fields by alias (as `to_json` writes them)
+    or by name (as outbox wrote them before, and a message may still be stored)."""
+    validate: Callable[..., Any] = getattr(tp, "model_validate")  # noqa: B009 - Any
+    return functools.partial(validate, by_alias=True, by_name=True)
+
+
 def _build(payload_type: type[Any], localns: Mapping[str, Any] | None) -> Decode:
     if is_model(payload_type):
-        validate = payload_type.model_validate
+        validate = _validation(payload_type)
 
         def from_model(data: Any) -> Any:
             try:
@@ -517,7 +525,7 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
     if dataclasses.is_dataclass(tp):
         return _dataclass_converter(tp, ctx)
     if is_model(tp):
-        validate: Callable[[Any], Any] = getattr(tp, "model_validate")  # noqa: B009 - Any
+        validate = _validation(tp)
 
         def model(data: Any, path: str) -> Any:
             try:
@@ -1064,6 +1072,9 @@ def prepare(payload_type: type[Any] | None, localns: Mapping[str, Any] | None = 
         if payload_type not in _plans:  # unresolved: the first send tries again
             _build_plan(payload_type, _Context(localns, declaring=True))
     elif is_model(payload_type):
+        problem = _model_problem(payload_type)
+        if problem is not None:
+            raise ConfigurationError(problem)
         _model_check(payload_type)
 
 
@@ -1285,6 +1296,9 @@ def _writer(tp: Any, ctx: _Context) -> Writer:
             _build_plan(tp, ctx)
         return frozenset({tp}), _checked(tp, ctx)  # an instance writes itself, by its own plan
     if is_model(tp):
+        problem = _model_problem(tp)
+        if problem is not None:
+            raise _TypeRefused(problem)
         return frozenset({tp}), _checked(tp, ctx)
     if issubclass(tp, enum.Enum):
         return _enum_writer(tp, ctx)
@@ -1793,16 +1807,105 @@ _model_checks: dict[type[Any], Check | None] = {}
 
 
 def _model_check(tp: type[Any]) -> Check | None:
-    """For a pydantic model with mappings whose keys are not text (nested too): a check that
-    what `model_dump(mode="json")` wrote reads back, by the model's own validation (the
-    handler's decoder), with the same keys. None for any other model: nothing to check."""
+    """What `to_json` checks when it writes a pydantic model: for a model that would refuse
+    what it writes (`_model_problem`), a check that refuses it; for a model with mappings whose
+    keys are not text (nested too), a check that what `model_dump` wrote reads back, by the
+    model's own validation (the handler's decoder), with the same keys. None for any other
+    model: nothing to check."""
     if tp in _model_checks:
         return _model_checks[tp]
-    differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
-    check = None if differ is None else _checking(tp, differ)
+    problem = _model_problem(tp)
+    check: Check | None
+    if problem is not None:
+        check = _refusing(problem)
+    else:
+        differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
+        check = None if differ is None else _checking(tp, differ)
     if getattr(tp, "__pydantic_complete__", True):  # else its annotations may not be known yet
         _model_checks[tp] = check
     return check
+
+
+def _refusing(problem: str) -> Check:
+    def check(value: Any, dumped: Any) -> None:
+        raise _Refused(problem)
+
+    return check
+
+
+def _model_problem(tp: type[Any]) -> str | None:
+    """Why the validation of model `tp`, or of a model inside it, refuses every message the
+    model writes (a field written under a name it does not read, a computed field written to a
+    model that forbids extra fields, a required field excluded from what is written), or None."""
+    seen: set[type[Any]] = set()
+    _reachable(tp, seen)
+    for model in sorted((m for m in seen if is_model(m)), key=lambda m: m is not tp):
+        name = type_name(model)
+        fields: dict[str, Any] = getattr(model, "model_fields")  # noqa: B009 - Any
+        for field_name, info in fields.items():
+            if info.exclude is True and info.is_required():
+                return (
+                    f"{name}.{field_name} is required but not written (exclude=True): the "
+                    f"validation of {name} would refuse every message"
+                )
+            written = info.serialization_alias or field_name
+            if written not in _read_names(field_name, info):
+                return (
+                    f"{name}.{field_name} is written as {written!r}, which {name} does not read "
+                    f"(its validation_alias is {info.validation_alias!r}): every message would "
+                    "be refused; give it the same alias both ways"
+                )
+        config: Mapping[str, Any] = getattr(model, "model_config")  # noqa: B009 - Any
+        computed: dict[str, Any] = getattr(model, "model_computed_fields", {})
+        if config.get("extra") == "forbid" and computed:
+            field_name = next(iter(computed))
+            return (
+                f"{name}.{field_name} is written (a computed field), which {name} refuses "
+                "(extra='forbid'): every message would be refused; allow extra fields "
+                "(extra='ignore')"
+            )
+    return None
+
+
+def _read_names(name: str, info: Any) -> set[str]:
+    """The names a model's validation reads a field from, by alias or by name (as its handler
+    validates): its name, its alias or validation alias, a choice among them, a path of one."""
+    names = {name}
+    alias = info.validation_alias if info.validation_alias is not None else info.alias
+    choices = getattr(alias, "choices", None) or [alias]
+    for choice in choices:
+        path = getattr(choice, "path", None)
+        if isinstance(choice, str):
+            names.add(choice)
+        elif path is not None and len(path) == 1 and isinstance(path[0], str):
+            names.add(path[0])
+    return names
+
+
+def _reachable(tp: Any, seen: set[type[Any]]) -> None:
+    """Adds to `seen` the models and dataclasses a value declared `tp` may hold (itself too)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        return
+    if isinstance(tp, typing.NewType):
+        _reachable(tp.__supertype__, seen)
+        return
+    if origin is not None:
+        for arg in args[:1] if origin is typing.Annotated else args:
+            if arg is not Ellipsis:
+                _reachable(arg, seen)
+        if origin is not typing.Annotated:
+            _reachable(origin, seen)
+        return
+    if tp in seen:
+        return
+    annotations = _field_annotations(tp)
+    if annotations is None:
+        return
+    seen.add(tp)
+    for annotation in annotations.values():
+        _reachable(annotation, seen)
 
 
 def _checking(tp: type[Any], differ: Differ) -> Check:

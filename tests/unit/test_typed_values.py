@@ -31,14 +31,17 @@ def sent(payload: Any) -> bytes:
     return encode_payload(payload, serializer)[0]
 
 
+def read(payload_type: type[Any], data: bytes) -> Any:
+    """What a handler of `payload_type` gets for `data`."""
+    return decoder(payload_type)(decode_payload(data, serializer.content_type, serializer))
+
+
 def round_trip(payload: Any) -> Any:
     """The payload read back through a Topic of its type, as a handler reads it."""
     topic = Topic("t", type(payload))
     topic.check(payload)
     assert topic.payload is not None
-    back = decoder(topic.payload)(
-        decode_payload(sent(payload), serializer.content_type, serializer)
-    )
+    back = read(topic.payload, sent(payload))
     assert back == payload
     assert type(back) is type(payload)
     return back
@@ -476,3 +479,86 @@ def test_a_lone_surrogate_is_refused_naming_its_place_and_nul_is_sent() -> None:
     with pytest.raises(SerializationError, match=r"payload\.by_name: key 'k\\udc80' is not valid"):
         sent(Loose(by_name={"k\udc80": 1}))
     assert round_trip(Loose(by_name={"\x00": "\x00"})).by_name == {"\x00": "\x00"}
+
+
+# -- pydantic: aliases -------------------------------------------------------------------------
+
+
+class Line(pydantic.BaseModel):
+    sku_code: str = pydantic.Field(alias="skuCode")
+    unit_price: Decimal = pydantic.Field(alias="unitPrice")
+
+
+class Aliased(pydantic.BaseModel):
+    order_id: UUID = pydantic.Field(alias="orderId")
+    lines: list[Line] = []
+    note: str | None = None
+
+
+def test_a_model_with_aliases_is_written_by_alias_and_reads_back() -> None:
+    model = Aliased(orderId=UUID(int=1), lines=[Line(skuCode="a", unitPrice=Decimal("1.5"))])
+    assert json.loads(sent(model)) == {
+        "orderId": str(UUID(int=1)),
+        "lines": [{"skuCode": "a", "unitPrice": "1.5"}],
+        "note": None,
+    }
+    round_trip(model)
+
+
+def test_a_model_message_stored_by_field_name_still_decodes() -> None:
+    old = b'{"order_id":"00000000-0000-0000-0000-000000000001","lines":[{"sku_code":"a",'
+    old += b'"unit_price":"1.5"}]}'
+    back = read(Aliased, old)
+    assert back == Aliased(orderId=UUID(int=1), lines=[Line(skuCode="a", unitPrice="1.5")])
+
+
+class Renamed(pydantic.BaseModel):
+    x: int = pydantic.Field(serialization_alias="X", validation_alias="ex")
+
+
+class RenamedInside(pydantic.BaseModel):
+    inner: list[Renamed]
+
+
+@dataclass
+class RenamedInDataclass:
+    renamed: Renamed | None = None
+
+
+class Choices(pydantic.BaseModel):
+    x: int = pydantic.Field(
+        serialization_alias="X", validation_alias=pydantic.AliasChoices("ex", "X")
+    )
+
+
+def test_a_model_whose_written_names_it_does_not_read_is_refused_when_the_topic_is_declared() -> (
+    None
+):
+    for payload_type in (Renamed, RenamedInside, RenamedInDataclass):
+        with pytest.raises(ConfigurationError) as info:
+            Topic("renamed", payload_type)
+        assert "Renamed.x is written as 'X', which Renamed does not read" in str(info.value)
+    with pytest.raises(SerializationError, match=r"payload\.m: Renamed\.x is written as 'X'"):
+        sent({"m": Renamed(ex=1)})
+    round_trip(Choices(ex=1))
+
+
+class Forbids(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    x: int
+
+    @pydantic.computed_field  # type: ignore[prop-decorator]
+    @property
+    def double(self) -> int:
+        return 2 * self.x
+
+
+class Excludes(pydantic.BaseModel):
+    secret: str = pydantic.Field(exclude=True)
+
+
+def test_a_model_that_would_refuse_what_it_writes_is_refused_when_the_topic_is_declared() -> None:
+    with pytest.raises(ConfigurationError, match=r"Forbids\.double is written \(a computed"):
+        Topic("forbids", Forbids)
+    with pytest.raises(ConfigurationError, match=r"Excludes\.secret is required but not"):
+        Topic("excludes", Excludes)
