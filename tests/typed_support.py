@@ -29,8 +29,8 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from outbox import JsonSerializer, SerializationError, Topic
-from outbox.core.codecs import decoder, is_model
-from outbox.core.serializers import decode_payload, encode_payload
+from outbox.core.codecs import is_model
+from outbox.core.serializers import encode_payload, read_payload
 
 
 class Hue(enum.Enum):
@@ -308,7 +308,7 @@ def encode(topic: Topic[Any], payload: Any) -> tuple[bytes, str] | Refused:
 def read(topic: Topic[Any], data: bytes, content_type: str) -> Any:
     """What a handler of `topic` gets for the encoded payload: any error here is the defect."""
     assert topic.payload is not None
-    return decoder(topic.payload)(decode_payload(data, content_type, serializer))
+    return read_payload(topic.payload, data, content_type, serializer)
 
 
 def round_trip(payload_type: type[Any], payload: Any) -> Any:

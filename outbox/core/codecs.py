@@ -27,8 +27,10 @@ with no text form (`tuple[int, int]`) is refused when the `Topic` is declared or
 registered. A pydantic model with such keys is checked by its own validation when it is
 encoded: what it writes must read back with the same keys.
 
-Decoding (`decoder(type)`): a pydantic model by `model_validate` (its own config decides
-extra fields: pydantic ignores them by default); a dataclass by outbox's own converter, with or
+Decoding (`decoder(type)`, `json_reader(type)`): a pydantic model by its own validation in
+pydantic's JSON mode (`model_validate_json`, the counterpart of `model_dump(mode="json")`: a
+strict model reads back too), by alias or by field name (its own config decides extra fields:
+pydantic ignores them by default); a dataclass by outbox's own converter, with or
 without pydantic installed, so that a message reads the same everywhere: fields by name,
 unknown fields ignored, defaults for missing optional fields, nested dataclasses, and
 UUID/datetime/date/time/Decimal/Enum/bytes converted back from their encoding above, mapping
@@ -64,6 +66,7 @@ __all__ = [
     "decoder",
     "describe_unencodable",
     "is_model",
+    "json_reader",
     "json_schema",
     "prepare",
     "to_json",
@@ -347,10 +350,56 @@ class _Context:
 
 
 def _validation(tp: type[Any]) -> Callable[[Any], Any]:
-    """A model's validation as its handler runs it: fields by alias (as `to_json` writes them)
-    or by name (as outbox wrote them before, and a message may still be stored)."""
+    """A model's validation as its handler runs it, of a decoded JSON value: in pydantic's JSON
+    mode, the counterpart of `model_dump(mode="json")` (a strict model reads its UUIDs and
+    datetimes from their text, which its Python mode refuses), so the value is written back to
+    JSON text first (`json_reader` validates the stored bytes themselves); fields by alias (as
+    `to_json` writes them) or by name (as outbox wrote them before, and a message may still be
+    stored). A value JSON cannot hold (a serializer other than JSON may give one) is validated
+    in Python mode."""
+    from_json = _json_validation(tp)
     validate: Callable[..., Any] = getattr(tp, "model_validate")  # noqa: B009 - Any
+
+    def validation(data: Any) -> Any:
+        try:
+            text = _TEXT.encode(data)
+        except (TypeError, ValueError):
+            return validate(data, by_alias=True, by_name=True)
+        return from_json(text)
+
+    return validation
+
+
+_TEXT = json.JSONEncoder(separators=(",", ":"))
+
+
+def _json_validation(tp: type[Any]) -> Callable[[str | bytes], Any]:
+    validate: Callable[..., Any] = getattr(tp, "model_validate_json")  # noqa: B009 - Any
     return functools.partial(validate, by_alias=True, by_name=True)
+
+
+_json_readers: dict[type[Any], Callable[[bytes], Any] | None] = {}
+
+
+def json_reader(payload_type: type[Any]) -> Callable[[bytes], Any] | None:
+    """For a pydantic model, the function that validates a stored JSON payload, its bytes, as
+    its handler does (`PayloadInvalid` naming the fields, or what a validator raises); None
+    for other types, which are decoded first (`decoder`)."""
+    found = _json_readers.get(payload_type, _MISSING)
+    if found is not _MISSING:
+        return found  # type: ignore[no-any-return]
+    reader = None
+    if is_model(payload_type):
+        validate = _json_validation(payload_type)
+
+        def reader(data: bytes) -> Any:
+            try:
+                return validate(data)
+            except ValueError as exc:  # pydantic's ValidationError, whose text names the model
+                raise PayloadInvalid(str(exc)) from exc
+
+    _json_readers[payload_type] = reader
+    return reader
 
 
 def _build(payload_type: type[Any], localns: Mapping[str, Any] | None) -> Decode:

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, Protocol, runtime_checkable
 
-from outbox.core.codecs import describe_unencodable, plain_problem, to_json
+from outbox.core.codecs import decoder, describe_unencodable, json_reader, plain_problem, to_json
 from outbox.core.errors import SerializationError
 
 BYTES = "application/octet-stream"
@@ -130,3 +130,37 @@ def decode_payload(data: bytes, content_type: str | None, serializer: Serializer
         f"payload has content type {content_type!r}, which serializer "
         f"{type(serializer).__name__} ({serializer.content_type!r}) cannot decode"
     )
+
+
+def read_payload(
+    payload_type: type[Any] | None, data: bytes, content_type: str | None, serializer: Serializer
+) -> Any:
+    """What a handler of `payload_type` gets for a stored payload (None: the decoded value):
+    `decode_payload`, then the payload type's decoder. A pydantic model, with a
+    `JsonSerializer`, validates the JSON bytes themselves, in pydantic's JSON mode (the
+    counterpart of model_dump(mode="json"): a strict model reads its UUIDs and datetimes from
+    text), which also spares decoding them twice.
+
+    Raises `SerializationError` if `data` is not of its content type, else the decoder's error
+    (`PayloadInvalid`, or what a validator raises) if it is not a valid `payload_type`.
+    """
+    if (
+        payload_type is not None
+        and content_type in (None, JSON)
+        and isinstance(serializer, JsonSerializer)
+        and type(serializer).loads is JsonSerializer.loads
+    ):
+        read = json_reader(payload_type)
+        if read is not None:
+            try:
+                return read(data)
+            except Exception:
+                serializer.loads(data)  # not JSON at all: say so, as for any payload
+                raise
+    try:
+        decoded = decode_payload(data, content_type, serializer)
+    except SerializationError:
+        raise
+    except Exception as exc:  # a serializer's own error; bytes that are not UTF-8 text
+        raise SerializationError(str(exc) or type(exc).__name__) from exc
+    return decoded if payload_type is None else decoder(payload_type)(decoded)

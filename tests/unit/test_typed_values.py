@@ -21,7 +21,7 @@ import pytest
 
 from outbox import ConfigurationError, JsonSerializer, SerializationError, Topic
 from outbox.core.codecs import PayloadInvalid, decoder, json_schema
-from outbox.core.serializers import decode_payload, encode_payload
+from outbox.core.serializers import encode_payload, read_payload
 
 serializer = JsonSerializer()
 T = TypeVar("T")
@@ -33,7 +33,7 @@ def sent(payload: Any) -> bytes:
 
 def read(payload_type: type[Any], data: bytes) -> Any:
     """What a handler of `payload_type` gets for `data`."""
-    return decoder(payload_type)(decode_payload(data, serializer.content_type, serializer))
+    return read_payload(payload_type, data, serializer.content_type, serializer)
 
 
 def round_trip(payload: Any) -> Any:
@@ -562,3 +562,42 @@ def test_a_model_that_would_refuse_what_it_writes_is_refused_when_the_topic_is_d
         Topic("forbids", Forbids)
     with pytest.raises(ConfigurationError, match=r"Excludes\.secret is required but not"):
         Topic("excludes", Excludes)
+
+
+# -- pydantic: strict models ---------------------------------------------------------------------
+
+
+class StrictOrder(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(strict=True)
+    order_id: UUID
+    at: datetime
+    day: date
+    price: Decimal
+    shade: Shade
+    blob: bytes = b""
+
+
+def test_a_strict_model_reads_back() -> None:
+    model = StrictOrder(
+        order_id=uuid4(),
+        at=datetime.now(UTC),
+        day=date(2026, 1, 1),
+        price=Decimal("1.10"),
+        shade=Shade.DARK,
+        blob=b"ab",
+    )
+    round_trip(model)
+    assert decoder(StrictOrder)(json.loads(sent(model))) == model
+
+    @dataclass
+    class Carrier:
+        order: StrictOrder
+
+    assert decoder(Carrier)(json.loads(sent(Carrier(model)))) == Carrier(model)
+
+
+def test_a_model_payload_that_is_not_json_or_not_valid_says_which() -> None:
+    with pytest.raises(SerializationError, match="payload is not valid JSON"):
+        read(StrictOrder, b'{"order_id": ')
+    with pytest.raises(PayloadInvalid, match=r"validation errors? for StrictOrder"):
+        read(StrictOrder, b'{"order_id": 1}')
