@@ -53,7 +53,7 @@ import types
 import typing
 from collections import Counter, OrderedDict, abc, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from datetime import date, datetime, time
+from datetime import date, datetime, time, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
@@ -1869,10 +1869,170 @@ def _model_check(tp: type[Any]) -> Check | None:
         check = _refusing(problem)
     else:
         differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
-        check = None if differ is None else _checking(tp, differ)
+        keys = None if differ is None else _checking(tp, differ)
+        walk = _walker(tp, {})
+        check = keys if walk is None else _walking(walk, keys)
     if getattr(tp, "__pydantic_complete__", True):  # else its annotations may not be known yet
         _model_checks[tp] = check
     return check
+
+
+def _walking(walk: Walk, then: Check | None) -> Check:
+    def check(value: Any, dumped: Any) -> None:
+        walk(value)
+        if then is not None:
+            then(value, dumped)
+
+    return check
+
+
+# What pydantic writes that its own validation would read back as another value, found in the
+# model's values by its declared types: a datetime or a time whose offset has seconds (pydantic
+# writes the offset in minutes: another instant), and two keys of a dict declared with Any keys
+# (or inside a value declared Any) that are written as one text (one would be lost).
+
+Walk = Callable[[Any], None]
+
+
+def _walker(tp: Any, building: dict[Any, Walk | None]) -> Walk | None:
+    """A function that refuses (`_Refused`, naming the place) what a value declared `tp` holds
+    that pydantic would not write so that it reads back; None if a value so declared cannot
+    hold any."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return _plain
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _walker(args[0], building)
+    if isinstance(tp, typing.NewType):
+        return _walker(tp.__supertype__, building)
+    if origin is typing.Literal:
+        return None
+    bare = _BARE.get(tp)
+    if bare is not None:
+        return _walker(bare, building)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [w for a in args if (w := _walker(a, building)) is not None]
+        if not arms:
+            return None
+
+        def union(value: Any) -> None:
+            for arm in arms:  # each looks only at values of its own type
+                arm(value)
+
+        return union
+    if origin in _SEQUENCES:
+        return _sequence_walker(origin, args, building)
+    parts = _mapping(tp)
+    if parts is not None:
+        return _mapping_walker(parts[0], parts[1], building)
+    if origin is not None:
+        return _walker(origin, building)
+    if isinstance(tp, type) and issubclass(tp, datetime | time):
+        return _offset
+    return _instance_walker(tp, building)
+
+
+def _sequence_walker(
+    origin: Any, args: tuple[Any, ...], building: dict[Any, Walk | None]
+) -> Walk | None:
+    variadic = not (origin is tuple and not (len(args) == 2 and args[1] is Ellipsis))
+    walkers = [_walker(a, building) for a in (args[:1] if variadic else args)]
+    if all(w is None for w in walkers):
+        return None
+
+    def sequence(value: Any) -> None:
+        if not isinstance(value, list | tuple | set | frozenset):
+            return
+        for index, item in enumerate(value):
+            walk = walkers[0] if variadic else walkers[index] if index < len(walkers) else None
+            if walk is not None:
+                try:
+                    walk(item)
+                except _Refused as exc:
+                    raise exc.within(f"[{index}]") from None
+
+    return sequence
+
+
+def _mapping_walker(
+    key_type: Any, value_type: Any, building: dict[Any, Walk | None]
+) -> Walk | None:
+    walk_key = _walker(key_type, building)
+    walk_item = _walker(value_type, building)
+    if walk_key is None and walk_item is None:
+        return None
+    any_keys = _plain_keys(key_type) == "any"
+
+    def mapping(value: Any) -> None:
+        if not isinstance(value, Mapping):
+            return
+        if any_keys and not _STR.issuperset(map(type, value)):
+            problem = _alike(value)
+            if problem is not None:
+                raise _Refused(problem)
+        for key, item in value.items():
+            try:
+                if walk_key is not None and not any_keys:
+                    walk_key(key)
+                if walk_item is not None:
+                    walk_item(item)
+            except _Refused as exc:
+                raise exc.within(_step(key)) from None
+
+    return mapping
+
+
+def _instance_walker(tp: Any, building: dict[Any, Walk | None]) -> Walk | None:
+    """The walker of a model or a dataclass: each field that may hold what `_walker` finds."""
+    if tp in building:  # contains itself: the one being built, looked up when used
+        return lambda value: _late_walker(building, tp)(value)
+    annotations = _field_annotations(tp)
+    if annotations is None:
+        return None
+    building[tp] = None
+    fields = [(name, w) for name, a in annotations.items() if (w := _walker(a, building))]
+    if not fields:
+        building[tp] = _nothing
+        return None
+
+    def instance(value: Any) -> None:
+        if not isinstance(value, tp):
+            return
+        for name, walk in fields:
+            try:
+                walk(getattr(value, name, None))
+            except _Refused as exc:
+                raise exc.within(f".{name}") from None
+
+    building[tp] = instance
+    return instance
+
+
+def _nothing(value: Any) -> None:
+    return None
+
+
+def _late_walker(building: dict[Any, Walk | None], tp: Any) -> Walk:
+    walk = building[tp]
+    if walk is None:  # cannot be: walking starts once the outer one is built
+        raise RuntimeError(f"the walker of {type_name(tp)} is not built yet")
+    return walk
+
+
+def _offset(value: Any) -> None:
+    """Refuse a datetime or a time whose offset is not whole minutes: pydantic writes it
+    without its seconds, which reads back as another instant."""
+    if not isinstance(value, datetime | time):
+        return
+    offset = value.utcoffset()
+    if offset is None or not (offset.seconds % 60 or offset.microseconds):
+        return
+    shown = datetime(2000, 1, 1, tzinfo=timezone(offset)).isoformat()[19:]
+    raise _Refused(
+        f"the offset {shown} of {value.isoformat()} has seconds, which pydantic writes without "
+        "them (another instant): give it an offset of whole minutes (astimezone(UTC))"
+    )
 
 
 def _refusing(problem: str) -> Check:

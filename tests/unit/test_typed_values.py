@@ -11,7 +11,7 @@ import enum
 import json
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Generic, Literal, TypeVar
 from uuid import UUID, uuid4
@@ -601,3 +601,98 @@ def test_a_model_payload_that_is_not_json_or_not_valid_says_which() -> None:
         read(StrictOrder, b'{"order_id": ')
     with pytest.raises(PayloadInvalid, match=r"validation errors? for StrictOrder"):
         read(StrictOrder, b'{"order_id": 1}')
+
+
+# -- pydantic: offsets of seconds, keys written alike ---------------------------------------------
+
+
+class Clocked(pydantic.BaseModel):
+    at: datetime
+    clock: time | None = None
+    history: list[dict[str, datetime]] = []
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            Clocked(at=datetime(2026, 1, 1, tzinfo=timezone(timedelta(seconds=30)))),
+            "payload.at: the offset +00:00:30 of 2026-01-01T00:00:00+00:00:30 has seconds, "
+            "which pydantic writes without them (another instant)",
+        ),
+        (
+            Clocked(
+                at=datetime(2026, 1, 1, tzinfo=UTC),
+                clock=time(1, tzinfo=timezone(timedelta(microseconds=1))),
+            ),
+            "payload.clock: the offset +00:00:00.000001 of",
+        ),
+        (
+            Clocked(
+                at=datetime(2026, 1, 1, tzinfo=UTC),
+                history=[
+                    {},
+                    {"a": datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=1, seconds=1)))},
+                ],
+            ),
+            "payload.history[1].a: the offset +01:00:01 of",
+        ),
+    ],
+)
+def test_a_model_datetime_whose_offset_has_seconds_is_refused_at_send(
+    model: Clocked, message: str
+) -> None:
+    assert message in refused(model)
+    with pytest.raises(SerializationError) as info:
+        sent({"inside": model})
+    assert message.replace("payload", "payload.inside", 1) in str(info.value)
+
+
+def test_a_model_datetime_with_an_offset_of_minutes_reads_back() -> None:
+    round_trip(
+        Clocked(
+            at=datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=5, minutes=45))),
+            clock=time(1, tzinfo=UTC),
+            history=[{"a": datetime(2026, 1, 1, tzinfo=timezone(-timedelta(hours=3)))}],
+        )
+    )
+
+
+class Loosely(pydantic.BaseModel):
+    extra: dict[Any, int] = {}
+    data: Any = None
+
+
+def test_a_models_keys_written_alike_are_refused_at_send() -> None:
+    assert "payload.extra: keys 1 and '1' are both written" in refused(
+        Loosely(extra={1: 0, "1": 1})
+    )
+    assert "payload.data.k: keys 1 and '1' are both written" in refused(
+        Loosely(data={"k": {1: 0, "1": 1}})
+    )
+
+
+# -- a model inside a dataclass, and a dataclass inside a model ---------------------------------
+
+
+@dataclass
+class Envelope:
+    order: Aliased
+    at: datetime
+    tags: dict[UUID, Shade] = field(default_factory=dict)
+
+
+class Wrapper(pydantic.BaseModel):
+    envelope: Envelope | None = None
+    maybe: int | None | None = None
+
+
+def test_models_and_dataclasses_inside_each_other_read_back() -> None:
+    envelope = Envelope(
+        Aliased(orderId=uuid4(), lines=[Line(skuCode="\x00", unitPrice=Decimal(1))]),
+        datetime(2026, 1, 1, tzinfo=UTC),
+        {UUID(int=3): Shade.LIGHT},
+    )
+    round_trip(envelope)
+    assert json.loads(sent(envelope))["order"]["lines"] == [{"skuCode": "\x00", "unitPrice": "1"}]
+    round_trip(Wrapper(envelope=envelope, maybe=None))
