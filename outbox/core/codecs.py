@@ -144,7 +144,9 @@ def to_json(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _write_fields(value, _plan(type(value)))
     if is_model(type(value)):
-        dumped = value.model_dump(mode="json", by_alias=True)
+        # warnings="error": a value pydantic would write though it is not of its field's type
+        # (set after validation, or inside a dataclass) is refused, not read back changed
+        dumped = value.model_dump(mode="json", by_alias=True, warnings="error")
         check = _model_check(type(value))
         if check is not None:
             check(value, dumped)
@@ -1870,7 +1872,7 @@ def _model_check(tp: type[Any]) -> Check | None:
     else:
         differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
         keys = None if differ is None else _checking(tp, differ)
-        walk = _walker(tp, {})
+        walk = _walker(tp, {}, {})
         check = keys if walk is None else _walking(walk, keys)
     if getattr(tp, "__pydantic_complete__", True):  # else its annotations may not be known yet
         _model_checks[tp] = check
@@ -1894,25 +1896,28 @@ def _walking(walk: Walk, then: Check | None) -> Check:
 Walk = Callable[[Any], None]
 
 
-def _walker(tp: Any, building: dict[Any, Walk | None]) -> Walk | None:
+def _walker(tp: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]) -> Walk | None:
     """A function that refuses (`_Refused`, naming the place) what a value declared `tp` holds
     that pydantic would not write so that it reads back; None if a value so declared cannot
-    hold any."""
+    hold any. `config`: the configuration of the model whose field declares `tp`."""
     if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
         return _plain
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Annotated:
-        return _walker(args[0], building)
+        return _walker(args[0], building, config)
     if isinstance(tp, typing.NewType):
-        return _walker(tp.__supertype__, building)
+        return _walker(tp.__supertype__, building, config)
     if origin is typing.Literal:
-        return None
+        return _choice_walker(tp, args, config)
     bare = _BARE.get(tp)
     if bare is not None:
-        return _walker(bare, building)
+        return _walker(bare, building, config)
     if origin is typing.Union or origin is types.UnionType:
-        arms = [w for a in args if (w := _walker(a, building)) is not None]
+        arms = [w for a in args if (w := _walker(a, building, config)) is not None]
+        own = _union_read_back(tp, args, config)
+        if own is not None:
+            arms.insert(0, own)
         if not arms:
             return None
 
@@ -1922,22 +1927,102 @@ def _walker(tp: Any, building: dict[Any, Walk | None]) -> Walk | None:
 
         return union
     if origin in _SEQUENCES:
-        return _sequence_walker(origin, args, building)
+        return _sequence_walker(origin, args, building, config)
     parts = _mapping(tp)
     if parts is not None:
-        return _mapping_walker(parts[0], parts[1], building)
+        return _mapping_walker(parts[0], parts[1], building, config)
     if origin is not None:
-        return _walker(origin, building)
+        return _walker(origin, building, config)
     if isinstance(tp, type) and issubclass(tp, datetime | time):
         return _offset
-    return _instance_walker(tp, building)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _choice_walker(tp, list(tp), config)
+    return _instance_walker(tp, building, config)
+
+
+def _adapter(tp: Any, config: Mapping[str, Any]) -> Any:
+    """pydantic's TypeAdapter of `tp` as a field of a model configured `config` reads it."""
+    pydantic = sys.modules["pydantic"]
+    return pydantic.TypeAdapter(tp, config=pydantic.ConfigDict(**config) if config else None)
+
+
+def _choice_walker(tp: Any, values: Iterable[Any], config: Mapping[str, Any]) -> Walk | None:
+    """For an Enum or a Literal: refuse the members (values) that pydantic writes as what it
+    does not read back as them (an Enum of tuple or Decimal values, `Literal[Shade.DARK]`,
+    written 'dark'); None if pydantic reads back each one."""
+    adapter = _adapter(tp, {k: v for k, v in config.items() if k == "strict"})
+    refused: dict[tuple[type[Any], Any], str] = {}
+    for value in values:
+        try:
+            text = adapter.dump_json(value)
+        except Exception:  # not even written: pydantic's own error at send
+            continue
+        try:
+            back = adapter.validate_json(text)
+        except ValueError:
+            back = _MISSING
+        if back is _MISSING or not _same_value(back, value):
+            refused[(type(value), value)] = (
+                f"{_shown(value)} ({type(value).__qualname__}) is written "
+                f"{text.decode(errors='replace')}, which pydantic does not read back as it: "
+                f"declare {_annotation_name(tp)} in a dataclass, whose codec does"
+            )
+    if not refused:
+        return None
+
+    def choice(value: Any) -> None:
+        try:
+            problem = refused.get((type(value), value))
+        except TypeError:  # unhashable: none of them
+            return
+        if problem is not None:
+            raise _Refused(problem)
+
+    return choice
+
+
+def _union_read_back(tp: Any, args: tuple[Any, ...], config: Mapping[str, Any]) -> Walk | None:
+    """For a union two types of which read the same kind of JSON (`str | UUID`: strings): a
+    value is written and read back by pydantic, as the model would, and refused unless it
+    comes back (pydantic takes the type it finds best for the JSON, which may be another);
+    None for a union whose types read different JSON (`int | None`, `list[int] | dict[str,
+    int]`)."""
+    kinds: set[str] = set()
+    overlap = False
+    for arm in args:
+        if arm is _NONE or arm is Any or arm is object or isinstance(arm, typing.TypeVar):
+            continue
+        own = _json_kinds(arm)
+        overlap = overlap or bool(own & (kinds | {"any"})) or "any" in kinds
+        kinds |= own
+    if not overlap:
+        return None
+    declared = _annotation_name(tp)
+    adapter: list[Any] = []
+
+    def read_back(value: Any) -> None:
+        if not adapter:
+            adapter.append(_adapter(tp, config))
+        try:
+            text = adapter[0].dump_json(value, by_alias=True, warnings="error")
+            back = adapter[0].validate_json(text, by_alias=True, by_name=True)
+        except Exception:  # pydantic's own error when the model is written or read
+            return
+        if not _same_value(back, value):
+            raise _Refused(
+                f"{_shown(value)} ({type(value).__qualname__}) is written "
+                f"{text.decode(errors='replace')}, which pydantic reads back as {_shown(back)} "
+                f"({type(back).__qualname__}): the declared type is {declared}"
+            )
+
+    return read_back
 
 
 def _sequence_walker(
-    origin: Any, args: tuple[Any, ...], building: dict[Any, Walk | None]
+    origin: Any, args: tuple[Any, ...], building: dict[Any, Walk | None], config: Mapping[str, Any]
 ) -> Walk | None:
     variadic = not (origin is tuple and not (len(args) == 2 and args[1] is Ellipsis))
-    walkers = [_walker(a, building) for a in (args[:1] if variadic else args)]
+    walkers = [_walker(a, building, config) for a in (args[:1] if variadic else args)]
     if all(w is None for w in walkers):
         return None
 
@@ -1956,13 +2041,13 @@ def _sequence_walker(
 
 
 def _mapping_walker(
-    key_type: Any, value_type: Any, building: dict[Any, Walk | None]
+    key_type: Any, value_type: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]
 ) -> Walk | None:
-    walk_key = _walker(key_type, building)
-    walk_item = _walker(value_type, building)
-    if walk_key is None and walk_item is None:
-        return None
     any_keys = _plain_keys(key_type) == "any"
+    walk_key = None if any_keys else _walker(key_type, building, config)
+    walk_item = _walker(value_type, building, config)
+    if walk_key is None and walk_item is None and not any_keys:
+        return None
 
     def mapping(value: Any) -> None:
         if not isinstance(value, Mapping):
@@ -1973,7 +2058,7 @@ def _mapping_walker(
                 raise _Refused(problem)
         for key, item in value.items():
             try:
-                if walk_key is not None and not any_keys:
+                if walk_key is not None:
                     walk_key(key)
                 if walk_item is not None:
                     walk_item(item)
@@ -1983,7 +2068,9 @@ def _mapping_walker(
     return mapping
 
 
-def _instance_walker(tp: Any, building: dict[Any, Walk | None]) -> Walk | None:
+def _instance_walker(
+    tp: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]
+) -> Walk | None:
     """The walker of a model or a dataclass: each field that may hold what `_walker` finds."""
     if tp in building:  # contains itself: the one being built, looked up when used
         return lambda value: _late_walker(building, tp)(value)
@@ -1991,7 +2078,14 @@ def _instance_walker(tp: Any, building: dict[Any, Walk | None]) -> Walk | None:
     if annotations is None:
         return None
     building[tp] = None
-    fields = [(name, w) for name, a in annotations.items() if (w := _walker(a, building))]
+    if is_model(tp):  # its fields as it declares them (Strict, union_mode...), by its config
+        config = getattr(tp, "model_config")  # noqa: B009 - Any
+        infos: dict[str, Any] = getattr(tp, "model_fields")  # noqa: B009 - Any
+        annotations = {
+            name: typing.Annotated[info.annotation, *info.metadata] if info.metadata else a
+            for (name, a), info in zip(annotations.items(), infos.values(), strict=True)
+        }
+    fields = [(name, w) for name, a in annotations.items() if (w := _walker(a, building, config))]
     if not fields:
         building[tp] = _nothing
         return None
