@@ -2043,15 +2043,24 @@ def _sequence_walker(
 def _mapping_walker(
     key_type: Any, value_type: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]
 ) -> Walk | None:
-    any_keys = _plain_keys(key_type) == "any"
-    walk_key = None if any_keys else _walker(key_type, building, config)
+    keys = _plain_keys(key_type)
+    any_keys = keys == "any"
+    walk_key = None if keys is not None else _walker(key_type, building, config)
     walk_item = _walker(value_type, building, config)
-    if walk_key is None and walk_item is None and not any_keys:
+    if walk_key is None and walk_item is None and keys is None:
         return None
 
     def mapping(value: Any) -> None:
         if not isinstance(value, Mapping):
             return
+        if keys == "str" and not all(map(str.isascii, value)):
+            for key in value:  # pydantic writes a lone surrogate in a key as U+FFFD: another key
+                position = _surrogate(key)
+                if position is not None:
+                    raise _Refused(
+                        f"key {_shown(key)} is not valid Unicode (a lone surrogate at position "
+                        f"{position}), which JSON in UTF-8 cannot carry"
+                    )
         if any_keys and not _STR.issuperset(map(type, value)):
             problem = _alike(value)
             if problem is not None:

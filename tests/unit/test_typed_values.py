@@ -481,6 +481,20 @@ def test_a_lone_surrogate_is_refused_naming_its_place_and_nul_is_sent() -> None:
     assert round_trip(Loose(by_name={"\x00": "\x00"})).by_name == {"\x00": "\x00"}
 
 
+class Named2(pydantic.BaseModel):
+    names: dict[str, int] = {}
+    name: str = ""
+
+
+def test_a_lone_surrogate_in_a_models_key_is_refused_not_replaced() -> None:
+    """pydantic writes a lone surrogate in a dict key as U+FFFD: another key, silently."""
+    with pytest.raises(SerializationError, match=r"payload\.names: key 'a\\udc80' is not"):
+        sent(Named2(names={"é": 1, "a\udc80": 2}))
+    with pytest.raises(SerializationError, match=r"payload\.name: a string that is not valid"):
+        sent(Named2(name="\ud800"))
+    assert round_trip(Named2(names={"é\x00": 1})).names == {"é\x00": 1}
+
+
 # -- pydantic: aliases -------------------------------------------------------------------------
 
 
