@@ -1202,23 +1202,25 @@ def plain_problem(payload: Any) -> str | None:
     return None
 
 
-_CONTAINERS = (dict, list, tuple)
-
-
 def _str_keys(value: Any) -> bool:
     """True if every dict inside `value` (through dicts, lists and tuples) has only str keys:
     the common case, which cannot lose a key (RecursionError if `value` contains itself)."""
-    if isinstance(value, dict):
+    kind = type(value)
+    values: Iterable[Any]
+    if kind is dict or (kind is not list and kind is not tuple and isinstance(value, dict)):
         if not _STR.issuperset(map(type, value)):
             return False
-        values: Iterable[Any] = value.values()
-    elif isinstance(value, list | tuple):
+        values = value.values()
+    elif kind is list or kind is tuple or isinstance(value, list | tuple):
         values = value
     else:
         return True
     if _JSON_SCALARS.issuperset(map(type, values)):
         return True
-    return all(_str_keys(v) for v in values if isinstance(v, _CONTAINERS))
+    for item in values:  # noqa: SIM110 - a loop, not all(...): no generator on the common path
+        if type(item) not in _JSON_SCALARS and not _str_keys(item):
+            return False
+    return True
 
 
 def _plain(value: Any) -> Any:
@@ -2051,7 +2053,7 @@ def _mapping_walker(
         return None
 
     def mapping(value: Any) -> None:
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):
             return
         if keys == "str" and not all(map(str.isascii, value)):
             for key in value:  # pydantic writes a lone surrogate in a key as U+FFFD: another key
@@ -2126,7 +2128,7 @@ def _late_walker(building: dict[Any, Walk | None], tp: Any) -> Walk:
 def _offset(value: Any) -> None:
     """Refuse a datetime or a time whose offset is not whole minutes: pydantic writes it
     without its seconds, which reads back as another instant."""
-    if not isinstance(value, datetime | time):
+    if type(value) is not datetime and not isinstance(value, datetime | time):
         return
     offset = value.utcoffset()
     if offset is None or not (offset.seconds % 60 or offset.microseconds):
