@@ -4,18 +4,23 @@ becomes the payload type a handler declared.
 Encoding (`to_json`, the `default` hook of `JsonSerializer`): UUID -> its text; datetime WITH
 a zone -> ISO 8601 (a naive datetime is refused: read elsewhere, it would mean another instant);
 date and time -> ISO 8601; Decimal -> a string (a JSON number would be read back as a float and
-lose digits); Enum -> its value; dataclass -> an object of its fields; pydantic model ->
-`model_dump(mode="json")`; bytes inside a payload -> a standard base64 string. A set is refused
-(its order is not defined: send a sorted list), unless a dataclass field declares a set (then
-an array, sorted when its items compare). Anything else is refused with its path, e.g.
-`payload.items[2].price: object of type Foo is not JSON-encodable`.
+lose digits; infinities and NaN are refused, as a float's are); Enum -> its value; dataclass ->
+an object of its fields; pydantic model -> `model_dump(mode="json", by_alias=True)`; bytes
+inside a payload -> a standard base64 string. A set is refused (its order is not defined: send
+a sorted list), unless a dataclass field declares a set (then an array, sorted when its items
+compare). Anything else is refused with its path, e.g. `payload.items[2].price: object of type
+Foo is not JSON-encodable`; so are two keys of a dict json.dumps writes as one text
+(`plain_problem`) and a lone surrogate, which UTF-8 cannot carry.
 
-A dataclass's values are written by their declared types, so that the handler reads back the
-same value (issue 31): a value of another type than declared that the reader would refuse or
-read back as another value is refused, naming the field (`True` in an `int` field, a datetime
-in a `date` field, an int a `float` would round, a UUID in a `str | UUID` field, which the
-reader, taking the first type of a union that accepts the text, would read back as a str; a
-subclass of a dataclass where the dataclass is declared).
+What send accepts reads back, through the handler of the same Topic, as the value sent (issue
+31). A dataclass's values are written by their declared types: a value of another type that
+the reader would refuse or read back as another value is refused, naming the field (`True` in
+an `int` field, a datetime in a `date` field, an int a `float` would round, a UUID in a
+`str | UUID` field, which the reader, taking the first type of a union that accepts the text,
+would read back as a str; a subclass of a dataclass where the dataclass is declared). A
+pydantic model is checked by its declared types for what pydantic writes and does not read back
+(offsets of seconds, Enums of tuple values, union values it reads as another type, values not of
+their field's type), and refused when its Topic is declared if it would refuse what it writes.
 
 Mapping keys (JSON object keys are text): a key is written as json.dumps writes it (int
 `"1"`, float by `repr`, `"true"`/`"false"`, `"null"`) or as its value is written (Decimal,
