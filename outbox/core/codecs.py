@@ -4,10 +4,23 @@ becomes the payload type a handler declared.
 Encoding (`to_json`, the `default` hook of `JsonSerializer`): UUID -> its text; datetime WITH
 a zone -> ISO 8601 (a naive datetime is refused: read elsewhere, it would mean another instant);
 date and time -> ISO 8601; Decimal -> a string (a JSON number would be read back as a float and
-lose digits); Enum -> its value; dataclass -> an object of its fields; pydantic model ->
-`model_dump(mode="json")`; bytes inside a payload -> a standard base64 string. A set is refused
-(its order is not defined: send a sorted list). Anything else is refused with its path, e.g.
-`payload.items[2].price: object of type Foo is not JSON-encodable`.
+lose digits; infinities and NaN are refused, as a float's are); Enum -> its value; dataclass ->
+an object of its fields; pydantic model -> `model_dump(mode="json", by_alias=True)`; bytes
+inside a payload -> a standard base64 string. A set is refused (its order is not defined: send
+a sorted list), unless a dataclass field declares a set (then an array, sorted when its items
+compare). Anything else is refused with its path, e.g. `payload.items[2].price: object of type
+Foo is not JSON-encodable`; so are two keys of a dict json.dumps writes as one text
+(`plain_problem`) and a lone surrogate, which UTF-8 cannot carry.
+
+What send accepts reads back, through the handler of the same Topic, as the value sent (issue
+31). A dataclass's values are written by their declared types: a value of another type that
+the reader would refuse or read back as another value is refused, naming the field (`True` in
+an `int` field, a datetime in a `date` field, an int a `float` would round, a UUID in a
+`str | UUID` field, which the reader, taking the first type of a union that accepts the text,
+would read back as a str; a subclass of a dataclass where the dataclass is declared). A
+pydantic model is checked by its declared types for what pydantic writes and does not read back
+(offsets of seconds, Enums of tuple values, union values it reads as another type, values not of
+their field's type), and refused when its Topic is declared if it would refuse what it writes.
 
 Mapping keys (JSON object keys are text): a key is written as json.dumps writes it (int
 `"1"`, float by `repr`, `"true"`/`"false"`, `"null"`) or as its value is written (Decimal,
@@ -19,8 +32,10 @@ with no text form (`tuple[int, int]`) is refused when the `Topic` is declared or
 registered. A pydantic model with such keys is checked by its own validation when it is
 encoded: what it writes must read back with the same keys.
 
-Decoding (`decoder(type)`): a pydantic model by `model_validate` (its own config decides
-extra fields: pydantic ignores them by default); a dataclass by outbox's own converter, with or
+Decoding (`decoder(type)`, `json_reader(type)`): a pydantic model by its own validation in
+pydantic's JSON mode (`model_validate_json`, the counterpart of `model_dump(mode="json")`: a
+strict model reads back too), by alias or by field name (its own config decides extra fields:
+pydantic ignores them by default); a dataclass by outbox's own converter, with or
 without pydantic installed, so that a message reads the same everywhere: fields by name,
 unknown fields ignored, defaults for missing optional fields, nested dataclasses, and
 UUID/datetime/date/time/Decimal/Enum/bytes converted back from their encoding above, mapping
@@ -34,14 +49,16 @@ import binascii
 import contextlib
 import dataclasses
 import enum
+import functools
+import json
 import math
 import re
 import sys
 import types
 import typing
-from collections import abc
+from collections import Counter, OrderedDict, abc, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from datetime import date, datetime, time
+from datetime import date, datetime, time, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
@@ -54,6 +71,7 @@ __all__ = [
     "decoder",
     "describe_unencodable",
     "is_model",
+    "json_reader",
     "json_schema",
     "prepare",
     "to_json",
@@ -106,6 +124,9 @@ def to_json(value: Any) -> Any:
 
     Called by `json.dumps(default=...)` only for such objects, so plain payloads pay nothing.
     """
+    plan = _plans.get(type(value))
+    if plan is not None:  # a dataclass written before: the most frequent payload, first
+        return _write_fields(value, plan)
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise TypeError(
@@ -118,21 +139,19 @@ def to_json(value: Any) -> Any:
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise TypeError(f"{value!r} is {_NOT_A_DECIMAL}")
         return str(value)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-        for name, write in _encoding(type(value)):
-            try:
-                fields[name] = write(fields[name])
-            except _Refused as exc:
-                raise exc.within(f".{name}") from None
-        return fields
+        return _write_fields(value, _plan(type(value)))
     if is_model(type(value)):
-        dumped = value.model_dump(mode="json")
+        # warnings="error": a value pydantic would write though it is not of its field's type
+        # (set after validation, or inside a dataclass) is refused, not read back changed
+        dumped = value.model_dump(mode="json", by_alias=True, warnings="error")
         check = _model_check(type(value))
         if check is not None:
             check(value, dumped)
@@ -145,8 +164,10 @@ def to_json(value: Any) -> Any:
     raise TypeError(f"object of type {type(value).__qualname__} is not JSON-encodable")
 
 
-def describe_unencodable(payload: Any) -> str:
-    """Where and why `payload` cannot be JSON-encoded: `payload.items[2].price: ...`.
+def describe_unencodable(payload: Any, otherwise: str | None = None) -> str:
+    """Where and why `payload` cannot be JSON-encoded: `payload.items[2].price: ...` (a lone
+    surrogate in a string or a key too, which UTF-8 cannot carry); `otherwise` if no reason is
+    found.
 
     Walks the value the way `json.dumps(default=to_json)` does; called only after that failed.
     """
@@ -154,34 +175,60 @@ def describe_unencodable(payload: Any) -> str:
         found = _find(payload, "payload", set())
     except RecursionError:
         found = None
-    return found or f"payload of type {type(payload).__qualname__} cannot be JSON-encoded"
+    if found is None:
+        return otherwise or f"payload of type {type(payload).__qualname__} cannot be JSON-encoded"
+    return f"{found[0]}: {found[1]}"
 
 
-def _find(value: Any, path: str, seen: set[int]) -> str | None:
-    if value is None or isinstance(value, str | bool):
+def _surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in `text` (which UTF-8 cannot encode), or None."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _find(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
+    """The path of the first value inside `value` that cannot be written, and why."""
+    if isinstance(value, str):
+        position = _surrogate(value)
+        if position is None:
+            return None
+        return path, (
+            f"a string that is not valid Unicode (a lone surrogate at position {position}), which "
+            "JSON in UTF-8 cannot carry: use bytes for binary data"
+        )
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return _too_long(value, path)
+        return (path, _long_int(value)) if _too_long(value) else None
     if isinstance(value, float):
         if math.isfinite(value):
             return None
-        return f"{path}: {value!r} is {_NOT_A_NUMBER}"
+        return path, f"{value!r} is {_NOT_A_NUMBER}"
     if isinstance(value, dict | list | tuple):
         if id(value) in seen:
-            return f"{path}: circular reference"
+            return path, "circular reference"
         seen.add(id(value))
         try:
             if isinstance(value, dict):
                 for k, item in value.items():
                     if not (k is None or isinstance(k, str | int | float | bool)):
-                        return (
-                            f"{path}: key {_shown(k)} of type {type(k).__qualname__} is "
-                            "refused (object keys must be str, int, float, bool or None)"
+                        return path, (
+                            f"key {_shown(k)} of type {type(k).__qualname__} is refused "
+                            "(object keys must be str, int, float, bool or None)"
                         )
                     if isinstance(k, float) and not math.isfinite(k):
-                        return f"{path}: key {k!r} is {_NOT_A_NUMBER}"
-                    if isinstance(k, int) and not isinstance(k, bool) and _too_long(k, ""):
-                        return f"{path}: key {_shown(k)} {_long()}"
+                        return path, f"key {k!r} is {_NOT_A_NUMBER}"
+                    position = _surrogate(k) if isinstance(k, str) else None
+                    if position is not None:
+                        return path, (
+                            f"key {_shown(k)} is not valid Unicode (a lone surrogate at position "
+                            f"{position}), which JSON in UTF-8 cannot carry"
+                        )
+                    if isinstance(k, int) and not isinstance(k, bool) and _too_long(k):
+                        return path, f"key {_shown(k)} {_long()}"
                     found = _find(
                         item, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]", seen
                     )
@@ -198,15 +245,15 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
     try:
         converted = to_json(value)
     except _Refused as exc:
-        return f"{path}{exc.where}: {exc.reason}"
+        return f"{path}{exc.where}", exc.reason
     except TypeError as exc:
-        return f"{path}: {exc}"
+        return path, str(exc)
     except Exception as exc:  # a model_dump that raises: its own error
-        return f"{path}: {type(exc).__name__}: {exc}"
+        return path, f"{type(exc).__name__}: {exc}"
     if converted is value:
         return None
     if id(value) in seen:
-        return f"{path}: circular reference"
+        return path, "circular reference"
     seen.add(id(value))
     try:
         return _find(converted, path, seen)
@@ -215,6 +262,10 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
 
 
 _NOT_A_NUMBER = "not a JSON number (NaN and infinities are refused)"
+_NOT_A_DECIMAL = (
+    "refused: a Decimal is written as its digits, and infinities and NaN have none (as a float's "
+    "are refused: NaN is not even equal to itself)"
+)
 
 
 def _long() -> str:
@@ -224,16 +275,20 @@ def _long() -> str:
     )
 
 
-def _too_long(value: int, path: str) -> str | None:
-    """Why an int cannot be written in decimal (more digits than Python converts), or None."""
+def _too_long(value: int) -> bool:
+    """True if an int cannot be written in decimal (more digits than Python converts)."""
     limit = sys.get_int_max_str_digits()
     if not limit or value.bit_length() <= 3 * limit:  # surely writable: no text built
-        return None
+        return False
     try:
         int.__repr__(value)
     except ValueError:
-        return f"{path}: {_shown(value)} {_long()}"
-    return None
+        return True
+    return False
+
+
+def _long_int(value: int) -> str:
+    return f"{_shown(value)} {_long()}"
 
 
 def _shown(value: Any) -> str:
@@ -301,9 +356,62 @@ class _Context:
     declaring: bool = False
 
 
+def _validation(tp: type[Any]) -> Callable[[Any], Any]:
+    """A model's validation as its handler runs it, of a decoded JSON value: in pydantic's JSON
+    mode, the counterpart of `model_dump(mode="json")` (a strict model reads its UUIDs and
+    datetimes from their text, which its Python mode refuses), so the value is written back to
+    JSON text first (`json_reader` validates the stored bytes themselves); fields by alias (as
+    `to_json` writes them) or by name (as outbox wrote them before, and a message may still be
+    stored). A value JSON cannot hold (a serializer other than JSON may give one) is validated
+    in Python mode."""
+    from_json = _json_validation(tp)
+    validate: Callable[..., Any] = getattr(tp, "model_validate")  # noqa: B009 - Any
+
+    def validation(data: Any) -> Any:
+        try:
+            text = _TEXT.encode(data)
+        except (TypeError, ValueError):
+            return validate(data, by_alias=True, by_name=True)
+        return from_json(text)
+
+    return validation
+
+
+_TEXT = json.JSONEncoder(separators=(",", ":"))
+
+
+def _json_validation(tp: type[Any]) -> Callable[[str | bytes], Any]:
+    validate: Callable[..., Any] = getattr(tp, "model_validate_json")  # noqa: B009 - Any
+    return functools.partial(validate, by_alias=True, by_name=True)
+
+
+_json_readers: dict[type[Any], Callable[[bytes], Any] | None] = {}
+
+
+def json_reader(payload_type: type[Any]) -> Callable[[bytes], Any] | None:
+    """For a pydantic model, the function that validates a stored JSON payload, its bytes, as
+    its handler does (`PayloadInvalid` naming the fields, or what a validator raises); None
+    for other types, which are decoded first (`decoder`)."""
+    found = _json_readers.get(payload_type, _MISSING)
+    if found is not _MISSING:
+        return found  # type: ignore[no-any-return]
+    reader = None
+    if is_model(payload_type):
+        validate = _json_validation(payload_type)
+
+        def reader(data: bytes) -> Any:
+            try:
+                return validate(data)
+            except ValueError as exc:  # pydantic's ValidationError, whose text names the model
+                raise PayloadInvalid(str(exc)) from exc
+
+    _json_readers[payload_type] = reader
+    return reader
+
+
 def _build(payload_type: type[Any], localns: Mapping[str, Any] | None) -> Decode:
     if is_model(payload_type):
-        validate = payload_type.model_validate
+        validate = _validation(payload_type)
 
         def from_model(data: Any) -> Any:
             try:
@@ -333,7 +441,39 @@ _SEQUENCES = {
     abc.Set,
     abc.MutableSet,
 }
-_MAPPINGS = {dict, abc.Mapping, abc.MutableMapping}
+#: The mapping annotations the reader reads a JSON object as, each with what it builds.
+_MAPPINGS: dict[Any, Callable[[Any], Any]] = {
+    dict: dict,
+    abc.Mapping: dict,
+    abc.MutableMapping: dict,
+    OrderedDict: OrderedDict,
+    Counter: Counter,
+}
+
+
+def _mapping(tp: Any) -> tuple[Any, Any, Callable[[Any], Any] | None] | None:
+    """For a mapping annotation, bare or with arguments: its key type, its value type and what
+    the reader builds (None for a defaultdict: its default_factory is not written); None for
+    other annotations."""
+    origin = typing.get_origin(tp) or tp
+    try:
+        build = _MAPPINGS.get(origin)
+    except TypeError:  # an unhashable annotation: not a mapping
+        return None
+    if build is None and origin is not defaultdict:
+        return None
+    args = typing.get_args(tp)
+    key = args[0] if args else Any
+    if origin is Counter:
+        return key, int, build
+    return key, args[1] if len(args) > 1 else Any, build
+
+
+def _no_default_factory() -> _TypeRefused:
+    return _TypeRefused(
+        "a defaultdict's default_factory is not written in JSON, so the handler could not read "
+        "it back: declare dict[K, V] (and build the defaultdict where it is used)"
+    )
 
 
 def _fail(path: str, expected: str, data: Any) -> PayloadInvalid:
@@ -368,11 +508,19 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             raise _fail(path, names, data)
 
         return union
+    bare = _BARE.get(tp)
+    if bare is not None:
+        return _converter(bare, ctx)
     if origin is typing.Literal:
+        find = _by_form(args)
 
         def literal(data: Any, path: str) -> Any:
-            if data in args:
-                return data
+            found = find(data)
+            if found is not _MISSING:
+                return found
+            for arg in args:  # a serializer other than JSON may give the value itself
+                if data is arg:
+                    return data
             raise _fail(path, f"one of {args!r}", data)
 
         return literal
@@ -393,9 +541,9 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             tuple
             if origin is tuple
             else set
-            if origin is set
+            if origin in (set, abc.MutableSet)
             else frozenset
-            if origin is frozenset
+            if origin in (frozenset, abc.Set)
             else list
         )
 
@@ -405,9 +553,13 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             return build([item(d, f"{path}[{i}]") for i, d in enumerate(data)])
 
         return sequence
-    if origin in _MAPPINGS:
-        key = _key_converter(args[0], ctx) if args else _converter(Any, ctx)
-        value = _converter(args[1], ctx) if len(args) > 1 else _converter(Any, ctx)
+    parts = _mapping(tp)
+    if parts is not None:
+        key_type, value_type, build_mapping = parts
+        if build_mapping is None:
+            raise _no_default_factory()
+        key = _key_converter(key_type, ctx)
+        value = _converter(value_type, ctx)
 
         def mapping(data: Any, path: str) -> Any:
             if not isinstance(data, dict):
@@ -415,7 +567,7 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
             result = {key(k, path): value(v, f"{path}.{k}") for k, v in data.items()}
             if len(result) < len(data):  # "1" and "01" for an int: refused, not one dropped
                 raise _merged(data, key, path)
-            return result
+            return result if build_mapping is dict else build_mapping(result)
 
         return mapping
     if origin is not None:
@@ -429,7 +581,7 @@ def _converter(tp: Any, ctx: _Context) -> Convert:
     if dataclasses.is_dataclass(tp):
         return _dataclass_converter(tp, ctx)
     if is_model(tp):
-        validate: Callable[[Any], Any] = getattr(tp, "model_validate")  # noqa: B009 - Any
+        validate = _validation(tp)
 
         def model(data: Any, path: str) -> Any:
             try:
@@ -474,7 +626,10 @@ def _scalar_converter(tp: type[Any]) -> Convert:
 
         def number(data: Any, path: str) -> Any:
             if isinstance(data, int | float) and not isinstance(data, bool):
-                return float(data)
+                try:
+                    return float(data)
+                except OverflowError:  # an int beyond 1.8e308
+                    pass
             raise _fail(path, "a number", data)
 
         return number
@@ -487,13 +642,22 @@ def _scalar_converter(tp: type[Any]) -> Convert:
 
         return text
     if issubclass(tp, enum.Enum):
+        find = _by_form(list(tp))
+        values = ", ".join(repr(m.value) for m in tp)
 
         def member(data: Any, path: str) -> Any:
-            try:
-                return tp(data)
-            except ValueError:
-                values = ", ".join(repr(m.value) for m in tp)
-                raise _fail(path, f"a {name} ({values})", data) from None
+            found = find(data)
+            if found is not _MISSING:
+                return found
+            if isinstance(data, tp):  # a serializer other than JSON may give the member
+                return data
+            try:  # a Flag's combination of members, an Enum's own _missing_
+                found = tp(data)
+                if _same_form(_written(found)[0], data):
+                    return found
+            except (ValueError, TypeError, _Refused):
+                pass
+            raise _fail(path, f"a {name} ({values})", data)
 
         return member
     for base, parse in _PARSERS.items():
@@ -526,6 +690,76 @@ def _scalar_converter(tp: type[Any]) -> Convert:
 
 def _raise(exc: Exception) -> Any:
     raise exc
+
+
+_MISSING: Any = object()
+
+
+def _by_form(values: Iterable[Any]) -> Callable[[Any], Any]:
+    """A function that finds, among `values` (an Enum's members, a Literal's values), the first
+    that is written as the JSON value it is given (`_MISSING` if none): a member of any value
+    (a tuple, a Decimal) reads back, and `true` is not taken for 1."""
+    table: dict[tuple[str, Any], Any] = {}
+    others: list[tuple[Any, Any]] = []  # written as an array or an object
+    for value in values:
+        try:
+            form = _written(value)[0]
+        except _Refused:  # cannot be written: refused when sent, never read
+            continue
+        key = _form_key(form)
+        if key is not None:
+            table.setdefault(key, value)
+        elif not any(_same_form(form, other) for other, _ in others):
+            others.append((form, value))
+
+    def find(data: Any) -> Any:
+        try:
+            key = _form_key(data)
+        except TypeError:  # unhashable: not a JSON value
+            return _MISSING
+        if key is not None:
+            return table.get(key, _MISSING)
+        for form, value in others:
+            if _same_form(form, data):
+                return value
+        return _MISSING
+
+    return find
+
+
+def _form_key(form: Any) -> tuple[str, Any] | None:
+    """A JSON scalar as a dict key that tells a boolean from a number; None for an array or an
+    object (or what JSON does not have)."""
+    if form is None:
+        return ("null", None)
+    if isinstance(form, bool):
+        return ("boolean", form)
+    if isinstance(form, int | float):
+        return ("number", form)
+    if isinstance(form, str):
+        return ("string", form)
+    return None
+
+
+def _same_form(one: Any, other: Any) -> bool:
+    """True if two JSON values are the same JSON (a boolean is not a number)."""
+    if isinstance(one, list):
+        return (
+            isinstance(other, list)
+            and len(one) == len(other)
+            and all(_same_form(a, b) for a, b in zip(one, other, strict=True))
+        )
+    if isinstance(one, dict):
+        return (
+            isinstance(other, dict)
+            and one.keys() == other.keys()
+            and all(_same_form(item, other[key]) for key, item in one.items())
+        )
+    try:
+        key = _form_key(one)
+        return key is not None and key == _form_key(other)
+    except TypeError:
+        return False
 
 
 def _parsed(tp: type[Any], base: type[Any], parse: Callable[[str], Any]) -> Convert:
@@ -673,22 +907,20 @@ def _key_text(key: Any) -> str:
     if isinstance(key, bool):
         return "true" if key else "false"
     if isinstance(key, int):
-        if _too_long(key, ""):
+        if _too_long(key):
             raise _Refused(f"key {_shown(key)} {_long()}")
         return int.__repr__(key)
     if isinstance(key, float):
         if not math.isfinite(key):
             raise _Refused(f"key {key!r} is {_NOT_A_NUMBER}")
         return float.__repr__(key)
-    if isinstance(key, Decimal) and key.is_nan():
-        raise _Refused(
-            f"key {key!r} is refused: a NaN is not equal to itself, so no one could look it up"
-        )
     if isinstance(key, Decimal | UUID | date | time | bytes):
         try:
             text: str = to_json(key)
-        except TypeError as exc:  # a naive datetime
-            raise _Refused(f"key {_shown(key)}: {exc}") from None
+        except TypeError as exc:  # a naive datetime, a Decimal infinity or NaN
+            raise _Refused(
+                f"key {exc}" if isinstance(key, Decimal) else f"key {_shown(key)}: {exc}"
+            ) from None
         return text
     raise _Refused(
         f"key {_shown(key)} of type {type(key).__qualname__} has no JSON form (object keys are "
@@ -856,43 +1088,85 @@ def _text_keys(tp: Any) -> bool:
 
 
 # -- writing what a dataclass declares ------------------------------------------------------
+#
+# `to_json` writes a dataclass field by field, each by the writer of its declared type: what the
+# handler's converter (above) reads back. A writer is `(exact, write)`: a value whose type is in
+# `exact` is written as it is (json.dumps and `to_json` give what the reader reads back as an
+# equal value: one set lookup per field, the common case); any other value goes through `write`,
+# which returns what to write (a mapping with its keys as text, a set as a list) or raises
+# `_Refused` saying why the reader would refuse it or read back another value. What no rule
+# below covers is checked by writing it and reading it back with the declared type's converter
+# (`_checked`): exact, and paid only by values of another type than declared.
 
 Encode = Callable[[Any], Any]
-_encodings: dict[type[Any], tuple[tuple[str, Encode], ...]] = {}
+Writer = tuple[frozenset[type[Any]], Encode]
+Plan = tuple[tuple[str, frozenset[type[Any]], Encode], ...]
+_plans: dict[type[Any], Plan] = {}
 _unresolved: set[type[Any]] = set()
+_NONE: type[Any] = type(None)
+_JSON_SCALARS: frozenset[type[Any]] = frozenset({str, int, float, bool, _NONE})
+#: Types whose exact instances a field declared with that very type writes as they are.
+_EXACT: frozenset[type[Any]] = frozenset(
+    {bool, int, float, str, _NONE, UUID, datetime, date, time, Decimal, bytes}
+)
+#: What json.dumps writes as JSON text, for reading back what a writer wrote (`_written`).
+_FORM = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=to_json
+)
 
 
 def prepare(payload_type: type[Any] | None, localns: Mapping[str, Any] | None = None) -> None:
     """Build now what encoding `payload_type` needs (a `Topic` does when it is declared), so
-    that a key type with no text form, or a union of mappings a JSON object cannot tell apart,
-    is a `ConfigurationError` before anything is sent. Annotations that cannot be resolved
-    (names local to a function, not in `localns`) are left for later: until a handler's
-    registration resolves them, such a dataclass's keys are written as json.dumps writes them."""
+    that a type outbox cannot write so that it reads back (a key type with no text form, a
+    union of mappings a JSON object cannot tell apart) is a `ConfigurationError` before anything
+    is sent. Annotations that cannot be resolved (names local to a function, not in `localns`)
+    are left for later: until a handler's registration resolves them, such a dataclass is
+    written as json.dumps writes it, unchecked."""
     if payload_type is None:
         return
     if dataclasses.is_dataclass(payload_type):
-        if payload_type not in _encodings:  # unresolved: the first send tries again
-            _build_encoding(payload_type, _Context(localns, declaring=True))
+        if payload_type not in _plans:  # unresolved: the first send tries again
+            _build_plan(payload_type, _Context(localns, declaring=True))
     elif is_model(payload_type):
+        problem = _model_problem(payload_type)
+        if problem is not None:
+            raise ConfigurationError(problem)
         _model_check(payload_type)
 
 
-def _encoding(tp: type[Any]) -> tuple[tuple[str, Encode], ...]:
-    """The fields of dataclass `tp` that `to_json` writes beyond taking them as they are (their
-    mappings have keys to write, here or nested), each with its writer."""
-    found = _encodings.get(tp)
+def _write_fields(value: Any, plan: Plan) -> dict[str, Any]:
+    fields = {}
+    for name, exact, write in plan:
+        item = getattr(value, name)
+        if type(item) not in exact:
+            try:
+                item = write(item)
+            except _Refused as exc:
+                raise exc.within(f".{name}") from None
+        fields[name] = item
+    return fields
+
+
+def _plan(tp: type[Any]) -> Plan:
+    """How `to_json` writes the fields of dataclass `tp` (built once, then cached)."""
+    found = _plans.get(tp)
     if found is not None:
         return found
     if tp in _unresolved:
-        return ()
+        return _loose_plan(tp)
     try:
-        return _build_encoding(tp, _Context(None))
+        return _build_plan(tp, _Context(None))
     except ConfigurationError as exc:
         raise _Refused(str(exc)) from None
 
 
-def _build_encoding(tp: type[Any], ctx: _Context) -> tuple[tuple[str, Encode], ...]:
-    if tp in ctx.encoding:  # contains itself: each instance is its own to_json call
+def _loose_plan(tp: type[Any]) -> Plan:
+    """The fields of a dataclass whose annotations are not known: as json.dumps writes them."""
+    return tuple((f.name, _ANY[0], _ANY[1]) for f in dataclasses.fields(tp))
+
+
+def _build_plan(tp: type[Any], ctx: _Context) -> Plan:
+    if tp in ctx.encoding:  # contains itself: built by the outer call, which caches it
         return ()
     ctx.encoding.add(tp)
     try:
@@ -900,26 +1174,157 @@ def _build_encoding(tp: type[Any], ctx: _Context) -> tuple[tuple[str, Encode], .
     except Exception:
         if not ctx.declaring:  # not tried again at each send: until a handler resolves it
             _unresolved.add(tp)
-        return ()
+        return _loose_plan(tp)
     plan = []
     for f in dataclasses.fields(tp):
+        if not f.init:  # not read back (the reader does not pass it): as json.dumps writes it
+            plan.append((f.name, *_ANY))
+            continue
         try:
-            write = _writer(hints.get(f.name, Any), ctx)
+            exact, write = _writer(hints.get(f.name, Any), ctx)
         except _TypeRefused as exc:
             raise ConfigurationError(f"{type_name(tp)}.{f.name}: {exc}") from None
-        if write is not None:
-            plan.append((f.name, write))
+        plan.append((f.name, exact, write))
     found = tuple(plan)
-    _encodings[tp] = found
+    _plans[tp] = found
     return found
 
 
-def _writer(tp: Any, ctx: _Context) -> Encode | None:
-    """How `to_json` writes a value declared `tp` beyond what json.dumps does by itself, or None
-    when nothing more is needed (no mapping with keys to write inside). A nested dataclass is
-    written by its own `to_json` call: its encoding is only built here, to refuse now."""
+def plain_problem(payload: Any) -> str | None:
+    """Where and why json.dumps would lose part of `payload`, a plain JSON value it has just
+    written (so not circular): two keys of one dict written as one text (`{1: "a", "1": "b"}`
+    is `{"1":"a","1":"b"}`, which a reader reads as one key); None if it would not. Only dicts
+    whose keys are not all str are looked at key by key."""
+    try:
+        if _str_keys(payload):
+            return None
+    except RecursionError:  # nested deeper than Python recurses: looked at without recursing
+        pass
+    try:
+        _check_plain(payload, circular=False)
+    except _Refused as exc:
+        return f"payload{exc.where}: {exc.reason}"
+    return None
+
+
+def _str_keys(value: Any) -> bool:
+    """True if every dict inside `value` (through dicts, lists and tuples) has only str keys:
+    the common case, which cannot lose a key (RecursionError if `value` contains itself)."""
+    kind = type(value)
+    values: Iterable[Any]
+    if kind is dict or (kind is not list and kind is not tuple and isinstance(value, dict)):
+        if not _STR.issuperset(map(type, value)):
+            return False
+        values = value.values()
+    elif kind is list or kind is tuple or isinstance(value, list | tuple):
+        values = value
+    else:
+        return True
+    if _JSON_SCALARS.issuperset(map(type, values)):
+        return True
+    for item in values:  # noqa: SIM110 - a loop, not all(...): no generator on the common path
+        if type(item) not in _JSON_SCALARS and not _str_keys(item):
+            return False
+    return True
+
+
+def _plain(value: Any) -> Any:
+    """A value declared Any: `value`, if json.dumps writes no two keys inside it as one."""
+    try:
+        if _str_keys(value):
+            return value
+    except RecursionError:  # deeper than Python recurses, or circular: looked at without
+        pass
+    return _check_plain(value)
+
+
+def _check_plain(value: Any, circular: bool = True) -> Any:
+    """`value`, if json.dumps writes no two keys of a dict inside it as one text, else
+    `_Refused` naming that dict. Looks into dicts, lists and tuples only: other objects are
+    written by `to_json`, by their own rules. `circular`: `value` may contain itself (then a
+    container seen twice is looked at once; json.dumps refuses a circular one)."""
+    if type(value) in _JSON_SCALARS:
+        return value
+    stack: list[tuple[Any, _Link]] = [(value, None)]
+    seen: set[int] | None = set() if circular else None
+    while stack:
+        item, link = stack.pop()
+        if seen is not None:
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+        if isinstance(item, dict):
+            if not _STR.issuperset(map(type, item)):
+                problem = _alike(item)
+                if problem is not None:
+                    raise _Refused(problem, _path(link))
+            if not _JSON_SCALARS.issuperset(map(type, item.values())):
+                for key, inner in item.items():
+                    if isinstance(inner, dict | list | tuple):
+                        stack.append((inner, (link, key, True)))
+        elif isinstance(item, list | tuple) and not _JSON_SCALARS.issuperset(map(type, item)):
+            for index, inner in enumerate(item):
+                if isinstance(inner, dict | list | tuple):
+                    stack.append((inner, (link, index, False)))
+    return value
+
+
+#: Where `_check_plain` is: (the link of the container above, the key or index, a key?).
+_Link = tuple[Any, Any, bool] | None
+
+
+def _path(link: _Link) -> str:
+    steps = []
+    while link is not None:
+        link, step, key = link
+        steps.append(
+            (f".{step}" if isinstance(step, str) else f"[{step!r}]") if key else f"[{step}]"
+        )
+    return "".join(reversed(steps))
+
+
+def _alike(mapping: Mapping[Any, Any]) -> str | None:
+    """Why two keys of `mapping` are written as one JSON object key by json.dumps, or None."""
+    texts: dict[str, Any] = {}
+    for key in mapping:
+        text = _dumped_key(key)
+        if text is None:  # json.dumps refuses it, naming it
+            continue
+        first = texts.setdefault(text, key)
+        if first is not key:
+            return (
+                f"keys {_shown(first)} and {_shown(key)} are both written "
+                f"{json.dumps(text, ensure_ascii=False)}: one would be lost"
+            )
+    return None
+
+
+def _dumped_key(key: Any) -> str | None:
+    """The text json.dumps writes a dict key as (None for a key it refuses)."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return None if _too_long(key) else int.__repr__(key)
+    if isinstance(key, float):
+        return float.__repr__(key) if math.isfinite(key) else None
+    return None
+
+
+#: A value declared Any (or object) is written as json.dumps writes it, and read back as JSON;
+#: two keys it would write as one are refused.
+_ANY: Writer = (_JSON_SCALARS, _plain)
+
+
+def _writer(tp: Any, ctx: _Context) -> Writer:
+    """How `to_json` writes a value declared `tp` so that the reader reads back an equal value,
+    or refuses it (`_Refused`); `_TypeRefused` for a type it cannot write so (built once per
+    field, when the dataclass is first written or its Topic declared)."""
     if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
-        return None
+        return _ANY
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Annotated:
@@ -929,36 +1334,294 @@ def _writer(tp: Any, ctx: _Context) -> Encode | None:
     if origin is typing.Union or origin is types.UnionType:
         return _union_writer(tp, ctx)
     if origin is typing.Literal:
-        return None
+        return _literal_writer(tp, ctx)
+    bare = _BARE.get(tp)
+    if bare is not None:
+        return _writer(bare, ctx)
     if origin in _SEQUENCES:
-        return _sequence_writer(origin, args, ctx)
-    if origin in _MAPPINGS:
-        return _mapping_writer(args, ctx)
+        return _sequence_writer(tp, origin, args, ctx)
+    parts = _mapping(tp)
+    if parts is not None:
+        return _mapping_writer(tp, parts, ctx)
     if origin is not None:
         return _writer(origin, ctx)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp not in _encodings:
-        _build_encoding(tp, ctx)
-    return None
+    if not isinstance(tp, type):  # the reader takes such a value as it is
+        return _ANY
+    if typing.is_typeddict(tp):
+        return _writer(dict[str, Any], ctx)
+    if dataclasses.is_dataclass(tp):
+        if tp not in _plans:  # a field type refused now, not at the first send
+            _build_plan(tp, ctx)
+        return frozenset({tp}), _checked(tp, ctx)  # an instance writes itself, by its own plan
+    if is_model(tp):
+        problem = _model_problem(tp)
+        if problem is not None:
+            raise _TypeRefused(problem)
+        return frozenset({tp}), _checked(tp, ctx)
+    if issubclass(tp, enum.Enum):
+        return _enum_writer(tp, ctx)
+    if tp is float:
+        return _float_writer(ctx)
+    if tp is Decimal:  # an int reads back as the equal Decimal
+        return frozenset({Decimal, int}), _checked(tp, ctx)
+    if tp in _EXACT or (issubclass(tp, str | int | float) and not issubclass(tp, bool)):
+        return frozenset({tp}), _checked(tp, ctx)
+    return frozenset(), _checked(tp, ctx)
 
 
-def _mapping_writer(args: tuple[Any, ...], ctx: _Context) -> Encode | None:
-    key_type = args[0] if args else Any
-    write_item = _writer(args[1], ctx) if len(args) > 1 else None
+def _checked(tp: Any, ctx: _Context) -> Encode:
+    """A writer that writes a value as `to_json` does and reads it back with the converter of
+    `tp` (built when first needed): the value if that gives it back, else `_Refused`."""
+    declared = _annotation_name(tp)
+    localns = ctx.localns
+    read: list[Convert] = []
+
+    def check(value: Any) -> Any:
+        if not read:
+            try:
+                read.append(_converter(tp, _Context(localns)))
+            except ConfigurationError as exc:
+                raise _Refused(str(exc)) from None
+        return _read_back(value, value, read[0], declared)
+
+    return check
+
+
+def _read_back(value: Any, written: Any, read: Convert, declared: str) -> Any:
+    """`written` (what is written for `value`) if `read` gives `value` back from its JSON, else
+    `_Refused` saying what the reader does with it."""
+    form, text = _written(written)
+    try:
+        back = read(form, "payload")
+    except PayloadInvalid:
+        raise _Refused(
+            f"{_shown(value)} ({type(value).__qualname__}) would be written {text}, which the "
+            f"declared type {declared} does not read"
+        ) from None
+    if not _same_value(back, value):
+        raise _Refused(
+            f"{_shown(value)} ({type(value).__qualname__}) would be written {text} and read "
+            f"back as {_shown(back)} ({type(back).__qualname__}): the declared type is "
+            f"{declared}"
+        )
+    return written
+
+
+def _written(value: Any) -> tuple[Any, str]:
+    """The JSON value a reader gets for `value` (as send writes it), and its text for messages;
+    `_Refused` if it cannot be written."""
+    try:
+        text = _FORM.encode(value)
+    except _Refused:
+        raise
+    except (TypeError, ValueError):
+        found = _find(value, "", set())
+        if found is None:
+            raise _Refused(f"a {type(value).__qualname__} cannot be JSON-encoded") from None
+        where, reason = found
+        raise _Refused(reason, where) from None
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    return json.loads(text), shown
+
+
+def _same_value(back: Any, sent: Any) -> bool:
+    """True if `back`, read from what was written for `sent`, is `sent` for the handler: equal,
+    and a bool not a number, a str not another type, as Python alone would say. Dataclasses,
+    lists, tuples and dicts are compared item by item, so that this holds inside them too (and
+    a dataclass declared eq=False, equal only to itself, is compared by its fields)."""
+    if back is sent:
+        return True
+    if isinstance(back, bool) is not isinstance(sent, bool):
+        return False
+    if isinstance(back, str) is not isinstance(sent, str):
+        return False
+    if dataclasses.is_dataclass(sent) and not isinstance(sent, type):
+        return type(back) is type(sent) and all(
+            _same_value(getattr(back, f.name), getattr(sent, f.name))
+            for f in dataclasses.fields(sent)
+            if f.compare
+        )
+    if isinstance(sent, list | tuple) and isinstance(back, list | tuple):
+        return (
+            isinstance(back, list) is isinstance(sent, list)
+            and len(back) == len(sent)
+            and all(_same_value(a, b) for a, b in zip(back, sent, strict=True))
+        )
+    if isinstance(sent, Mapping) and isinstance(back, Mapping):
+        try:
+            return back.keys() == sent.keys() and all(
+                _same_value(back[key], item) for key, item in sent.items()
+            )
+        except Exception:  # keys that do not compare: not the same
+            return False
+    try:
+        return bool(back == sent)
+    except Exception:  # a signalling NaN, an __eq__ that raises: not the same
+        return False
+
+
+def _float_writer(ctx: _Context) -> Writer:
+    """A float, or an int a float holds exactly (read back as the equal float)."""
+    checked = _checked(float, ctx)
+
+    def number(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                if float(value) == value:
+                    return value
+            except OverflowError:
+                pass
+        return checked(value)
+
+    return frozenset({float}), number
+
+
+def _enum_writer(tp: type[enum.Enum], ctx: _Context) -> Writer:
+    """A member whose value reads back as that very member; another is refused, naming why (a
+    value the reader cannot read, or reads as another member)."""
+    read = _converter(tp, ctx)
+    declared = type_name(tp)
+    refused: dict[Any, _Refused] = {}
+    for each in tp:
+        try:
+            _read_back(each, each, read, declared)
+        except _Refused as exc:
+            refused[each] = exc
+    checked = _checked(tp, ctx)
+    if not refused:
+        return frozenset({tp}), checked
+
+    def member(value: Any) -> Any:
+        if type(value) is tp:
+            problem = refused.get(value)
+            if problem is None:
+                return value
+            raise _Refused(problem.reason, problem.where)
+        return checked(value)
+
+    return frozenset(), member
+
+
+def _literal_writer(tp: Any, ctx: _Context) -> Writer:
+    """One of the Literal's values that reads back as itself (a value of that very type)."""
+    read = _converter(tp, ctx)
+    declared = _annotation_name(tp)
+    fine: set[tuple[type[Any], Any]] = set()
+    for arg in typing.get_args(tp):
+        with contextlib.suppress(_Refused):
+            _read_back(arg, arg, read, declared)
+            fine.add((type(arg), arg))
+    checked = _checked(tp, ctx)
+
+    def literal(value: Any) -> Any:
+        try:
+            if (type(value), value) in fine:
+                return value
+        except TypeError:  # unhashable: not one of them
+            pass
+        return checked(value)
+
+    return frozenset(), literal
+
+
+#: Bare collection annotations, as the reader reads them.
+_BARE: dict[Any, Any] = {
+    list: list[Any],
+    tuple: tuple[Any, ...],
+    set: set[Any],
+    frozenset: frozenset[Any],
+    dict: dict[Any, Any],
+}
+
+
+def _sequence_writer(tp: Any, origin: Any, args: tuple[Any, ...], ctx: _Context) -> Writer:
+    checked = _checked(tp, ctx)
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        writers = [_writer(a, ctx) for a in args]
+
+        def fixed(value: Any) -> Any:
+            if not isinstance(value, tuple) or len(value) != len(writers):
+                return checked(value)
+            result = []
+            for index, ((exact, write), item) in enumerate(zip(writers, value, strict=True)):
+                if type(item) not in exact:
+                    try:
+                        item = write(item)
+                    except _Refused as exc:
+                        raise exc.within(f"[{index}]") from None
+                result.append(item)
+            return result
+
+        return frozenset(), fixed
+    exact, write = _writer(args[0], ctx) if args else _ANY
+    unordered = origin in (set, frozenset, abc.Set, abc.MutableSet)
+    accepted: type[Any] | types.UnionType = (
+        list
+        if origin is list
+        else tuple
+        if origin is tuple
+        else set | frozenset
+        if unordered
+        else list | tuple  # an abstract Sequence, Iterable, Collection: read back as a list
+    )
+
+    def sequence(value: Any) -> Any:
+        if not isinstance(value, accepted):
+            return checked(value)
+        items = _ordered(value) if unordered else value
+        if set(map(type, items)) <= exact:
+            return items
+        result = []
+        for index, item in enumerate(items):
+            if type(item) not in exact:
+                try:
+                    item = write(item)
+                except _Refused as exc:
+                    raise exc.within(f"[{index}]") from None
+            result.append(item)
+        return result
+
+    return frozenset(), sequence
+
+
+def _ordered(items: Iterable[Any]) -> list[Any]:
+    """A set's items as a list, sorted when they can be (one wire form for one set)."""
+    try:
+        return sorted(items)
+    except TypeError:  # items of types that do not compare: in the set's own order
+        return list(items)
+
+
+def _mapping_writer(
+    tp: Any, parts: tuple[Any, Any, Callable[[Any], Any] | None], ctx: _Context
+) -> Writer:
+    key_type, value_type, build = parts
+    if build is None:
+        raise _no_default_factory()
+    exact, write_item = _writer(value_type, ctx)
+    checked = _checked(tp, ctx)
     keys = _plain_keys(key_type)
-    if keys == "any":
-        write_key = None
-    elif keys == "str":
-        write_key = _string_key(key_type)
-        if write_item is None:  # nothing to build: check the keys only
-            return _checking_keys(write_key)
-    else:
+    write_key: Callable[[Any], str] | None = None
+    if keys == "str":
+        string = _string_key(key_type)
+    elif keys is None:
         write_key = _key_writer(key_type, ctx)
-    if write_key is None and write_item is None:
-        return None
 
     def mapping(value: Any) -> Any:
-        if not isinstance(value, Mapping):  # not what was declared: as json.dumps writes it
-            return value
+        if not isinstance(value, Mapping):
+            return checked(value)
+        if write_key is None:
+            if not set(map(type, value)) <= _STR:
+                if keys == "str":
+                    for key in value:
+                        if not isinstance(key, str):
+                            string(key)
+                else:  # Any: as json.dumps writes them, two of which must not be one
+                    problem = _alike(value)
+                    if problem is not None:
+                        raise _Refused(problem)
+            if isinstance(value, dict) and set(map(type, value.values())) <= exact:
+                return value
         result = {}
         for key, item in value.items():
             text = key
@@ -966,15 +1629,18 @@ def _mapping_writer(args: tuple[Any, ...], ctx: _Context) -> Encode | None:
                 text = write_key(key)
                 if text in result:  # cannot be: each key reads back as itself; never drop one
                     raise _Refused(f"two keys are both written {text!r}")
-            if write_item is not None:
+            if type(item) not in exact:
                 try:
                     item = write_item(item)
                 except _Refused as exc:
-                    raise exc.within(f".{text}") from None
+                    raise exc.within(_step(key) if write_key is None else f".{text}") from None
             result[text] = item
         return result
 
-    return mapping
+    return frozenset(), mapping
+
+
+_STR: frozenset[type[Any]] = frozenset({str})
 
 
 def _plain_keys(tp: Any) -> str | None:
@@ -1007,17 +1673,6 @@ def _string_key(tp: Any) -> Callable[[Any], str]:
     return string
 
 
-def _checking_keys(check: Callable[[Any], str]) -> Encode:
-    def keys(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            for key in value:
-                if type(key) is not str:
-                    check(key)
-        return value
-
-    return keys
-
-
 def _key_writer(tp: Any, ctx: _Context) -> Callable[[Any], str]:
     """The text a key is written as, checked to read back as that very key (`_Refused` if not)."""
     read = _key_converter(tp, ctx)
@@ -1046,78 +1701,93 @@ def _key_writer(tp: Any, ctx: _Context) -> Callable[[Any], str]:
     return write
 
 
-def _sequence_writer(origin: Any, args: tuple[Any, ...], ctx: _Context) -> Encode | None:
-    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-        writers = [_writer(a, ctx) for a in args]
-        if all(w is None for w in writers):
-            return None
-
-        def fixed(value: Any) -> Any:
-            if not isinstance(value, list | tuple) or len(value) != len(writers):
-                return value
-            result = []
-            for index, (write, item) in enumerate(zip(writers, value, strict=True)):
-                if write is not None:
-                    try:
-                        item = write(item)
-                    except _Refused as exc:
-                        raise exc.within(f"[{index}]") from None
-                result.append(item)
-            return result
-
-        return fixed
-    write_item = _writer(args[0], ctx) if args else None
-    if write_item is None:
-        return None
-
-    def sequence(value: Any) -> Any:
-        if not isinstance(value, list | tuple):  # a set is refused by to_json
-            return value
-        result = []
-        for index, item in enumerate(value):
-            try:
-                result.append(write_item(item))
-            except _Refused as exc:
-                raise exc.within(f"[{index}]") from None
-        return result
-
-    return sequence
-
-
-def _union_writer(tp: Any, ctx: _Context) -> Encode | None:
-    """A union with a mapping (or a sequence of them) that has keys to write: the reader takes
-    the first type that accepts a JSON value, so the only one of the union a JSON object (or
-    array) can be read as must be that one, else `_TypeRefused`."""
+def _union_writer(tp: Any, ctx: _Context) -> Writer:
+    """The reader takes the first type of the union that accepts a JSON value (null first when
+    the union has None). A value is written by the writer of its own type; if a type before it
+    may read JSON of the same kind (`str | UUID`: both strings), what is written is read back
+    with the union's converter and refused unless it gives the value back. A union with a
+    mapping whose keys are not text is refused if another of its types reads JSON objects too:
+    `_TypeRefused`."""
     args = typing.get_args(tp)
-    writers = [(arm, _writer(arm, ctx)) for arm in args]
-    if all(write is None for _, write in writers):
-        return None
-    by_kind: dict[str, Encode] = {}
-    for arm, write in writers:
-        if write is None:
+    for arm in args:
+        if not _keyed(arm):
             continue
         kinds = _json_kinds(arm)
         for other in args:
-            shared = _json_kinds(other) & (kinds | {"any"}) if other is not arm else None
-            if shared:
+            if other is not arm and _json_kinds(other) & (kinds | {"any"}):
                 raise _TypeRefused(
                     f"{_annotation_name(tp)}: a JSON {'/'.join(sorted(kinds))} could be read "
                     f"back as {_annotation_name(arm)} or as {_annotation_name(other)} (the first "
                     "that accepts it is taken): declare one of them, or two fields"
                 )
-        for kind in kinds:
-            by_kind[kind] = write
-    write_object = by_kind.get("object")
-    write_array = by_kind.get("array")
+    optional = _NONE in args
+    declared = _annotation_name(tp)
+    arms: list[tuple[frozenset[type[Any]], Encode, bool]] = []
+    earlier: set[str] = {"null"} if optional else set()
+    for arm in args:
+        if arm is _NONE:
+            continue
+        exact, write = _writer(arm, ctx)
+        kinds = _json_kinds(arm)
+        loose = arm is Any or arm is object or isinstance(arm, typing.TypeVar)
+        shared = "any" in earlier or bool(kinds & (earlier | {"any"}))
+        arms.append((exact, write, shared and not loose))
+        earlier |= kinds
+    if len(arms) == 1 and not arms[0][2]:  # X | None: null is read as None, X as X
+        ((exact, write, _),) = arms
+
+        def optional_value(value: Any) -> Any:
+            return value if value is None else write(value)
+
+        return exact | {_NONE}, optional_value
+    by_type: dict[type[Any], int] = {}
+    for index, (exact, _, _) in enumerate(arms):
+        for t in exact:
+            by_type.setdefault(t, index)
+    fast = frozenset(t for t, i in by_type.items() if not arms[i][2])
+    if optional:
+        fast |= {_NONE}
+    localns = ctx.localns
+    read: list[Convert] = []
 
     def union(value: Any) -> Any:
-        if write_object is not None and isinstance(value, Mapping):
-            return write_object(value)
-        if write_array is not None and isinstance(value, list | tuple):
-            return write_array(value)
-        return value
+        if value is None and optional:
+            return None
+        own = by_type.get(type(value))
+        problems = []
+        for exact, write, shared in arms if own is None else arms[own : own + 1]:
+            try:
+                written = value if type(value) in exact else write(value)
+            except _Refused as exc:
+                problems.append(exc)
+                continue
+            if not shared:
+                return written
+            if not read:
+                read.append(_converter(tp, _Context(localns)))
+            return _read_back(value, written, read[0], declared)
+        if len(problems) == 1:
+            raise problems[0]
+        raise _Refused(f"{_shown(value)} ({type(value).__qualname__}) is not {declared}")
 
-    return union
+    return fast, union
+
+
+def _keyed(tp: Any) -> bool:
+    """True if a value declared `tp` is, or holds in its lists and tuples, a mapping whose keys
+    are not text (not looking into dataclasses)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _keyed(args[0])
+    if isinstance(tp, typing.NewType):
+        return _keyed(tp.__supertype__)
+    if origin is typing.Union or origin is types.UnionType or origin in _SEQUENCES:
+        return any(_keyed(a) for a in args if a is not Ellipsis)
+    parts = _mapping(tp)
+    if parts is not None:
+        return not _text_keys(parts[0]) or _keyed(parts[1])
+    return False
 
 
 _ANY_KIND = frozenset({"any"})
@@ -1139,7 +1809,7 @@ def _json_kinds(tp: Any) -> frozenset[str]:
         return frozenset().union(*(_value_kinds(a) for a in args))
     if origin in _SEQUENCES:
         return frozenset({"array"})
-    if origin in _MAPPINGS:
+    if _mapping(tp) is not None:
         return frozenset({"object"})
     if origin is not None:
         return _json_kinds(origin)
@@ -1147,6 +1817,8 @@ def _json_kinds(tp: Any) -> frozenset[str]:
         return _ANY_KIND
     if tp is type(None):
         return frozenset({"null"})
+    if typing.is_typeddict(tp):
+        return frozenset({"object"})
     if issubclass(tp, enum.Enum):
         return frozenset().union(*(_value_kinds(m.value) for m in tp)) or _ANY_KIND
     if issubclass(tp, bool):
@@ -1165,8 +1837,15 @@ def _json_kinds(tp: Any) -> frozenset[str]:
 
 
 def _value_kinds(value: Any) -> frozenset[str]:
-    if isinstance(value, enum.Enum):
-        return _value_kinds(value.value)
+    """The JSON type a Literal's value or an Enum's member is written as."""
+    try:
+        value = _written(value)[0]
+    except _Refused:
+        return _ANY_KIND
+    if isinstance(value, list):
+        return frozenset({"array"})
+    if isinstance(value, dict):
+        return frozenset({"object"})
     if value is None:
         return frozenset({"null"})
     if isinstance(value, bool):
@@ -1186,16 +1865,366 @@ _model_checks: dict[type[Any], Check | None] = {}
 
 
 def _model_check(tp: type[Any]) -> Check | None:
-    """For a pydantic model with mappings whose keys are not text (nested too): a check that
-    what `model_dump(mode="json")` wrote reads back, by the model's own validation (the
-    handler's decoder), with the same keys. None for any other model: nothing to check."""
+    """What `to_json` checks when it writes a pydantic model: for a model that would refuse
+    what it writes (`_model_problem`), a check that refuses it; for a model with mappings whose
+    keys are not text (nested too), a check that what `model_dump` wrote reads back, by the
+    model's own validation (the handler's decoder), with the same keys. None for any other
+    model: nothing to check."""
     if tp in _model_checks:
         return _model_checks[tp]
-    differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
-    check = None if differ is None else _checking(tp, differ)
+    problem = _model_problem(tp)
+    check: Check | None
+    if problem is not None:
+        check = _refusing(problem)
+    else:
+        differ = _differ(tp, {}) if _converts_keys(tp, set()) else None
+        keys = None if differ is None else _checking(tp, differ)
+        walk = _walker(tp, {}, {})
+        check = keys if walk is None else _walking(walk, keys)
     if getattr(tp, "__pydantic_complete__", True):  # else its annotations may not be known yet
         _model_checks[tp] = check
     return check
+
+
+def _walking(walk: Walk, then: Check | None) -> Check:
+    def check(value: Any, dumped: Any) -> None:
+        walk(value)
+        if then is not None:
+            then(value, dumped)
+
+    return check
+
+
+# What pydantic writes that its own validation would read back as another value, found in the
+# model's values by its declared types: a datetime or a time whose offset has seconds (pydantic
+# writes the offset in minutes: another instant), and two keys of a dict declared with Any keys
+# (or inside a value declared Any) that are written as one text (one would be lost).
+
+Walk = Callable[[Any], None]
+
+
+def _walker(tp: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]) -> Walk | None:
+    """A function that refuses (`_Refused`, naming the place) what a value declared `tp` holds
+    that pydantic would not write so that it reads back; None if a value so declared cannot
+    hold any. `config`: the configuration of the model whose field declares `tp`."""
+    if tp is Any or tp is object or isinstance(tp, typing.TypeVar):
+        return _plain
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Annotated:
+        return _walker(args[0], building, config)
+    if isinstance(tp, typing.NewType):
+        return _walker(tp.__supertype__, building, config)
+    if origin is typing.Literal:
+        return _choice_walker(tp, args, config)
+    bare = _BARE.get(tp)
+    if bare is not None:
+        return _walker(bare, building, config)
+    if origin is typing.Union or origin is types.UnionType:
+        arms = [w for a in args if (w := _walker(a, building, config)) is not None]
+        own = _union_read_back(tp, args, config)
+        if own is not None:
+            arms.insert(0, own)
+        if not arms:
+            return None
+
+        def union(value: Any) -> None:
+            for arm in arms:  # each looks only at values of its own type
+                arm(value)
+
+        return union
+    if origin in _SEQUENCES:
+        return _sequence_walker(origin, args, building, config)
+    parts = _mapping(tp)
+    if parts is not None:
+        return _mapping_walker(parts[0], parts[1], building, config)
+    if origin is not None:
+        return _walker(origin, building, config)
+    if isinstance(tp, type) and issubclass(tp, datetime | time):
+        return _offset
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _choice_walker(tp, list(tp), config)
+    return _instance_walker(tp, building, config)
+
+
+def _adapter(tp: Any, config: Mapping[str, Any]) -> Any:
+    """pydantic's TypeAdapter of `tp` as a field of a model configured `config` reads it."""
+    pydantic = sys.modules["pydantic"]
+    return pydantic.TypeAdapter(tp, config=pydantic.ConfigDict(**config) if config else None)
+
+
+def _choice_walker(tp: Any, values: Iterable[Any], config: Mapping[str, Any]) -> Walk | None:
+    """For an Enum or a Literal: refuse the members (values) that pydantic writes as what it
+    does not read back as them (an Enum of tuple or Decimal values, `Literal[Shade.DARK]`,
+    written 'dark'); None if pydantic reads back each one."""
+    adapter = _adapter(tp, {k: v for k, v in config.items() if k == "strict"})
+    refused: dict[tuple[type[Any], Any], str] = {}
+    for value in values:
+        try:
+            text = adapter.dump_json(value)
+        except Exception:  # not even written: pydantic's own error at send
+            continue
+        try:
+            back = adapter.validate_json(text)
+        except ValueError:
+            back = _MISSING
+        if back is _MISSING or not _same_value(back, value):
+            refused[(type(value), value)] = (
+                f"{_shown(value)} ({type(value).__qualname__}) is written "
+                f"{text.decode(errors='replace')}, which pydantic does not read back as it: "
+                f"declare {_annotation_name(tp)} in a dataclass, whose codec does"
+            )
+    if not refused:
+        return None
+
+    def choice(value: Any) -> None:
+        try:
+            problem = refused.get((type(value), value))
+        except TypeError:  # unhashable: none of them
+            return
+        if problem is not None:
+            raise _Refused(problem)
+
+    return choice
+
+
+def _union_read_back(tp: Any, args: tuple[Any, ...], config: Mapping[str, Any]) -> Walk | None:
+    """For a union two types of which read the same kind of JSON (`str | UUID`: strings): a
+    value is written and read back by pydantic, as the model would, and refused unless it
+    comes back (pydantic takes the type it finds best for the JSON, which may be another);
+    None for a union whose types read different JSON (`int | None`, `list[int] | dict[str,
+    int]`)."""
+    kinds: set[str] = set()
+    overlap = False
+    for arm in args:
+        if arm is _NONE or arm is Any or arm is object or isinstance(arm, typing.TypeVar):
+            continue
+        own = _json_kinds(arm)
+        overlap = overlap or bool(own & (kinds | {"any"})) or "any" in kinds
+        kinds |= own
+    if not overlap:
+        return None
+    declared = _annotation_name(tp)
+    adapter: list[Any] = []
+
+    def read_back(value: Any) -> None:
+        if not adapter:
+            adapter.append(_adapter(tp, config))
+        try:
+            text = adapter[0].dump_json(value, by_alias=True, warnings="error")
+            back = adapter[0].validate_json(text, by_alias=True, by_name=True)
+        except Exception:  # pydantic's own error when the model is written or read
+            return
+        if not _same_value(back, value):
+            raise _Refused(
+                f"{_shown(value)} ({type(value).__qualname__}) is written "
+                f"{text.decode(errors='replace')}, which pydantic reads back as {_shown(back)} "
+                f"({type(back).__qualname__}): the declared type is {declared}"
+            )
+
+    return read_back
+
+
+def _sequence_walker(
+    origin: Any, args: tuple[Any, ...], building: dict[Any, Walk | None], config: Mapping[str, Any]
+) -> Walk | None:
+    variadic = not (origin is tuple and not (len(args) == 2 and args[1] is Ellipsis))
+    walkers = [_walker(a, building, config) for a in (args[:1] if variadic else args)]
+    if all(w is None for w in walkers):
+        return None
+
+    def sequence(value: Any) -> None:
+        if not isinstance(value, list | tuple | set | frozenset):
+            return
+        for index, item in enumerate(value):
+            walk = walkers[0] if variadic else walkers[index] if index < len(walkers) else None
+            if walk is not None:
+                try:
+                    walk(item)
+                except _Refused as exc:
+                    raise exc.within(f"[{index}]") from None
+
+    return sequence
+
+
+def _mapping_walker(
+    key_type: Any, value_type: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]
+) -> Walk | None:
+    keys = _plain_keys(key_type)
+    any_keys = keys == "any"
+    walk_key = None if keys is not None else _walker(key_type, building, config)
+    walk_item = _walker(value_type, building, config)
+    if walk_key is None and walk_item is None and keys is None:
+        return None
+
+    def mapping(value: Any) -> None:
+        if type(value) is not dict and not isinstance(value, Mapping):
+            return
+        if keys == "str" and not all(map(str.isascii, value)):
+            for key in value:  # pydantic writes a lone surrogate in a key as U+FFFD: another key
+                position = _surrogate(key)
+                if position is not None:
+                    raise _Refused(
+                        f"key {_shown(key)} is not valid Unicode (a lone surrogate at position "
+                        f"{position}), which JSON in UTF-8 cannot carry"
+                    )
+        if any_keys and not _STR.issuperset(map(type, value)):
+            problem = _alike(value)
+            if problem is not None:
+                raise _Refused(problem)
+        for key, item in value.items():
+            try:
+                if walk_key is not None:
+                    walk_key(key)
+                if walk_item is not None:
+                    walk_item(item)
+            except _Refused as exc:
+                raise exc.within(_step(key)) from None
+
+    return mapping
+
+
+def _instance_walker(
+    tp: Any, building: dict[Any, Walk | None], config: Mapping[str, Any]
+) -> Walk | None:
+    """The walker of a model or a dataclass: each field that may hold what `_walker` finds."""
+    if tp in building:  # contains itself: the one being built, looked up when used
+        return lambda value: _late_walker(building, tp)(value)
+    annotations = _field_annotations(tp)
+    if annotations is None:
+        return None
+    building[tp] = None
+    if is_model(tp):  # its fields as it declares them (Strict, union_mode...), by its config
+        config = getattr(tp, "model_config")  # noqa: B009 - Any
+        infos: dict[str, Any] = getattr(tp, "model_fields")  # noqa: B009 - Any
+        annotations = {
+            name: typing.Annotated[info.annotation, *info.metadata] if info.metadata else a
+            for (name, a), info in zip(annotations.items(), infos.values(), strict=True)
+        }
+    fields = [(name, w) for name, a in annotations.items() if (w := _walker(a, building, config))]
+    if not fields:
+        building[tp] = _nothing
+        return None
+
+    def instance(value: Any) -> None:
+        if not isinstance(value, tp):
+            return
+        for name, walk in fields:
+            try:
+                walk(getattr(value, name, None))
+            except _Refused as exc:
+                raise exc.within(f".{name}") from None
+
+    building[tp] = instance
+    return instance
+
+
+def _nothing(value: Any) -> None:
+    return None
+
+
+def _late_walker(building: dict[Any, Walk | None], tp: Any) -> Walk:
+    walk = building[tp]
+    if walk is None:  # cannot be: walking starts once the outer one is built
+        raise RuntimeError(f"the walker of {type_name(tp)} is not built yet")
+    return walk
+
+
+def _offset(value: Any) -> None:
+    """Refuse a datetime or a time whose offset is not whole minutes: pydantic writes it
+    without its seconds, which reads back as another instant."""
+    if type(value) is not datetime and not isinstance(value, datetime | time):
+        return
+    offset = value.utcoffset()
+    if offset is None or not (offset.seconds % 60 or offset.microseconds):
+        return
+    shown = datetime(2000, 1, 1, tzinfo=timezone(offset)).isoformat()[19:]
+    raise _Refused(
+        f"the offset {shown} of {value.isoformat()} has seconds, which pydantic writes without "
+        "them (another instant): give it an offset of whole minutes (astimezone(UTC))"
+    )
+
+
+def _refusing(problem: str) -> Check:
+    def check(value: Any, dumped: Any) -> None:
+        raise _Refused(problem)
+
+    return check
+
+
+def _model_problem(tp: type[Any]) -> str | None:
+    """Why the validation of model `tp`, or of a model inside it, refuses every message the
+    model writes (a field written under a name it does not read, a computed field written to a
+    model that forbids extra fields, a required field excluded from what is written), or None."""
+    seen: set[type[Any]] = set()
+    _reachable(tp, seen)
+    for model in sorted((m for m in seen if is_model(m)), key=lambda m: m is not tp):
+        name = type_name(model)
+        fields: dict[str, Any] = getattr(model, "model_fields")  # noqa: B009 - Any
+        for field_name, info in fields.items():
+            if info.exclude is True and info.is_required():
+                return (
+                    f"{name}.{field_name} is required but not written (exclude=True): the "
+                    f"validation of {name} would refuse every message"
+                )
+            written = info.serialization_alias or field_name
+            if written not in _read_names(field_name, info):
+                return (
+                    f"{name}.{field_name} is written as {written!r}, which {name} does not read "
+                    f"(its validation_alias is {info.validation_alias!r}): every message would "
+                    "be refused; give it the same alias both ways"
+                )
+        config: Mapping[str, Any] = getattr(model, "model_config")  # noqa: B009 - Any
+        computed: dict[str, Any] = getattr(model, "model_computed_fields", {})
+        if config.get("extra") == "forbid" and computed:
+            field_name = next(iter(computed))
+            return (
+                f"{name}.{field_name} is written (a computed field), which {name} refuses "
+                "(extra='forbid'): every message would be refused; allow extra fields "
+                "(extra='ignore')"
+            )
+    return None
+
+
+def _read_names(name: str, info: Any) -> set[str]:
+    """The names a model's validation reads a field from, by alias or by name (as its handler
+    validates): its name, its alias or validation alias, a choice among them, a path of one."""
+    names = {name}
+    alias = info.validation_alias if info.validation_alias is not None else info.alias
+    choices = getattr(alias, "choices", None) or [alias]
+    for choice in choices:
+        path = getattr(choice, "path", None)
+        if isinstance(choice, str):
+            names.add(choice)
+        elif path is not None and len(path) == 1 and isinstance(path[0], str):
+            names.add(path[0])
+    return names
+
+
+def _reachable(tp: Any, seen: set[type[Any]]) -> None:
+    """Adds to `seen` the models and dataclasses a value declared `tp` may hold (itself too)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        return
+    if isinstance(tp, typing.NewType):
+        _reachable(tp.__supertype__, seen)
+        return
+    if origin is not None:
+        for arg in args[:1] if origin is typing.Annotated else args:
+            if arg is not Ellipsis:
+                _reachable(arg, seen)
+        if origin is not typing.Annotated:
+            _reachable(origin, seen)
+        return
+    if tp in seen:
+        return
+    annotations = _field_annotations(tp)
+    if annotations is None:
+        return
+    seen.add(tp)
+    for annotation in annotations.values():
+        _reachable(annotation, seen)
 
 
 def _checking(tp: type[Any], differ: Differ) -> Check:
@@ -1226,8 +2255,9 @@ def _converts_keys(tp: Any, seen: set[type[Any]]) -> bool:
         return _converts_keys(args[0], seen)
     if isinstance(tp, typing.NewType):
         return _converts_keys(tp.__supertype__, seen)
-    if origin in _MAPPINGS:
-        return bool(args) and (not _text_keys(args[0]) or _converts_keys(args[1], seen))
+    parts = _mapping(tp)
+    if parts is not None:
+        return not _text_keys(parts[0]) or _converts_keys(parts[1], seen)
     if origin is not None:
         return any(_converts_keys(a, seen) for a in args if a is not Ellipsis)
     annotations = _field_annotations(tp)
@@ -1292,8 +2322,9 @@ def _differ(tp: Any, building: dict[type[Any], Differ | None]) -> Differ | None:
             return None
 
         return sequence
-    if origin in _MAPPINGS:
-        return _mapping_differ(args, building)
+    parts = _mapping(tp)
+    if parts is not None:
+        return _mapping_differ(parts[:2], building)
     if origin is not None:
         return _differ(origin, building)
     if tp in building:  # contains itself: the one being built, looked up when used
@@ -1390,7 +2421,7 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
     if origin is typing.Union or origin is types.UnionType:
         return {"anyOf": [_schema(a, seen) for a in args]}
     if origin is typing.Literal:
-        return {"enum": list(args)}
+        return {"enum": _forms(args)}
     if origin in _SEQUENCES:
         if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             return {
@@ -1400,12 +2431,13 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
                 "maxItems": len(args),
             }
         return {"type": "array", "items": _schema(args[0], seen) if args else {}}
-    if origin in _MAPPINGS:
-        keys = _key_schema(args[0]) if args else None
+    parts = _mapping(tp)
+    if parts is not None:
+        keys = _key_schema(parts[0])
         return {
             "type": "object",
             **({"propertyNames": keys} if keys is not None else {}),
-            "additionalProperties": _schema(args[1], seen) if len(args) > 1 else {},
+            "additionalProperties": _schema(parts[1], seen),
         }
     if origin is not None:
         return _schema(origin, seen)
@@ -1437,6 +2469,15 @@ def _schema(tp: Any, seen: frozenset[type[Any]]) -> dict[str, Any]:
     if is_model(tp):
         return json_schema(tp)
     return _scalar_schema(tp)
+
+
+def _forms(values: Iterable[Any]) -> list[Any]:
+    """The JSON values `values` (an Enum's members, a Literal's values) are written as."""
+    forms = []
+    for value in values:
+        with contextlib.suppress(_Refused):  # cannot be written: never sent
+            forms.append(_written(value)[0])
+    return forms
 
 
 _DECIMAL_PATTERN = r"^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
@@ -1482,7 +2523,7 @@ def _scalar_schema(tp: type[Any]) -> dict[str, Any]:
     if issubclass(tp, bool):
         return {"type": "boolean"}
     if issubclass(tp, enum.Enum):
-        return {"enum": [m.value for m in tp], "title": tp.__qualname__}
+        return {"enum": _forms(tp), "title": tp.__qualname__}
     if issubclass(tp, int):
         return {"type": "integer"}
     if issubclass(tp, float):

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, Protocol, runtime_checkable
 
-from outbox.core.codecs import describe_unencodable, to_json
+from outbox.core.codecs import decoder, describe_unencodable, json_reader, plain_problem, to_json
 from outbox.core.errors import SerializationError
 
 BYTES = "application/octet-stream"
@@ -41,8 +41,9 @@ class JsonSerializer:
 
     Beyond JSON's own types it encodes models, dataclasses, UUID, datetime with a zone, date,
     time, Decimal (as a string), Enum (its value) and bytes inside a payload (base64), as
-    `outbox.core.codecs` says; anything else, a naive datetime and a set are refused with the
-    path of the offending value.
+    `outbox.core.codecs` says; anything else, a naive datetime, a set and two keys of a dict
+    it would write as one (`{1: "a", "1": "b"}`) are refused with the path of the offending
+    value.
     """
 
     content_type = JSON
@@ -57,13 +58,20 @@ class JsonSerializer:
                 f"payload of type {type(payload).__name__} is nested too deeply to encode as "
                 f"JSON (more than about {sys.getrecursionlimit()} levels)"
             ) from None
+        if isinstance(payload, dict | list | tuple):  # a dataclass's fields check their own
+            problem = plain_problem(payload)
+            if problem is not None:
+                raise SerializationError(problem)
         try:
             return text.encode()
         except UnicodeEncodeError as exc:
             raise SerializationError(
-                f"payload of type {type(payload).__name__} has a string that is not valid "
-                f"Unicode (a lone surrogate at position {exc.start}), which JSON in UTF-8 "
-                "cannot encode"
+                describe_unencodable(
+                    payload,
+                    f"payload of type {type(payload).__name__} has a string that is not valid "
+                    f"Unicode (a lone surrogate at position {exc.start} of its JSON), which "
+                    "JSON in UTF-8 cannot encode",
+                )
             ) from None
 
     def loads(self, data: bytes) -> Any:
@@ -122,3 +130,37 @@ def decode_payload(data: bytes, content_type: str | None, serializer: Serializer
         f"payload has content type {content_type!r}, which serializer "
         f"{type(serializer).__name__} ({serializer.content_type!r}) cannot decode"
     )
+
+
+def read_payload(
+    payload_type: type[Any] | None, data: bytes, content_type: str | None, serializer: Serializer
+) -> Any:
+    """What a handler of `payload_type` gets for a stored payload (None: the decoded value):
+    `decode_payload`, then the payload type's decoder. A pydantic model, with a
+    `JsonSerializer`, validates the JSON bytes themselves, in pydantic's JSON mode (the
+    counterpart of model_dump(mode="json"): a strict model reads its UUIDs and datetimes from
+    text), which also spares decoding them twice.
+
+    Raises `SerializationError` if `data` is not of its content type, else the decoder's error
+    (`PayloadInvalid`, or what a validator raises) if it is not a valid `payload_type`.
+    """
+    if (
+        payload_type is not None
+        and content_type in (None, JSON)
+        and isinstance(serializer, JsonSerializer)
+        and type(serializer).loads is JsonSerializer.loads
+    ):
+        read = json_reader(payload_type)
+        if read is not None:
+            try:
+                return read(data)
+            except Exception:
+                serializer.loads(data)  # not JSON at all: say so, as for any payload
+                raise
+    try:
+        decoded = decode_payload(data, content_type, serializer)
+    except SerializationError:
+        raise
+    except Exception as exc:  # a serializer's own error; bytes that are not UTF-8 text
+        raise SerializationError(str(exc) or type(exc).__name__) from exc
+    return decoded if payload_type is None else decoder(payload_type)(decoded)

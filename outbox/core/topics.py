@@ -185,13 +185,25 @@ class Topic(Generic[P]):
         )
 
     def check(self, payload: object) -> None:
-        """Refuse a payload that is not of the declared type (`SerializationError`)."""
+        """Refuse a payload that is not of the declared type (`SerializationError`); a
+        subclass too, which the handler would read back as the declared type: another value."""
         expected = self.payload
-        if expected is not None and not isinstance(payload, expected):
+        if expected is None or type(payload) is expected:
+            return
+        if not isinstance(payload, expected):
             raise SerializationError(
                 f"topic {self.name!r} carries {type_name(expected)}; got a "
                 f"{type(payload).__qualname__}: build a {type_name(expected)}"
             )
+        metadata = getattr(type(payload), "__pydantic_generic_metadata__", None)
+        if metadata and metadata.get("origin") is expected:  # Model[int] for Model: its own
+            return
+        raise SerializationError(
+            f"topic {self.name!r} carries {type_name(expected)}; got a "
+            f"{type(payload).__qualname__}, a subclass, which the handler would read back as a "
+            f"{type_name(expected)} (not equal to what was sent, its own fields dropped): build "
+            f"a {type_name(expected)}"
+        )
 
     def __repr__(self) -> str:
         payload = type_name(self.payload) if self.payload is not None else "any JSON"

@@ -17,14 +17,14 @@ from __future__ import annotations
 import traceback
 from typing import Any, NamedTuple, NoReturn
 
-from outbox.core.codecs import decoder, type_name
+from outbox.core.codecs import type_name
 from outbox.core.envelope import InboxMessage
-from outbox.core.errors import Misused
+from outbox.core.errors import Misused, SerializationError
 from outbox.core.handlers import HandlerSpec
 from outbox.core.headers import from_json
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
 from outbox.core.retriable import retriable
-from outbox.core.serializers import Serializer, decode_payload
+from outbox.core.serializers import Serializer, read_payload
 from outbox.core.text import first_line, storable
 
 __all__ = [
@@ -90,19 +90,16 @@ def decode(
     its content type, or (given a `payload_type`) does not validate as one."""
     payload = bytes(claimed.payload)
     try:
-        decoded = decode_payload(payload, claimed.content_type, serializer)
-    except Exception as exc:
+        decoded = read_payload(payload_type, payload, claimed.content_type, serializer)
+    except SerializationError as exc:  # not of its content type
         raise Undecodable(
             f"cannot decode the payload as {claimed.content_type!r}: {first_line(exc)}"
         ) from exc
-    if payload_type is not None:
-        try:
-            decoded = decoder(payload_type)(decoded)
-        except Exception as exc:  # PayloadInvalid; anything a model's own validator raises
-            raise Undecodable(
-                f"the payload of topic {claimed.topic!r} is not a valid "
-                f"{type_name(payload_type)}: {exc}"
-            ) from exc
+    except Exception as exc:  # PayloadInvalid; anything a model's own validator raises
+        raise Undecodable(
+            f"the payload of topic {claimed.topic!r} is not a valid "
+            f"{type_name(payload_type)}: {exc}"
+        ) from exc
     return InboxMessage(
         id=claimed.message_id,
         topic=claimed.topic,
