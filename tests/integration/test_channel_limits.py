@@ -23,6 +23,7 @@ from outbox.core.lanes import lane_for
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.pglog.log import wake_channel
 from outbox.pglog.publisher import PgLogPublisher
+from outbox.pglog.subscriber import PROTOCOL
 from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.migrate import upgrade
 from outbox.postgres.queries import MAX_IDENTIFIER_BYTES, channel, queries, validate_schema
@@ -122,9 +123,10 @@ def test_the_log_wakes_a_napping_member_at_every_schema_length(
             member.execute(
                 sql.SQL(
                     "INSERT INTO {}.log_members (member_id, group_id, topics, backend_pid, "
-                    "sleeping) VALUES ('m', %s, ARRAY['t.limits'], pg_backend_pid(), true)"
+                    "sleeping, protocol) VALUES ('m', %s, ARRAY['t.limits'], pg_backend_pid(), "
+                    "true, %s)"
                 ).format(sql.Identifier(schema)),
-                (row[0],),
+                (row[0], PROTOCOL),
             )
             _listen(member, wake_channel(schema))
             assert publisher.publish([message("t.limits", 1)]) == [None]
