@@ -131,10 +131,11 @@ class Topical(Protocol):
     def topic(self) -> str: ...
 
 
+@functools.cache
 def _version() -> str:
-    from outbox import __version__
+    from outbox._version import version
 
-    return __version__
+    return version()
 
 
 def describe(config: Any) -> dict[str, Any]:
