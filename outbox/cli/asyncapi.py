@@ -47,15 +47,11 @@ def run_asyncapi(args: argparse.Namespace) -> int:
     """Write the document; a registry that cannot be described is one line and exit 1."""
     from outbox import transports
     from outbox.asyncapi import build_document, dumps, load_registry
+    from outbox.cli.arguments import transport_of
 
     handlers = load_registry(args.handlers)
     servers, schemes = transports.get(args.transport, what="--transport").asyncapi_servers(
-        transports.TransportSettings(
-            kafka_bootstrap=args.kafka_bootstrap or "",
-            kafka_config=dict(args.kafka_config),
-            log_url=args.log_url or "",
-            log_schema=args.log_schema,
-        )
+        transport_of(args)
     )
     document = build_document(
         handlers,
