@@ -171,7 +171,7 @@ class Consumer:
         self.observability = Observability(
             "consumer",
             observer or Observer(),
-            config=config,
+            tuning=config,
             heartbeat=self.heartbeat,
             relay_id=new_relay_id(),
             database=database,

@@ -209,7 +209,7 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
         self.observability = Observability(
             "producer",
             observer or Observer(),
-            config=config,
+            tuning=config,
             heartbeat=self.heartbeat,
             relay_id=config.relay_id,
             database=database,

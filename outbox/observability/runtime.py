@@ -183,7 +183,7 @@ class Observability:
         kind: Kind,
         observer: Observer,
         *,
-        config: Any = None,
+        tuning: Any = None,
         heartbeat: Heartbeat,
         relay_id: str,
         database: Database | None = None,
@@ -201,7 +201,7 @@ class Observability:
         #: The NAME of the database of one relay among several: its batch lines say it.
         self.database: str | None = None
         #: The daemon's own config (a dataclass of its tuning), for the start-up line.
-        self.daemon_config = config
+        self.tuning = tuning
         self.observer = observer
         self.config = observer.config
         self.heartbeat = heartbeat
@@ -294,8 +294,8 @@ class Observability:
         elif self.served is not None:
             described["database_url"] = redact_url(self.served.url)
             described["schema"] = self.served.schema
-        if self.daemon_config is not None:
-            described.update(describe(self.daemon_config))
+        if self.tuning is not None:
+            described.update(describe(self.tuning))
         described.update(describe(self.config))
         if self.metrics_port is not None:
             described["metrics"] = f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"

@@ -173,6 +173,7 @@ class App:
         self._publishers = publishers
         self._subscribers = subscribers
         self._probe = probe
+        self._transport: transports.Transport | None = None
         found = settings.transport
         for database in settings.databases.fixed:
             remember_secrets(secrets_of_url(database.url))
@@ -205,26 +206,31 @@ class App:
         return listed
 
     def transport(self, *, consumer: bool = False) -> transports.Transport:
-        """The registered transport of the settings, its endpoint given and, for a `consumer`,
-        settings it can honour; one `ConfigurationError` otherwise."""
+        """The registered transport of the settings (asked of the registry once), its
+        endpoint given and, for a `consumer`, settings it can honour; one
+        `ConfigurationError` otherwise."""
         found = self.settings.transport
-        transport = transports.get(found.name, what="--transport", hint=f" (from {env.TRANSPORT}?)")
+        transport = self._transport or transports.get(
+            found.name, what="--transport", hint=f" (from {env.TRANSPORT}?)"
+        )
         if consumer:
             transport.check_consumer(found)
-        if found.log_url and transport is not transports.LOG:
-            log.warning(
-                "--log-url (or %s) is set but the transport is %s: the log database is not "
-                "used (--transport %s, or %s=%s, to use it)",
-                env.LOG_URL,
-                transport.name,
-                transports.LOG.name,
-                env.TRANSPORT,
-                transports.LOG.name,
-            )
-        if not transport.endpoint(found):
-            raise ConfigurationError(
-                f"{transport.endpoint_flag} is required (or set {transport.endpoint_env})"
-            )
+        if self._transport is None:
+            if found.log_url and transport is not transports.LOG:
+                log.warning(
+                    "--log-url (or %s) is set but the transport is %s: the log database is not "
+                    "used (--transport %s, or %s=%s, to use it)",
+                    env.LOG_URL,
+                    transport.name,
+                    transports.LOG.name,
+                    env.TRANSPORT,
+                    transports.LOG.name,
+                )
+            if not transport.endpoint(found):
+                raise ConfigurationError(
+                    f"{transport.endpoint_flag} is required (or set {transport.endpoint_env})"
+                )
+            self._transport = transport
         return transport
 
     def check_transport(self, *, consumer: bool = False) -> None:
@@ -242,7 +248,7 @@ class App:
         described: dict[str, Any] = {}
         if kind != "handler" and self._publishers is None and self._subscribers is None:
             described["transport"] = found.name
-            described.update(transports.get(found.name).in_force(found, kind, self.settings.group))
+            described.update(self.transport().in_force(found, kind, self.settings.group))
         described.update(shown)
         return Observer(
             config=self.settings.observability, probes=self.stores.probes, shown=described
@@ -371,21 +377,20 @@ class App:
             default_schema=databases.schema,
         )
 
-    def observed_by(self, observability: ObservabilityConfig) -> App:
-        """This app with other metrics and health settings (its registry and stores shared)."""
-        return App(
-            dataclasses.replace(self.settings, observability=observability),
+    def _of_many(self) -> App:
+        """This app for the relay of one database among several: no observability of its own
+        (the process's serves them all; waiting for a database is the supervisor's); its
+        registry, stores and transport shared."""
+        quiet = App(
+            dataclasses.replace(self.settings, observability=ObservabilityConfig()),
             self._handlers,
             stores=self.stores,
             publishers=self._publishers,
             subscribers=self._subscribers,
             probe=self._probe,
         )
-
-    def _of_many(self) -> App:
-        """This app for the relay of one database among several: no observability of its own
-        (the process's serves them all); waiting for a database is the supervisor's."""
-        return self.observed_by(ObservabilityConfig())
+        quiet._transport = self._transport
+        return quiet
 
     def _producers(self) -> Supervised[Producer]:
         """One Producer relay per database, one transport publisher for all."""
@@ -416,7 +421,7 @@ class App:
             Observability(
                 "producer",
                 self.observer("producer"),
-                config=self.settings.producer,
+                tuning=self.settings.producer,
                 heartbeat=supervisor.heartbeat,
                 relay_id=self.settings.producer.relay_id,
                 transport=probe,
@@ -442,7 +447,7 @@ class App:
             Observability(
                 "handler",
                 self.observer("handler"),
-                config=self.settings.handler,
+                tuning=self.settings.handler,
                 heartbeat=supervisor.heartbeat,
                 relay_id=self.settings.handler.relay_id,
                 databases=supervisor.databases,

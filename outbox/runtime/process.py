@@ -185,10 +185,10 @@ class OutboxRuntime:
                 "give OutboxRuntime settings= or the keywords of one database, not both"
             )
         self.settings = settings
-        app = App(settings, handlers)
         #: Each part's own observability: its checks and metrics on, on the loopback only; the
         #: process's one port is served here.
-        self.app = app.observed_by(_component_observability(settings.observability))
+        own = _component_observability(settings.observability)
+        self.app = App(dataclasses.replace(settings, observability=own), handlers)
         # The consumer first: it names what is missing (the group, the topics) before anything
         # connects; then the stop order: intake first.
         parts: dict[str, Part] = {"consumer": self.app.part("consumer")}

@@ -339,3 +339,29 @@ def test_the_runtime_takes_settings_or_the_keywords_of_one_database_not_both() -
         OutboxRuntime(handlers, group="g", kafka_bootstrap="k:9092")
     runtime = OutboxRuntime(handlers, settings=settings)  # builds; starts nothing
     assert runtime.settings is settings
+
+
+def test_one_outbox_run_asks_the_registry_for_its_transport_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outbox import Handlers, transports
+
+    asked: list[str] = []
+    registered = transports.get
+
+    def counted(name: str, **kwargs: object) -> transports.Transport:
+        asked.append(name)
+        return registered(name, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transports, "get", counted)
+    handlers = Handlers()
+    handlers.handler("t")(lambda message, conn: None)
+    OutboxRuntime(
+        handlers,
+        settings=Settings(
+            databases=Databases.of("a=postgresql://h/a", "b=postgresql://h/b"),
+            transport=TransportSettings(kafka_bootstrap="k:9092"),
+            group="g",
+        ),
+    )
+    assert asked == ["kafka"]

@@ -355,7 +355,7 @@ else:
         observability = Observability(
             "producer",
             Observer(shown={"transport": "kafka", "kafka_bootstrap": "127.0.0.1:9"}),
-            config=ProducerConfig(),
+            tuning=ProducerConfig(),
             heartbeat=Heartbeat(),
             relay_id="test-relay",
             database=Database("app", form(password), "outbox"),

@@ -88,7 +88,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self.observability = Observability(
             "handler",
             observer or Observer(),
-            config=config,
+            tuning=config,
             heartbeat=self.heartbeat,
             relay_id=config.relay_id,
             database=database,
