@@ -32,8 +32,7 @@ from benchmarks.floors import handler_floor
 from benchmarks.harness import Context
 from benchmarks.throughput import fill_inbox, vacuum_analyze
 from outbox import Handlers
-from outbox.daemons.handler.config import HandlerConfig
-from outbox.daemons.handler.runner import HandlerRunner
+from outbox.runtime import App, Databases, HandlerConfig, Settings
 
 
 def _handlers(variant: str) -> Handlers:
@@ -79,8 +78,10 @@ def _profiled_threads(profiles: list[cProfile.Profile]) -> Any:
 def _handle(
     url: str, messages: int, concurrency: int, variant: str, profiles: list[Any] | None
 ) -> tuple[float, float]:
-    config = HandlerConfig(url, batch_size=500, concurrency=concurrency, poll_interval=0.5)
-    runner = HandlerRunner(config, _handlers(variant))
+    config = HandlerConfig(batch_size=500, concurrency=concurrency, poll_interval=0.5)
+    runner = App(
+        Settings(databases=Databases.of(url), handler=config), _handlers(variant)
+    ).handler()
     original = _profiled_threads(profiles) if profiles is not None else threading.Thread.run
     try:
         cpu0 = time.process_time()

@@ -173,13 +173,13 @@ def _measure(
 ) -> tuple[float, list[float]]:
     """One run of one variant (with the Producer relaying to Kafka meanwhile if `with_relay`),
     then the tables emptied for the next."""
-    from outbox.daemons.producer import ProducerConfig
-    from outbox.transports import kafka_producer
+    from outbox.runtime import App, Databases, Settings, TransportSettings
 
     relay = None
     thread = None
     if with_relay:
-        relay = kafka_producer(ProducerConfig(database_url=url, kafka_bootstrap=ctx.bootstrap))
+        where = TransportSettings(kafka_bootstrap=ctx.bootstrap)
+        relay = App(Settings(databases=Databases.of(url), transport=where)).producer()
         thread = threading.Thread(target=relay.run, daemon=True)
         thread.start()
         time.sleep(1.0)

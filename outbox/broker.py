@@ -8,15 +8,13 @@ from typing import Any, TypeVar, overload
 from uuid import UUID
 
 from outbox import tracing
-from outbox.core.databases import validate_name
+from outbox.core.databases import validate_name, validate_schema
 from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, OutgoingMessage, compose
 from outbox.core.errors import ConfigurationError, InvalidHeaders, OutboxError
 from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.numbers import check
 from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.core.topics import Topic
-from outbox.postgres.queries import validate_schema
-from outbox.postgres.writer import Writer
 
 P = TypeVar("P")
 
@@ -86,6 +84,10 @@ class Broker:
             limit = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else max_message_bytes
             check("max_message_bytes", limit, "count")
         self.max_message_bytes: int = limit
+        # The driver's writer is imported with the first Broker: `import outbox` (and a daemon)
+        # loads no database driver.
+        from outbox.postgres.writer import Writer
+
         self._writer = Writer(self.schema)
 
     @property

@@ -3,8 +3,9 @@
 Adapters: outbox/kafka/, outbox/pglog/ (a log in PostgreSQL) and outbox/testing/memory.py. The
 daemons call exactly `Publisher.publish`, `Subscriber.poll`, `Subscriber.commit` and `close`,
 with the core batch types of outbox/core/batches.py, and every transport passes the same
-contract suite of those calls (tests/transport/). Which transport runs is chosen by the wiring
-(outbox/transports.py, the CLI), which passes the daemons factories.
+contract suite of those calls (tests/transport/). Which transport and which stores run is chosen
+by the composition root (outbox/runtime/, from the registry of outbox/transports.py), which
+passes the daemons factories, stores and probes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
 
 from outbox.core.batches import InboxBatch, OutgoingRecord, Quarantined
+from outbox.core.databases import Database
 from outbox.core.inbox_rows import Claimed, ClaimedBatch, FailedAttempt, Pending
 from outbox.core.lag import GroupLag
 
@@ -92,6 +94,39 @@ class TransportProbe:
 
 PublisherFactory = Callable[[], Publisher]
 SubscriberFactory = Callable[[], Subscriber]
+
+
+# -- readiness: what a daemon's probes (outbox/observability/) ask of a database
+
+
+class DatabaseProbe(Protocol):
+    """How a daemon's probe thread sees one database: whether it answers, and how deep a
+    queue is. Calls come from one thread, on a schedule, never per message; they may share one
+    connection, which a failure drops (the next call opens another). `name` keys the
+    dependency in health reports ("postgres"), `label` names it in their text ("PostgreSQL")."""
+
+    name: str
+    label: str
+
+    def check(self, timeout: float) -> None:
+        """Return if the database answers within `timeout` seconds; else raise an
+        `OutboxError` saying why not, in one line."""
+        ...
+
+    def queue_stats(self, queue: str, timeout: float) -> tuple[int, float, int | None] | None:
+        """The rows of `queue` (`producer_queue`, `consumer_queue`) waiting, not dead and not
+        processed; the age in seconds of the oldest (0 when none waits); for the producer's
+        queue, the dead rows kept (None otherwise). None when the queue cannot be read yet; an
+        `OutboxError` when the database cannot be reached."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection, if one is open."""
+        ...
+
+
+#: Makes the probe of one database (`outbox.postgres.probes.PostgresProbe`).
+DatabaseProbes = Callable[[Database], DatabaseProbe]
 
 
 # -- the relay side: queue stores and their sessions
@@ -395,26 +430,11 @@ InboxDatabaseFactory = Callable[[RelayTarget], InboxDatabase]
 
 @dataclass(frozen=True, slots=True)
 class RelayStores:
-    """How the relays reach their queues: the wiring's choice (PostgreSQL unless it says)."""
+    """How the relays reach their queues: the composition root's choice (`outbox.runtime`:
+    PostgreSQL's, or what a test gives)."""
 
     outbox: OutboxDatabaseFactory
     inbox: InboxDatabaseFactory
-
-
-_default_relay_stores: list[RelayStores] = []
-
-
-def use_relay_stores(stores: RelayStores) -> None:
-    """Make `stores` what the relays use when their wiring gives none (outbox/__init__.py
-    sets PostgreSQL's)."""
-    _default_relay_stores[:] = [stores]
-
-
-def default_relay_stores() -> RelayStores:
-    """The relay stores set by `use_relay_stores`."""
-    if not _default_relay_stores:
-        raise RuntimeError("no relay stores: pass stores= to the daemon, or import outbox")
-    return _default_relay_stores[0]
 
 
 # -- the consumer side: inbox writer and lag
@@ -475,26 +495,10 @@ class InboxWriter(Protocol):
 
 
 class InboxWriters(Protocol):
-    """Makes the `InboxWriter` of one database: the wiring chooses the store (PostgreSQL's,
-    outbox.postgres.inbox_writer, or an in-memory one in tests)."""
+    """Makes the `InboxWriter` of one database: the composition root chooses the store
+    (PostgreSQL's, outbox.postgres.inbox_writer, or an in-memory one in tests)."""
 
     def __call__(self, url: str, schema: str, *, connect_timeout: float) -> InboxWriter: ...
-
-
-_default_inbox_writers: list[InboxWriters] = []
-
-
-def use_inbox_writers(writers: InboxWriters) -> None:
-    """Make `writers` what the Consumer stores through when its wiring gives none
-    (outbox/__init__.py sets PostgreSQL's)."""
-    _default_inbox_writers[:] = [writers]
-
-
-def default_inbox_writers() -> InboxWriters:
-    """The inbox writers set by `use_inbox_writers`."""
-    if not _default_inbox_writers:
-        raise RuntimeError("no inbox writers: pass inbox= to the Consumer, or import outbox")
-    return _default_inbox_writers[0]
 
 
 class LagReader(Protocol):

@@ -78,6 +78,9 @@ DOCKER_HOST = "DOCKER_HOST"
 # -- the example services (`examples/`), read by the demo too ------------------------------
 ORDERS_TOPIC = "ORDERS_TOPIC"
 
+#: The commands that run daemons (and take their metrics, health and start-up flags).
+DAEMONS = "`outbox producer`, `outbox consumer`, `outbox handler`, `outbox run`"
+
 #: The commands that take `--kafka-config`.
 KAFKA_COMMANDS = (
     "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
@@ -94,7 +97,8 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         DATABASES_FILE,
         "a file of databases, one `[NAME[/SCHEMA]=]URL` per line, served besides those of "
         "`--database-url`; re-read while the daemons run; the default of `--databases-file`",
-        "`outbox producer`, `outbox handler`, `outbox consumer`, `outbox status`",
+        "`outbox producer`, `outbox handler`, `outbox consumer`, `outbox run`, `outbox migrate`, "
+        "`outbox status`, `outbox console`",
     ),
     EnvironmentVariable(
         SCHEMA,
@@ -104,8 +108,9 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
-        "`outbox producer`, `outbox consumer`, `outbox status`, `outbox console`, "
-        "`outbox spark consumer`, `outbox spark audit`, `outbox spark replay`",
+        "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
+        "`outbox asyncapi`, `outbox spark consumer`, `outbox spark audit`, "
+        "`outbox spark replay`",
     ),
     EnvironmentVariable(
         KAFKA_CONFIG,
@@ -127,31 +132,31 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "where a consumer group starts in a partition it never committed an offset for: "
         "`earliest`, `latest` or an ISO 8601 time with its offset; the default of `--start` "
         "(else `earliest`)",
-        "`outbox consumer`",
+        "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(
         TOPICS,
         "topics to consume, comma-separated; the default of `--topic` (else the registered "
         "topics of the `MODULE:ATTRIBUTE` argument)",
-        "`outbox consumer`",
+        "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(
         GROUP,
         "consumer group id; the default of `--group` (one of them is required)",
-        "`outbox consumer`",
+        "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(
         ROUTE_HEADER,
         "the header naming the database (tenant) that stores a record, for a consumer of "
         "several databases; set, it turns routing on; the default of `--route-header` (else "
         "`outbox-tenant`)",
-        "`outbox consumer`",
+        "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(
         QUARANTINE_DATABASE,
         "the database (by NAME) that stores the records a routing consumer cannot route; set, "
         "it turns routing on; the default of `--quarantine-database` (else the first database)",
-        "`outbox consumer`",
+        "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(
         LAG_GROUPS,
@@ -207,37 +212,38 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         TRANSPORT,
         "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
-        "`outbox producer`, `outbox consumer`, `outbox status`",
+        "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
+        "`outbox asyncapi`",
     ),
     EnvironmentVariable(
         LOG_URL,
         "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
-        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox status`, "
-        "`outbox log-groups forget`, `outbox log-topics`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, "
+        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`",
     ),
     EnvironmentVariable(
         LOG_SCHEMA,
         "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
-        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox status`, "
-        "`outbox log-groups forget`, `outbox log-topics`",
+        "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, "
+        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`",
     ),
     EnvironmentVariable(
         LOG_PARTITIONS,
         "partitions of a log topic created on first publish; the default of `--log-partitions` "
         "(else 8)",
-        "`outbox producer`",
+        "`outbox producer`, `outbox run`",
     ),
     EnvironmentVariable(
         LOG_RETENTION,
         "seconds the log keeps a record that every group has read (0: forever); the default of "
         "`--log-retention` (else 604800, 7 days)",
-        "`outbox producer`",
+        "`outbox producer`, `outbox run`",
     ),
     EnvironmentVariable(
         LOG_SESSION_TIMEOUT,
         "seconds a log consumer's heartbeat may age before the other members of its group "
         "evict it; the default of `--log-session-timeout` (else 10)",
-        "`outbox consumer`",
+        "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(
         LOG_LEVEL, "DEBUG, INFO, WARNING or ERROR; the default of `--log-level`", "`outbox`"
@@ -250,34 +256,34 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         METRICS_PORT,
         "serve Prometheus metrics on this port; the default of `--metrics-port` (else off)",
-        "`outbox producer`, `outbox consumer`, `outbox handler`",
+        DAEMONS,
     ),
     EnvironmentVariable(
         METRICS_HOST,
         "address the metrics server binds; the default of `--metrics-host` (else 0.0.0.0)",
-        "`outbox producer`, `outbox consumer`, `outbox handler`",
+        DAEMONS,
     ),
     EnvironmentVariable(
         HEALTH_PORT,
         "serve /livez and /readyz on this port; the default of `--health-port` (else off)",
-        "`outbox producer`, `outbox consumer`, `outbox handler`",
+        DAEMONS,
     ),
     EnvironmentVariable(
         HEALTH_HOST,
         "address the health server binds; the default of `--health-host` (else 0.0.0.0)",
-        "`outbox producer`, `outbox consumer`, `outbox handler`",
+        DAEMONS,
     ),
     EnvironmentVariable(
         LIVENESS_TIMEOUT,
         "seconds without progress of the main loop before /livez fails; the default of "
         "`--liveness-timeout` (else 120)",
-        "`outbox producer`, `outbox consumer`, `outbox handler`",
+        DAEMONS,
     ),
     EnvironmentVariable(
         WAIT_FOR_DATABASE,
         "seconds a daemon waits at start for PostgreSQL to accept connections; the default of "
         "`--wait-for-database` (else 0: exit 1 at once)",
-        "`outbox producer`, `outbox consumer`, `outbox handler`",
+        DAEMONS,
     ),
     EnvironmentVariable(
         OTEL_TRACER_PROVIDER,

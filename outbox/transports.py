@@ -1,9 +1,8 @@
-"""Wiring: the transport a daemon runs on, chosen here (and by the CLI), not in the daemons.
+"""The registry of transports: which adapters `--transport NAME` means, never a daemon.
 
-The daemons take factories of `Publisher` and `Subscriber` (outbox.ports), a probe of the
-transport's reachability and the inbox store (`InboxWriters`); these functions make them for
-Kafka and for the PostgreSQL log, and build the daemons on Kafka as their configs describe it
-(`kafka_producer`, `kafka_consumer`).
+The daemons take factories of `Publisher` and `Subscriber` (outbox.ports) and a probe of the
+transport's reachability; these functions make them for Kafka and for the PostgreSQL log. The
+composition root (outbox/runtime/) asks the registry for them and builds the daemons.
 
 `--transport NAME` means one entry of the registry (`get`, `names`): a `Transport` says how to
 make that transport's publishers, subscribers, probe and lag reader from `TransportSettings`
@@ -15,29 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from outbox import settings as env
 from outbox.core.errors import ConfigurationError
 from outbox.core.lag import GroupLag
 from outbox.core.redact import redact_url
 from outbox.ports import (
-    InboxWriters,
     LagReader,
     Publisher,
     PublisherFactory,
-    RelayStores,
     Subscriber,
     SubscriberFactory,
     TransportProbe,
 )
 
-if TYPE_CHECKING:
-    from outbox.daemons.consumer import Consumer, ConsumerConfig
-    from outbox.daemons.producer import Producer, ProducerConfig
-
-# The adapters and the daemons are imported where they are made: choosing a transport by its
-# name (the CLI's flags) imports neither confluent-kafka nor the log.
+# The adapters are imported where they are made: choosing a transport by its name (the CLI's
+# flags) imports neither confluent-kafka nor the log.
 
 __all__ = [
     "KAFKA",
@@ -45,23 +38,13 @@ __all__ = [
     "Transport",
     "TransportSettings",
     "get",
-    "kafka_consumer",
     "kafka_probe",
-    "kafka_producer",
     "kafka_publishers",
     "kafka_subscribers",
     "log_publishers",
     "log_subscribers",
     "names",
-    "postgres_inbox",
 ]
-
-
-def postgres_inbox() -> InboxWriters:
-    """The Consumer's inbox store on PostgreSQL (`outbox.postgres.inbox_writer`)."""
-    from outbox.postgres.inbox_writer import PostgresInbox
-
-    return PostgresInbox
 
 
 def kafka_probe(settings: Mapping[str, object]) -> TransportProbe:
@@ -149,33 +132,17 @@ def log_subscribers(
     return subscriber
 
 
-def kafka_producer(config: ProducerConfig, stores: RelayStores | None = None) -> Producer:
-    """A Producer relaying to the Kafka cluster of `config` (kafka_bootstrap, kafka_config)
-    from its queue in `stores` (PostgreSQL's unless given)."""
-    from outbox.daemons.producer import Producer
-
-    publishers, probe = kafka_publishers(config.kafka_bootstrap, config.kafka_config)
-    return Producer(config, publishers, probe, stores)
-
-
-def kafka_consumer(config: ConsumerConfig) -> Consumer:
-    """A Consumer reading `config.topics` from the Kafka cluster of `config` as `config.group`."""
-    from outbox.daemons.consumer import Consumer
-
-    subscribers, probe = kafka_subscribers(
-        config.kafka_bootstrap, config.group, config.topics, config.kafka_config
-    )
-    return Consumer(config, subscribers, probe, inbox=postgres_inbox())
-
-
 # -- the registry -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class TransportSettings:
-    """Where a transport is and how the daemons use it, as the flags give it; each transport
-    reads its own fields (Kafka the `kafka_*` ones, the log the `log_*` ones)."""
+    """The transport of a process (`name`: `--transport`), where it is and how the daemons use
+    it, as the flags give it; each transport reads its own fields (Kafka the `kafka_*` ones,
+    the log the `log_*` ones)."""
 
+    #: The registered transport's name (`get`).
+    name: str = "kafka"
     kafka_bootstrap: str = ""
     kafka_config: Mapping[str, str] = field(default_factory=dict)
     log_url: str = ""
@@ -229,18 +196,14 @@ class Transport:
     #: why `outbox status --max-lag` cannot be checked.
     lag_note: str
     max_lag_needs: str
-    #: Its settings a daemon's start-up line shows, as parsed-argument names (Kafka's are
-    #: shown as the client's settings in force).
-    shown_settings: tuple[str, ...] = ()
+    #: (settings, kind, group): the settings in force a daemon of `kind` ("producer" or
+    #: "consumer") on this transport shows in its start-up line, not masked (the line masks).
+    in_force: Callable[[TransportSettings, str, str], dict[str, Any]]
 
     def endpoint(self, settings: TransportSettings) -> str:
         """Where the transport is, as given ("" when not given)."""
         value = getattr(settings, self.endpoint_field)
         return str(value or "")
-
-    def bootstrap(self, settings: TransportSettings) -> str:
-        """The Kafka bootstrap address the daemons' configs carry ("" off Kafka)."""
-        return settings.kafka_bootstrap if self.endpoint_field == "kafka_bootstrap" else ""
 
 
 def _kafka_publishers(
@@ -252,7 +215,51 @@ def _kafka_publishers(
 def _kafka_subscribers(
     settings: TransportSettings, group: str, topics: Sequence[str]
 ) -> tuple[SubscriberFactory, TransportProbe | None]:
-    return kafka_subscribers(settings.kafka_bootstrap, group, topics, settings.kafka_config)
+    return kafka_subscribers(settings.kafka_bootstrap, group, topics, _with_start(settings))
+
+
+def _with_start(settings: TransportSettings) -> dict[str, str]:
+    """The consumer's librdkafka settings, with `--start` in the entry the subscriber reads."""
+    from outbox.kafka.start import START_KEY
+
+    found = dict(settings.kafka_config)
+    if settings.start is not None:
+        found[START_KEY] = settings.start
+    return found
+
+
+def _kafka_in_force(settings: TransportSettings, kind: str, group: str) -> dict[str, Any]:
+    """The librdkafka settings the client of a producer or consumer daemon is made with:
+    outbox's defaults, the user's, and the ones outbox forces (the user's alone when the
+    client would refuse them: it says why when it is made); and `--start`."""
+    from outbox.kafka.publisher import producer_config
+    from outbox.kafka.subscriber import consumer_config
+
+    user = dict(settings.kafka_config)
+    try:
+        client = (
+            producer_config(settings.kafka_bootstrap, user)
+            if kind == "producer"
+            else consumer_config(settings.kafka_bootstrap, group, user)
+        )
+    except ConfigurationError:
+        client = user
+    client.pop("logger", None)
+    shown: dict[str, Any] = {"kafka_bootstrap": settings.kafka_bootstrap, "kafka_config": client}
+    if kind == "consumer" and settings.start is not None:
+        shown["start"] = settings.start
+    return shown
+
+
+def _log_in_force(settings: TransportSettings, kind: str, group: str) -> dict[str, Any]:
+    """The log's settings a producer or consumer daemon uses."""
+    shown: dict[str, Any] = {"log_url": settings.log_url, "log_schema": settings.log_schema}
+    if kind == "producer":
+        shown["log_partitions"] = settings.log_partitions
+        shown["log_retention"] = settings.log_retention
+    else:
+        shown["log_session_timeout"] = settings.log_session_timeout
+    return shown
 
 
 def _kafka_lag(settings: TransportSettings) -> LagReader:
@@ -351,6 +358,7 @@ KAFKA = Transport(
     check_consumer=_nothing,
     lag_note="Lag needs --kafka-bootstrap (and optionally --group).",
     max_lag_needs=f"--max-lag needs --kafka-bootstrap (or {env.KAFKA_BOOTSTRAP}) to read the lag",
+    in_force=_kafka_in_force,
 )
 
 LOG = Transport(
@@ -373,13 +381,7 @@ LOG = Transport(
         f"--max-lag with --transport postgres needs --log-url (or {env.LOG_URL}) to read "
         "the log's lag"
     ),
-    shown_settings=(
-        "log_url",
-        "log_schema",
-        "log_partitions",
-        "log_retention",
-        "log_session_timeout",
-    ),
+    in_force=_log_in_force,
 )
 
 _REGISTRY: dict[str, Transport] = {t.name: t for t in (KAFKA, LOG)}

@@ -1,4 +1,6 @@
-"""Flags shared by the `outbox` subcommands, each with its environment variable."""
+"""Flags shared by the `outbox` subcommands, each with its environment variable, and the one
+function that turns a daemon command's parsed flags into the composition root's `Settings`
+(`settings_of`)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from outbox.core.numbers import flag_type
 
 if TYPE_CHECKING:
     from outbox.core.databases import Database
-    from outbox.observability.runtime import ObservabilityConfig
+    from outbox.runtime import ObservabilityConfig, Settings
 
 ENV_DATABASE_URL = settings.DATABASE_URL
 ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
@@ -347,14 +349,6 @@ def add_start(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def start_settings(args: argparse.Namespace) -> dict[str, str]:
-    """The librdkafka settings entry that carries --start to the subscriber (when given)."""
-    from outbox.kafka.start import START_KEY
-
-    start = getattr(args, "start", None)
-    return {} if start is None else {START_KEY: start}
-
-
 def topic_list_type(env: str) -> Callable[[str], list[str]]:
     """The argparse `type=` of a comma-separated list of topic names (`--topic a,b`, or the
     variable `env`): each name checked as Kafka would, an empty item refused, duplicates
@@ -507,7 +501,7 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
 
 def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
     """The metrics and health settings of a daemon from its parsed flags."""
-    from outbox.observability.runtime import ObservabilityConfig
+    from outbox.runtime import ObservabilityConfig
 
     return ObservabilityConfig(
         metrics_port=args.metrics_port,
@@ -516,24 +510,144 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
         health_host=args.health_host,
         liveness_timeout=args.liveness_timeout,
         wait_for_database=args.wait_for_database,
-        transport=transport_settings(args),
     )
 
 
-#: The flags of the PostgreSQL log a daemon's command may have, as parsed-argument names.
-LOG_SETTINGS = transports.LOG.shown_settings
+def add_many(parser: argparse.ArgumentParser) -> None:
+    """The flags of a relay serving several databases (`outbox producer`, `handler`, `run`)."""
+    parser.add_argument(
+        "--database-turns",
+        type=flag_type("threads"),
+        default=2,
+        metavar="N",
+        help="with several databases: how many of them process a batch at the same time; "
+        "the others wait their turn, first come first served, so a busy database cannot "
+        "starve a quiet one (default 2)",
+    )
+    parser.add_argument(
+        "--idle-disconnect",
+        type=flag_type("seconds_or_zero"),
+        default=60.0,
+        metavar="SECONDS",
+        help="with several databases: seconds without rows after which a database's relay "
+        "leaves its lanes and closes its connections; it then looks for rows every "
+        "--poll-interval on a short-lived connection (no NOTIFY wake-up meanwhile). 0: never "
+        "(default 60)",
+    )
 
 
-def transport_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The transport of a daemon's command and, for the PostgreSQL log, every log setting it
-    has (not masked: the start-up line masks the URL); empty for a command without one."""
-    transport = getattr(args, "transport", None)
-    if transport is None:
-        return {}
-    found: dict[str, Any] = {"transport": transport}
-    try:
-        shown = transports.get(transport).shown_settings
-    except ConfigurationError:
-        return found  # refused where the transport is chosen
-    found.update({name: getattr(args, name) for name in shown if hasattr(args, name)})
-    return found
+def add_routing(parser: argparse.ArgumentParser) -> None:
+    """The consumer's routing over several databases (`outbox consumer`, `outbox run`)."""
+    parser.add_argument(
+        "--route-header",
+        default=os.environ.get(settings.ROUTE_HEADER) or None,
+        metavar="NAME",
+        help="with several databases (or --databases-file): the header whose value is the NAME "
+        "of the database that stores a record; a record without it, or naming no database "
+        "served, is quarantined in --quarantine-database. Given with one database, routing is "
+        f"on too (env {settings.ROUTE_HEADER}; default outbox-tenant, which Broker(tenant=...) "
+        "sets)",
+    )
+    parser.add_argument(
+        "--quarantine-database",
+        default=os.environ.get(settings.QUARANTINE_DATABASE) or None,
+        metavar="NAME",
+        help="when routing: the database (by NAME) that stores, dead, the records no database "
+        f"can be chosen for (env {settings.QUARANTINE_DATABASE}; default the first database "
+        "given)",
+    )
+
+
+def transport_of(args: argparse.Namespace) -> transports.TransportSettings:
+    """The transport settings of a command's parsed flags (those it has; the others keep
+    their defaults): the one place the CLI builds them."""
+    TransportSettings = transports.TransportSettings
+
+    return TransportSettings(
+        name=getattr(args, "transport", None) or "kafka",
+        kafka_bootstrap=getattr(args, "kafka_bootstrap", None) or "",
+        kafka_config=dict(getattr(args, "kafka_config", None) or {}),
+        log_url=getattr(args, "log_url", None) or "",
+        log_schema=getattr(args, "log_schema", None) or TransportSettings().log_schema,
+        log_partitions=getattr(args, "log_partitions", 8),
+        log_retention=getattr(args, "log_retention", None) or None,
+        log_session_timeout=getattr(args, "log_session_timeout", None),
+        start=getattr(args, "start", None),
+    )
+
+
+#: Each daemon's tuning: its config's field and the parsed flag that sets it, per command
+#: (`outbox run` names the batch sizes by daemon).
+TUNING: dict[str, dict[str, dict[str, str]]] = {
+    "producer": {"producer": {"batch_size": "batch_size", "poll_interval": "poll_interval"}},
+    "consumer": {"consumer": {"batch_size": "batch_size"}},
+    "handler": {
+        "handler": {
+            name: name
+            for name in (
+                "concurrency",
+                "batch_size",
+                "poll_interval",
+                "dedup_window",
+                "transaction_size",
+                "lease",
+            )
+        }
+    },
+    "run": {
+        "producer": {"batch_size": "producer_batch_size", "poll_interval": "poll_interval"},
+        "consumer": {"batch_size": "consumer_batch_size"},
+        "handler": {
+            "concurrency": "concurrency",
+            "batch_size": "handler_batch_size",
+            "poll_interval": "poll_interval",
+            "dedup_window": "dedup_window",
+            "transaction_size": "transaction_size",
+            "lease": "lease",
+        },
+    },
+}
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The `Settings` of a daemon command (`producer`, `consumer`, `handler`, `run`) from its
+    parsed flags: the flags, their `OUTBOX_*` variables (the flags' defaults) and the files
+    they name (a databases file, a Kafka properties file) reach the composition root through
+    this one function."""
+    from outbox.core.databases import gather, parse_entry
+    from outbox.runtime import (
+        ConsumerConfig,
+        Databases,
+        HandlerConfig,
+        ProducerConfig,
+        Settings,
+    )
+
+    schema = args.schema
+    fixed = gather(list(args.database_url or []), schema)
+    fallback = os.environ.get(ENV_DATABASE_URL, "").strip()
+    if not fixed and not args.databases_file and fallback:
+        fixed = [parse_entry(database_entry_type(fallback), schema)]
+    tuning = TUNING.get(args.command, {})
+
+    def tuned(daemon: str) -> dict[str, Any]:
+        return {field: getattr(args, flag) for field, flag in tuning.get(daemon, {}).items()}
+
+    return Settings(
+        databases=Databases(
+            fixed=tuple(fixed),
+            file=args.databases_file or None,
+            schema=schema,
+            turns=getattr(args, "database_turns", 2),
+            idle_disconnect=getattr(args, "idle_disconnect", 60.0),
+            route_header=getattr(args, "route_header", None),
+            quarantine=getattr(args, "quarantine_database", None),
+        ),
+        transport=transport_of(args),
+        group=getattr(args, "group", None) or "",
+        topics=tuple(getattr(args, "topics", None) or ()),
+        producer=ProducerConfig(**tuned("producer")),
+        consumer=ConsumerConfig(**tuned("consumer")),
+        handler=HandlerConfig(**tuned("handler")),
+        observability=runtime_config(args),
+    )

@@ -55,15 +55,11 @@ def run_asyncapi(args: argparse.Namespace) -> int:
     exit 1."""
     from outbox import transports
     from outbox.asyncapi import build_document, dumps, load_service
+    from outbox.cli.arguments import transport_of
 
     service = load_service(args.handlers)
     servers, schemes = transports.get(args.transport, what="--transport").asyncapi_servers(
-        transports.TransportSettings(
-            kafka_bootstrap=args.kafka_bootstrap or "",
-            kafka_config=dict(args.kafka_config),
-            log_url=args.log_url or "",
-            log_schema=args.log_schema,
-        )
+        transport_of(args)
     )
     document = build_document(
         service,

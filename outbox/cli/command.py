@@ -12,46 +12,35 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from outbox import __version__, settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
-    ENV_LOG_URL,
     Parser,
-    add_database,
     add_databases,
     add_kafka,
     add_log,
     add_logging,
+    add_many,
+    add_routing,
     add_runtime,
     add_start,
     add_topics,
     add_transport,
     databases_of,
     named_url,
-    require,
-    runtime_config,
+    settings_of,
     single_database,
-    start_settings,
 )
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import Rule, flag_type
 from outbox.core.text import first_line
 
 if TYPE_CHECKING:
-    from outbox.core.databases import Database
-    from outbox.core.handlers import Handlers
-    from outbox.daemons.handler import HandlerConfig
-    from outbox.daemons.producer import ProducerConfig
-    from outbox.daemons.routing import Routing
-    from outbox.daemons.supervisor import DatabaseRelay, Supervisor
-    from outbox.ports import PublisherFactory, TransportProbe
-    from outbox.transports import Transport, TransportSettings
-
-R = TypeVar("R", bound="DatabaseRelay")
+    from outbox.runtime.app import Kind
 
 #: What `outbox demo` says: the demo runs the example services, which the package does not ship.
 DEMO_ELSEWHERE = (
@@ -129,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="longest sleep between looks at the queue when no NOTIFY arrives (seconds)",
     )
-    _add_many(producer)
+    add_many(producer)
 
     consumer = commands.add_parser(
         "consumer",
@@ -150,24 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as `outbox handler` does); optional with --topic",
     )
     add_databases(consumer)
-    consumer.add_argument(
-        "--route-header",
-        default=os.environ.get(settings.ROUTE_HEADER) or None,
-        metavar="NAME",
-        help="with several databases (or --databases-file): the header whose value is the NAME "
-        "of the database that stores a record; a record without it, or naming no database "
-        "served, is quarantined in --quarantine-database. Given with one database, routing is "
-        f"on too (env {settings.ROUTE_HEADER}; default outbox-tenant, which Broker(tenant=...) "
-        "sets)",
-    )
-    consumer.add_argument(
-        "--quarantine-database",
-        default=os.environ.get(settings.QUARANTINE_DATABASE) or None,
-        metavar="NAME",
-        help="when routing: the database (by NAME) that stores, dead, the records no database "
-        f"can be chosen for (env {settings.QUARANTINE_DATABASE}; default the first database "
-        "given)",
-    )
+    add_routing(consumer)
     add_kafka(consumer)
     add_transport(consumer)
     add_runtime(consumer)
@@ -239,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a callback may run before its transaction is terminated and the "
         "message retried (default 300)",
     )
-    _add_many(handler)
+    add_many(handler)
 
     _add_run_command(commands)
 
@@ -375,177 +347,22 @@ def _migrated(schema: str, before: str | None, after: str | None) -> str:
     return f"{schema} migrated from revision {before} to {after}"
 
 
-def _transport(
-    args: argparse.Namespace, *, consumer: bool = False
-) -> tuple[Transport, TransportSettings]:
-    """The transport of --transport (outbox.transports) and its settings from the flags,
-    checked: where it is given, ready (the log reachable and migrated), and, for a `consumer`,
-    settings it can honour. One clear error for each."""
-    from outbox import transports
+def _daemon(args: argparse.Namespace, kind: Kind, handlers: str | None = None) -> int:
+    """`outbox producer`, `consumer` or `handler`: the part the composition root builds from
+    the flags (one database's daemon, or a relay per database), run until SIGTERM."""
+    from outbox.runtime import App
 
-    transport = transports.get(
-        args.transport, what="--transport", hint=f" (from {settings.TRANSPORT}?)"
-    )
-    found = transports.TransportSettings(
-        kafka_bootstrap=args.kafka_bootstrap or "",
-        kafka_config=dict(args.kafka_config),
-        log_url=args.log_url or "",
-        log_schema=args.log_schema,
-        log_partitions=getattr(args, "log_partitions", 8),
-        log_retention=getattr(args, "log_retention", None) or None,
-        log_session_timeout=getattr(args, "log_session_timeout", None),
-        start=getattr(args, "start", None),
-    )
-    if consumer:
-        transport.check_consumer(found)
-    if args.log_url and transport.endpoint_flag != transports.LOG.endpoint_flag:
-        logging.getLogger("outbox").warning(
-            "--log-url (or %s) is set but the transport is %s: the log database is not "
-            "used (--transport %s, or %s=%s, to use it)",
-            ENV_LOG_URL,
-            args.transport,
-            transports.LOG.name,
-            settings.TRANSPORT,
-            transports.LOG.name,
-        )
-    require(transport.endpoint(found), transport.endpoint_flag, transport.endpoint_env)
-    transport.check(found, args.wait_for_database)
-    return transport, found
+    app = App(settings_of(args), handlers)
+    part = app.part(kind)
+    if kind != "handler":
+        app.check_transport(consumer=kind == "consumer")
+    _install_stop_handlers(part.stop)
+    part.run()
+    return 0
 
 
 def _producer(args: argparse.Namespace) -> int:
-    from outbox.daemons.producer import Producer, ProducerConfig
-
-    databases = databases_of(args)
-    transport, found = _transport(args)
-    factory, probe = transport.make_publishers(found)
-    config = ProducerConfig(
-        database_url=databases[0].url,
-        kafka_bootstrap=transport.bootstrap(found),
-        schema=databases[0].schema,
-        kafka_config=dict(args.kafka_config),
-        batch_size=args.batch_size,
-        poll_interval=args.poll_interval,
-        observability=runtime_config(args),
-    )
-    if _several(args, databases):
-        return _many_producers(args, databases, config, factory, probe)
-    relay = Producer(config, factory, probe)
-    _install_stop_handlers(relay.stop)
-    relay.run()
-    return 0
-
-
-def _add_many(parser: argparse.ArgumentParser) -> None:
-    """The flags of a relay serving several databases (`outbox producer`, `outbox handler`)."""
-    parser.add_argument(
-        "--database-turns",
-        type=flag_type("threads"),
-        default=2,
-        metavar="N",
-        help="with several databases: how many of them process a batch at the same time; "
-        "the others wait their turn, first come first served, so a busy database cannot "
-        "starve a quiet one (default 2)",
-    )
-    parser.add_argument(
-        "--idle-disconnect",
-        type=flag_type("seconds_or_zero"),
-        default=60.0,
-        metavar="SECONDS",
-        help="with several databases: seconds without rows after which a database's relay "
-        "leaves its lanes and closes its connections; it then looks for rows every "
-        "--poll-interval on a short-lived connection (no NOTIFY wake-up meanwhile). 0: never "
-        "(default 60)",
-    )
-
-
-def _several(args: argparse.Namespace, databases: Sequence[object]) -> bool:
-    """Whether a relay serves several databases (or a databases file, which may grow): one
-    relay per database under a supervisor. One database alone runs as it always did."""
-    return len(databases) > 1 or bool(args.databases_file)
-
-
-def _many_producers(
-    args: argparse.Namespace,
-    databases: Sequence[Database],
-    config: ProducerConfig,
-    factory: PublisherFactory,
-    probe: TransportProbe | None,
-) -> int:
-    """One Producer relay per database, one transport publisher for all (see supervisor.py)."""
-
-    from outbox.daemons.producer import Producer, SharedPublisher
-    from outbox.observability.runtime import Observability
-
-    if probe is not None:
-        probe.check(config.connect_timeout)  # the transport is the process's: exit 1 if down
-
-    def make(database: Database) -> Producer:
-        return Producer(_one_of_many(config, database), factory)
-
-    # A publisher failure that retrying cannot fix is the process's: the supervisor stops.
-    publisher = SharedPublisher(factory(), lambda exc: supervisor.fail(exc))
-    supervisor = _supervisor(
-        "producer", args, databases, make, lambda relay: relay.serve_database(publisher)
-    )
-    supervisor.observe(
-        Observability(
-            "producer",
-            config,
-            heartbeat=supervisor.heartbeat,
-            relay_id=config.relay_id,
-            transport=probe,
-            databases=supervisor.databases,
-        )
-    )
-    _install_stop_handlers(supervisor.stop)
-    try:
-        supervisor.run()
-    finally:
-        publisher.close()
-    return 0
-
-
-C = TypeVar("C", "ProducerConfig", "HandlerConfig")
-
-
-def _one_of_many(config: C, database: Database) -> C:
-    """`config` for the relay of `database` among several: its URL and schema, and no
-    observability of its own (the process's serves them all)."""
-    import dataclasses
-
-    from outbox.observability.runtime import ObservabilityConfig
-
-    return dataclasses.replace(
-        config,
-        database_url=database.url,
-        schema=database.schema,
-        observability=ObservabilityConfig(),
-    )
-
-
-def _supervisor(
-    kind: str,
-    args: argparse.Namespace,
-    databases: Sequence[Database],
-    make: Callable[[Database], R],
-    serve: Callable[[R], None],
-) -> Supervisor[R]:
-    from outbox.core.databases import gather
-    from outbox.daemons.supervisor import Supervisor
-    from outbox.daemons.turns import Turns
-
-    return Supervisor(
-        kind,
-        databases,
-        make,
-        serve,
-        turns=Turns(args.database_turns),
-        idle_disconnect=args.idle_disconnect or None,
-        file=args.databases_file or None,
-        fixed=gather(list(args.database_url or []), args.schema),
-        default_schema=args.schema,
-    )
+    return _daemon(args, "producer")
 
 
 def _consumed(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
@@ -561,130 +378,40 @@ def _consumed(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
                 f"--topic (or set {settings.TOPICS}) for a consumer without handlers"
             )
         return topics, None
-    from outbox.daemons.handler import load_handlers
+    from outbox.core.handlers import load_handlers
 
     handled = list(load_handlers(args.handlers).topics)
     return (topics or handled), handled
 
 
 def _consumer(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from outbox import transports
-    from outbox.daemons.consumer import Consumer, ConsumerConfig
-
-    topics, handled = _consumed(args)
-    group = require(args.group, "--group", settings.GROUP)
-    routing, database = _routing(args)
-    transport, found = _transport(args, consumer=True)
-    config = ConsumerConfig(
-        database_url=database.url if routing is None else "",
-        kafka_bootstrap=transport.bootstrap(found),
-        topics=topics,
-        group=group,
-        schema=args.schema,
-        kafka_config={**dict(args.kafka_config), **start_settings(args)},
-        batch_size=args.batch_size,
-        observability=runtime_config(args),
-        handled_topics=handled,
-        database=database.name,
-        routing=routing,
-    )
-    factory, probe = transport.make_subscribers(
-        dataclasses.replace(found, kafka_config=config.kafka_config), group, topics
-    )
-    relay = Consumer(config, factory, probe, inbox=transports.postgres_inbox())
-    _install_stop_handlers(relay.stop)
-    relay.run()
-    return 0
-
-
-def _routing(args: argparse.Namespace) -> tuple[Routing | None, Database]:
-    """The consumer's routing over its databases (None: one database, no routing) and its
-    first database. Routing is on with several databases, a databases file, --route-header or
-    --quarantine-database (docs/how-to/many-databases.md)."""
-    from outbox.cli.arguments import databases_of
-    from outbox.core.databases import gather
-    from outbox.core.headers import TENANT_HEADER
-    from outbox.core.redact import remember_secrets, secrets_of_url
-    from outbox.daemons.routing import Routing
-
-    databases = databases_of(args)
-    for database in databases:
-        remember_secrets(secrets_of_url(database.url))
-    routed = (
-        len(databases) > 1
-        or args.databases_file
-        or args.route_header is not None
-        or args.quarantine_database is not None
-    )
-    if not routed:
-        return None, databases[0]
-    fixed = gather(list(args.database_url), args.schema) if args.databases_file else databases
-    routing = Routing(
-        databases=tuple(databases),
-        header=args.route_header or TENANT_HEADER,
-        quarantine=args.quarantine_database,
-        fixed=tuple(fixed),
-        databases_file=args.databases_file or None,
-    )
-    return routing, databases[0]
+    _consumed(args)  # a usage error, or a registry that does not import: before anything else
+    return _daemon(args, "consumer", args.handlers)
 
 
 def _handler(args: argparse.Namespace) -> int:
-    from outbox.daemons.handler import HandlerConfig, HandlerRunner, load_handlers
-
-    databases = databases_of(args)
-    config = HandlerConfig(
-        database_url=databases[0].url,
-        schema=databases[0].schema,
-        concurrency=args.concurrency,
-        batch_size=args.batch_size,
-        poll_interval=args.poll_interval,
-        dedup_window=args.dedup_window,
-        lease=args.lease,
-        transaction_size=args.transaction_size,
-        observability=runtime_config(args),
-    )
-    handlers = load_handlers(args.handlers)
-    if _several(args, databases):
-        return _many_handlers(args, databases, config, handlers)
-    runner = HandlerRunner(config, handlers)
-    _install_stop_handlers(runner.stop)
-    runner.run()
-    return 0
+    return _daemon(args, "handler", args.handlers)
 
 
-def _many_handlers(
-    args: argparse.Namespace,
-    databases: Sequence[Database],
-    config: HandlerConfig,
-    handlers: Handlers,
-) -> int:
-    """One Handler relay (and its workers) per database (see supervisor.py)."""
+#: The daemons' flags `outbox run` does not take under the same name, and why (a test holds
+#: `run` to every other flag of `outbox producer`, `consumer` and `handler`).
+RUN_RENAMED = {
+    "--batch-size": "each daemon's means another batch: `outbox run` takes "
+    "--producer-batch-size, --consumer-batch-size and --handler-batch-size",
+}
 
-    from outbox.daemons.handler import HandlerRunner
-    from outbox.daemons.handler.config import check_async_support
-    from outbox.observability.runtime import Observability
 
-    check_async_support(handlers)  # the registry is the process's: exit 1
+class _Renamed(argparse.Action):
+    """A daemon's flag that `outbox run` takes under other names: a usage error saying which."""
 
-    def make(database: Database) -> HandlerRunner:
-        return HandlerRunner(_one_of_many(config, database), handlers)
-
-    supervisor = _supervisor("handler", args, databases, make, lambda relay: relay.serve_database())
-    supervisor.observe(
-        Observability(
-            "handler",
-            config,
-            heartbeat=supervisor.heartbeat,
-            relay_id=config.relay_id,
-            databases=supervisor.databases,
-        )
-    )
-    _install_stop_handlers(supervisor.stop)
-    supervisor.run()
-    return 0
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(f"{option_string} is not a flag of `outbox run`: {RUN_RENAMED[self.dest]}")
 
 
 def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -694,14 +421,18 @@ def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help="relay, consumer and handler of one service in one process",
         description="Runs `outbox producer`, `outbox consumer` (of the handlers' topics, or "
         "--topic) and `outbox handler` in one process, with the same guarantees, one health "
-        "and one metrics port (each series labelled with its daemon). SIGTERM drains: the "
-        "consumer stops taking records first, then the relay and the handler finish their "
-        "batch. Run three processes instead to scale or restart them apart.",
+        "and one metrics port (each series labelled with its daemon). It takes the three "
+        "daemons' flags; several databases (--database-url more than once, or "
+        "--databases-file) run a relay per database and route the consumed records to "
+        "their tenants, as the daemons do. SIGTERM drains: the consumer stops taking records "
+        "first, then the relay and the handler finish their batch. Run three processes "
+        "instead to scale or restart them apart.",
     )
     run.add_argument(
         "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
     )
-    add_database(run)
+    add_databases(run)
+    add_routing(run)
     add_kafka(run)
     add_transport(run)
     add_runtime(run)
@@ -739,6 +470,9 @@ def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         run.add_argument(
             flag, type=flag_type(kind), default=number, help=f"as {text} (default {number:g})"
         )
+    add_many(run)
+    for flag in RUN_RENAMED:
+        run.add_argument(flag, dest=flag, action=_Renamed, help=argparse.SUPPRESS)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -748,38 +482,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from outbox.runtime import OutboxRuntime
 
-    group = require(args.group, "--group", settings.GROUP)
-    database_url = require(args.database_url, "--database-url", ENV_DATABASE_URL)
-    transport, found = _transport(args, consumer=True)
-    log_url = found.log_url or None
-    bootstrap = transport.bootstrap(found)
-    topics, _handled = _consumed(args)
-    runtime = OutboxRuntime(
-        args.handlers,
-        database_url=database_url,
-        group=group,
-        transport=args.transport,
-        kafka_bootstrap=bootstrap,
-        kafka_config={**dict(args.kafka_config), **start_settings(args)},
-        log_url=log_url,
-        log_schema=args.log_schema,
-        log_partitions=args.log_partitions,
-        log_retention=args.log_retention or None,
-        log_session_timeout=args.log_session_timeout,
-        schema=args.schema,
-        topics=topics,
-        observability=runtime_config(args),
-        producer={"batch_size": args.producer_batch_size, "poll_interval": args.poll_interval},
-        consumer={"batch_size": args.consumer_batch_size},
-        handler={
-            "batch_size": args.handler_batch_size,
-            "poll_interval": args.poll_interval,
-            "concurrency": args.concurrency,
-            "dedup_window": args.dedup_window,
-            "transaction_size": args.transaction_size,
-            "lease": args.lease,
-        },
-    )
+    runtime = OutboxRuntime(args.handlers, settings=settings_of(args))
     runtime.log_failures = False  # main prints the error, one line
     asked = threading.Event()
 

@@ -75,6 +75,7 @@ from outbox.cli.arguments import (
     databases_of,
     env_groups,
     require,
+    transport_of,
 )
 from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError, InvalidTopic, OutboxError
@@ -634,12 +635,7 @@ def _status(args: argparse.Namespace) -> int:
     max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
     # The lag comes from the transport the consumers read: Kafka, or the PostgreSQL log.
     transport = transports.get(args.transport, what="--transport")
-    where = transports.TransportSettings(
-        kafka_bootstrap=args.kafka_bootstrap or "",
-        kafka_config=dict(args.kafka_config),
-        log_url=args.log_url or "",
-        log_schema=args.log_schema,
-    )
+    where = transport_of(args)
     endpoint = transport.endpoint(where)
     if max_lag is not None and not endpoint:
         raise ConfigurationError(transport.max_lag_needs)

@@ -146,6 +146,11 @@ FIELD_MEANINGS: dict[str, str] = {
 #: The flags that set a config field, when its name is not the flag's.
 FIELD_FLAGS: dict[str, str] = {
     "topics": "--topic",
+    "fixed": "--database-url",
+    "file": "--databases-file",
+    "turns": "--database-turns",
+    "quarantine": "--quarantine-database",
+    "transport": "--transport",
     "observability": "--metrics-port, --metrics-host, --health-port, --health-host, "
     "--liveness-timeout",
 }
@@ -483,11 +488,10 @@ def _config_table(cls: type, command: argparse.ArgumentParser, path: tuple[str, 
 
 
 def render_python_api(build: Callable[[], argparse.ArgumentParser]) -> str:
-    """`Broker`, `Handlers`, `@handlers.handler` and the daemons' config objects."""
+    """`Broker`, `Handlers`, `@handlers.handler`, the composition root's `Settings` and the
+    daemons' config objects."""
     from outbox import Broker, Handlers
-    from outbox.daemons.consumer import ConsumerConfig
-    from outbox.daemons.handler import HandlerConfig
-    from outbox.daemons.producer import ProducerConfig
+    from outbox.runtime import ConsumerConfig, Databases, HandlerConfig, ProducerConfig, Settings
 
     out = ["## Python API\n", "### `Broker(...)`\n"]
     out.extend(_signature_table("Broker", Broker.__init__))
@@ -496,20 +500,26 @@ def render_python_api(build: Callable[[], argparse.ArgumentParser]) -> str:
     out.append("\n### `@handlers.handler(...)`\n")
     out.extend(_signature_table("Handlers.handler", Handlers.handler))
     out.append(
-        "\n### Daemon config objects\n\n"
-        "The daemons can be run from Python (`Producer(ProducerConfig(...)).run()`, and so on); "
-        "their config objects are validated at construction. Fields without a flag keep their "
-        "default under the `outbox` command.\n"
+        "\n### Settings and the daemons' config objects\n\n"
+        "The daemons are built from Python by the composition root, from one `Settings`: "
+        "`outbox.runtime.App(Settings(...), handlers)` gives `.producer()`, `.consumer()`, "
+        "`.handler()` or `.part(kind)` (a relay per database with several), and "
+        "`OutboxRuntime(handlers, settings=Settings(...))` runs the three as `outbox run` "
+        "does. Every object below is validated at construction and importable from "
+        "`outbox.runtime`; the flags are `outbox run`'s (the daemons' own where `run` renames "
+        "them). Fields without a flag keep their default under the `outbox` command.\n"
     )
     with _environment({}):
         parser = build()
     commands = {c.path: c.parser for c in walk(parser)}
     for cls, path in (
+        (Settings, ("run",)),
+        (Databases, ("run",)),
         (ProducerConfig, ("producer",)),
         (ConsumerConfig, ("consumer",)),
         (HandlerConfig, ("handler",)),
     ):
-        out.append(f"#### `outbox.daemons.{cls.__module__.split('.')[2]}.{cls.__name__}`\n")
+        out.append(f"#### `outbox.runtime.{cls.__name__}`\n")
         out.extend(_config_table(cls, commands[path], path))
         out.append("")
     return "\n".join(out)

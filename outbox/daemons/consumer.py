@@ -19,30 +19,30 @@ import functools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
 
 from outbox.core.batches import InboxBatch, Quarantined
-from outbox.core.databases import Database, validate_schema
+from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import check_fields
-from outbox.core.redact import parse_conninfo
 from outbox.core.retriable import refused_for_data
 from outbox.core.text import first_line
 from outbox.core.topics import validate_topic
+from outbox.daemons.compat import refuse_moved, refuse_unwired
 from outbox.daemons.failpoints import failpoint
 from outbox.daemons.outages import Outage
 from outbox.daemons.relay import new_relay_id
 from outbox.daemons.routing import Router, Routing
 from outbox.observability.health import Heartbeat
-from outbox.observability.runtime import Observability, ObservabilityConfig, observed
+from outbox.observability.runtime import Observability, Observer, observed
 from outbox.ports import (
     InboxWriter,
     InboxWriters,
     InboxWriterSession,
     SubscriberFactory,
     TransportProbe,
-    default_inbox_writers,
 )
 
 log = logging.getLogger("outbox.consumer")
@@ -50,54 +50,48 @@ log = logging.getLogger("outbox.consumer")
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Settings of one Consumer relay process; validated at construction."""
+    """The tuning of one Consumer relay; validated at construction. What it reads and where it
+    stores is the composition root's (`outbox.runtime.Settings`)."""
 
-    database_url: str
-    kafka_bootstrap: str
-    topics: Sequence[str]
-    group: str
-    schema: str = "outbox"
-    kafka_config: Mapping[str, str] = field(default_factory=dict)
     batch_size: int = 1000
     poll_timeout: float = 0.2
     connect_timeout: float = 10.0
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
-    #: The topics of the Handlers registry this consumer feeds (`outbox consumer MODULE:ATTR`),
-    #: or None: given, the consumer warns at start about a consumed topic no handler reads and
-    #: a registered topic it does not consume.
-    handled_topics: Sequence[str] | None = None
-    #: The database's NAME in metrics and logs (default: its database name).
-    database: str = ""
-    #: Several databases, each record stored in its tenant's (outbox/daemons/routing.py), or
-    #: None: every record in `database_url`'s inbox. With it, `database_url` is the quarantine
-    #: database's.
-    routing: Routing | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        refuse_moved(cls, args, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        if self.routing is not None:
-            home = self.routing.home(self.routing.databases)
-            object.__setattr__(self, "database_url", home.url)
-            object.__setattr__(self, "database", home.name)
-        if not self.database_url:
-            raise ConfigurationError("database URL is not set (--database-url)")
-        if not self.database:
-            params = parse_conninfo(self.database_url) or {}
-            object.__setattr__(self, "database", params.get("dbname") or "database")
-        validate_schema(self.schema)
-        if not self.topics:
-            raise ConfigurationError("at least one --topic is required")
-        for topic in (*self.topics, *(self.handled_topics or ())):
-            validate_topic(topic)
         check_fields(
             self,
             {"batch_size": "poll_records", "poll_timeout": "seconds", "connect_timeout": "seconds"},
         )
 
-    def topic_warnings(self) -> list[str]:
+
+@dataclass(frozen=True)
+class Subscription:
+    """What a Consumer reads: `topics`, as a member of consumer group `group`; `handled`: the
+    topics of the Handlers registry it feeds (`outbox consumer MODULE:ATTR`), or None. Given,
+    the consumer warns at start about a consumed topic no handler reads and a registered topic
+    it does not consume."""
+
+    group: str
+    topics: Sequence[str]
+    handled: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            raise ConfigurationError("the consumer needs a group (--group)")
+        if not self.topics:
+            raise ConfigurationError("at least one --topic is required")
+        for topic in (*self.topics, *(self.handled or ())):
+            validate_topic(topic)
+
+    def warnings(self) -> list[str]:
         """What is wrong between the consumed topics and the registry's, one line each."""
-        if self.handled_topics is None:
+        if self.handled is None:
             return []
-        handled = set(self.handled_topics)
+        handled = set(self.handled)
         consumed = set(self.topics)
         return [
             f"topic {topic!r} is consumed but no handler of the registry reads it: its "
@@ -109,14 +103,6 @@ class ConsumerConfig:
             "another consumer stores its messages, its handler waits forever"
             for topic in sorted(handled - consumed)
         ]
-
-
-#: The inbox store when the wiring gives none: PostgreSQL's, loaded by name when first needed
-#: (outbox.transports and the CLI pass it; this keeps `Consumer(config, subscribers)` working
-#: without the daemons depending on the adapter).
-def default_inbox() -> InboxWriters:
-    """The inbox writers of the wiring's default (PostgreSQL's, set by outbox/__init__.py)."""
-    return default_inbox_writers()
 
 
 class _Refused(Exception):
@@ -136,10 +122,11 @@ class _Stopped(Exception):
 class Consumer:
     """Stores the records of a transport in `consumer_queue` until asked to stop.
 
-    `subscriber_factory` makes the transport's `Subscriber` (called once per `run`, in the
-    running thread); `transport` says how to check that the transport is reachable, when it
-    can be; `inbox` makes the store of each database (default: PostgreSQL's). The wiring
-    (outbox.transports, the CLI) chooses them.
+    `subscriber_factory` makes the transport's `Subscriber` of `subscription` (called once per
+    `run`, in the running thread); `transport` says how to check that the transport is
+    reachable, when it can be; `inbox` makes the store of a database: of `database`, or with
+    `routing` of each database routed to; `observer` how it is observed. The composition root
+    (`outbox.runtime.App`) chooses them.
     """
 
     def __init__(
@@ -148,13 +135,24 @@ class Consumer:
         subscriber_factory: SubscriberFactory,
         transport: TransportProbe | None = None,
         *,
+        subscription: Subscription | None = None,
         inbox: InboxWriters | None = None,
+        database: Database | None = None,
+        routing: Routing | None = None,
+        observer: Observer | None = None,
     ) -> None:
+        if routing is not None:
+            database = routing.home(routing.databases)
+        refuse_unwired(type(self), subscription=subscription, inbox=inbox, database=database)
+        assert subscription is not None and inbox is not None and database is not None
         self.config = config
-        self.inbox: InboxWriters = inbox if inbox is not None else default_inbox()
-        #: The inbox of `config.database_url` (with routing: the quarantine database's).
+        self.subscription = subscription
+        self.routing = routing
+        self.inbox: InboxWriters = inbox
+        #: The database stored in (with routing: the quarantine database).
+        self.database = database
         self.writer: InboxWriter = self.inbox(
-            config.database_url, config.schema, connect_timeout=config.connect_timeout
+            database.url, database.schema, connect_timeout=config.connect_timeout
         )
         self._subscriber_factory = subscriber_factory
         self._transport = transport
@@ -172,14 +170,14 @@ class Consumer:
         self._reading = Outage("cannot read from the transport", log)
         self.observability = Observability(
             "consumer",
-            config,
+            observer or Observer(),
+            tuning=config,
             heartbeat=self.heartbeat,
             relay_id=new_relay_id(),
+            database=database,
             transport=transport,
             # Routing over several databases: its series labelled by database, all listed.
-            databases=None
-            if config.routing is None
-            else functools.partial(_databases, config.routing),
+            databases=None if routing is None else functools.partial(_databases, routing),
         )
         self.observability.health.watch(self._outage.trouble)
         self.observability.health.watch(self._reading.trouble)
@@ -198,20 +196,23 @@ class Consumer:
 
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or transport or an old
-        schema (waiting for the database first if `--wait-for-database`)."""
-        self.writer.check(
-            wait=self.config.observability.wait_for_database,
-            stopping=lambda: self.stopping,
-            attempt=self.heartbeat.beat,
-        )
+        schema (waiting for the database first if `--wait-for-database`). Routing over several
+        databases, only the transport: a database that fails is that database's problem
+        (outbox/daemons/routing.py)."""
+        if self.routing is None:
+            self.writer.check(
+                wait=self.observability.config.wait_for_database,
+                stopping=lambda: self.stopping,
+                attempt=self.heartbeat.beat,
+            )
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
 
     @observed
     def run(self) -> None:
         """Check, subscribe, and store batches until `stop()`."""
-        if self.config.routing is not None:
-            self._route(self.config.routing)
+        if self.routing is not None:
+            self._route(self.routing)
             return
         self.check()
         self._announce()
@@ -275,18 +276,19 @@ class Consumer:
 
     def _announce(self) -> None:
         """Say at start what is consumed, and what does not match the registry's topics."""
-        config = self.config
-        source = "" if config.handled_topics is None else " (checked against the registry)"
-        if config.handled_topics is not None and set(config.topics) == set(config.handled_topics):
+        subscription = self.subscription
+        handled = subscription.handled
+        source = "" if handled is None else " (checked against the registry)"
+        if handled is not None and set(subscription.topics) == set(handled):
             source = " (the registered topics of the handlers)"
         log.info(
             "consumer group %s consumes %s%s",
-            config.group,
-            ", ".join(config.topics),
+            subscription.group,
+            ", ".join(subscription.topics),
             source,
             extra={"event": "consumer.topics"},
         )
-        for warning in config.topic_warnings():
+        for warning in subscription.warnings():
             log.warning(warning, extra={"event": "consumer.topic_mismatch"})
 
     def _store(
@@ -328,7 +330,7 @@ class Consumer:
         self.stored += stored.total()
         self.quarantined += dead.total()
         self.observability.consumer_batch(
-            batch.topical(), stored, dead, database=self.config.database
+            batch.topical(), stored, dead, database=self.database.name
         )
         return session, following[0] if following else InboxBatch()
 

@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Self
 
 from outbox import tracing
 from outbox.core.batches import OutgoingRecord, stored_message
-from outbox.core.databases import validate_schema
+from outbox.core.databases import Database
 from outbox.core.envelope import StoredMessage
-from outbox.core.errors import ConfigurationError, InvalidHeaders, InvalidTopic
+from outbox.core.errors import InvalidHeaders, InvalidTopic
 from outbox.core.lanes import LANES
 from outbox.core.numbers import check_fields
 from outbox.core.retriable import retriable
 from outbox.core.retry import Backoff
 from outbox.core.text import storable
 from outbox.core.topics import validate_topic
+from outbox.daemons.compat import refuse_moved, refuse_unwired
 from outbox.daemons.failpoints import failpoint
-from outbox.daemons.relay import LaneRelay, new_relay_id
+from outbox.daemons.relay import LaneRelay, new_relay_id, relay_target
 from outbox.daemons.turns import Turns
-from outbox.observability.runtime import Observability, ObservabilityConfig, observed
+from outbox.observability.runtime import Observability, Observer, observed
 from outbox.ports import (
     DeliveryFailure,
     FetchedRows,
@@ -34,9 +36,7 @@ from outbox.ports import (
     Publisher,
     PublisherFactory,
     RelayStores,
-    RelayTarget,
     TransportProbe,
-    default_relay_stores,
 )
 
 log = logging.getLogger("outbox.producer")
@@ -49,24 +49,21 @@ BUSY_BATCH_FACTOR = 8
 
 @dataclass(frozen=True)
 class ProducerConfig:
-    """Settings of one Producer relay process; validated at construction."""
+    """The tuning of one Producer relay; validated at construction. Where it relays from and
+    to is the composition root's (`outbox.runtime.Settings`)."""
 
-    database_url: str
-    kafka_bootstrap: str = ""
-    schema: str = "outbox"
-    kafka_config: Mapping[str, str] = field(default_factory=dict)
     batch_size: int = 1000
     poll_interval: float = 1.0
     rebalance_interval: float = 2.0
     backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, maximum=30.0))
     connect_timeout: float = 10.0
     relay_id: str = field(default_factory=new_relay_id)
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        refuse_moved(cls, args, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        if not self.database_url:
-            raise ConfigurationError("database URL is not set (--database-url)")
-        validate_schema(self.schema)
         check_fields(
             self,
             {
@@ -169,9 +166,8 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
 
     `publisher_factory` makes the transport's `Publisher` (called once per `run`, in the running
     thread); `transport` says how to check that the transport is reachable (at start and in
-    the health checks), when it can be; `stores` how to reach the queue (PostgreSQL's unless
-    given: `outbox.ports.default_relay_stores`). The wiring (outbox.transports, the CLI)
-    chooses them.
+    the health checks), when it can be; `stores` how to reach the queue of `database`;
+    `observer` how it is observed. The composition root (`outbox.runtime.App`) chooses them.
     """
 
     kind = "producer"
@@ -181,18 +177,16 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
         config: ProducerConfig,
         publisher_factory: PublisherFactory,
         transport: TransportProbe | None = None,
+        *,
         stores: RelayStores | None = None,
+        database: Database | None = None,
+        observer: Observer | None = None,
     ) -> None:
-        target = RelayTarget(
-            database_url=config.database_url,
-            schema=config.schema,
-            kind=self.kind,
-            relay_id=config.relay_id,
-            connect_timeout=config.connect_timeout,
-            application_name=f"outbox-{self.kind}",
-        )
+        refuse_unwired(type(self), stores=stores, database=database)
+        assert stores is not None and database is not None
+        target = relay_target(database, self.kind, config.relay_id, config.connect_timeout)
         super().__init__(
-            database=(stores or default_relay_stores()).outbox(target),
+            database=stores.outbox(target),
             poll_interval=config.poll_interval,
             rebalance_interval=config.rebalance_interval,
             relay_id=config.relay_id,
@@ -214,9 +208,11 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
         self.dead = 0
         self.observability = Observability(
             "producer",
-            config,
+            observer or Observer(),
+            tuning=config,
             heartbeat=self.heartbeat,
             relay_id=config.relay_id,
+            database=database,
             transport=transport,
             lanes=lambda: len(self.lanes),
         )
@@ -225,7 +221,7 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
     def check(self) -> None:
         """Fail fast, with one clear error, on an unreachable database or transport or an old
         schema (waiting for the database first if `--wait-for-database`)."""
-        self.check_database(self.config.observability.wait_for_database)
+        self.check_database(self.observability.config.wait_for_database)
         if self._transport is not None:
             self._transport.check(self.config.connect_timeout)
 

@@ -28,15 +28,16 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Generic, TypeVar
 
+from outbox.core.databases import Database
 from outbox.core.ids import process_id
 from outbox.core.lanes import LANES
 from outbox.core.naps import AWAKE_AFTER
 from outbox.daemons.outages import Outage
 from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
-from outbox.ports import QueueDatabase, RelaySession
+from outbox.ports import QueueDatabase, RelaySession, RelayTarget
 
-__all__ = ["LaneRelay", "new_relay_id"]
+__all__ = ["LaneRelay", "new_relay_id", "relay_target"]
 
 log = logging.getLogger("outbox.relay")
 
@@ -54,6 +55,21 @@ S = TypeVar("S", bound=RelaySession)
 def new_relay_id() -> str:
     """host:pid:random, unique per relay process and start."""
     return process_id()
+
+
+def relay_target(
+    database: Database, kind: str, relay_id: str, connect_timeout: float
+) -> RelayTarget:
+    """What a relay of `kind` ("producer", "handler") asks its store for: its queue in
+    `database`, its connections named `outbox-KIND`."""
+    return RelayTarget(
+        database_url=database.url,
+        schema=database.schema,
+        kind=kind,
+        relay_id=relay_id,
+        connect_timeout=connect_timeout,
+        application_name=f"outbox-{kind}",
+    )
 
 
 class LaneRelay(Generic[Row, S]):

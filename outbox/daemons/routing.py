@@ -77,6 +77,8 @@ class Routing:
     fixed: tuple[Database, ...] = ()
     #: The databases file re-read while running, or None.
     databases_file: str | None = None
+    #: The schema of the file's entries that name none (`--schema`).
+    schema: str = "outbox"
     #: Seconds between two reads of the databases file.
     reread_interval: float = 5.0
     #: Bytes of records held for failing databases before their new ones are read again later.
@@ -115,8 +117,6 @@ class Routing:
 class Settings(Protocol):
     """The Consumer settings the router reads (`ConsumerConfig`)."""
 
-    @property
-    def schema(self) -> str: ...
     @property
     def batch_size(self) -> int: ...
     @property
@@ -329,7 +329,7 @@ class Router:
         self._next_read = time.monotonic() + routing.reread_interval
         try:
             listed = check_distinct(
-                [*routing.fixed, *read_file(routing.databases_file, self.config.schema)]
+                [*routing.fixed, *read_file(routing.databases_file, routing.schema)]
             )
             if not listed:
                 raise ConfigurationError("it lists no database")

@@ -1,11 +1,13 @@
 """What a daemon does besides its work: startup line, per-batch log lines, metrics, health.
 
-Each daemon owns one `Observability`, built from its config. `@observed` on the daemon's `run()`
-serves metrics and health while it runs and logs the effective configuration (secrets masked)
-at start. The daemon calls one `*_batch` method per batch; that updates the metrics and writes
-the batch's INFO line with per-topic counts. A probe thread, started only when metrics or
-health are on, checks PostgreSQL (and Kafka for the producer and consumer) for `/readyz` and
-refreshes the queue gauges with one cheap query, never per message.
+Each daemon owns one `Observability`, built from the `Observer` its wiring (the composition root,
+outbox/runtime/) gives it. `@observed` on the daemon's `run()` serves metrics and health while
+it runs and logs the effective configuration (secrets masked) at start. The daemon calls one
+`*_batch` method per batch; that updates the metrics and writes the batch's INFO line with
+per-topic counts. A probe thread, started only when metrics or health are on, checks the
+daemon's database (and its transport, for the producer and consumer) for `/readyz` and refreshes
+the queue gauges with one cheap query, never per message. The database and the transport are
+reached only through the probes of outbox.ports (`DatabaseProbe`, `TransportProbe`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-import psycopg
-
 from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.numbers import check_fields
@@ -33,7 +33,6 @@ from outbox.core.redact import (
     redact_text,
     redact_url,
     remember_secrets,
-    secrets_of_settings,
     secrets_of_url,
 )
 from outbox.core.text import first_line
@@ -45,9 +44,7 @@ from outbox.observability.metrics import (
     Metrics,
     PrometheusMetrics,
 )
-from outbox.ports import DeliveryFailure, TransportProbe
-from outbox.postgres.connection import Connection, connect
-from outbox.postgres.probes import ProbeStatements
+from outbox.ports import DatabaseProbe, DatabaseProbes, DeliveryFailure, TransportProbe
 
 #: Default bind address of the metrics and health servers: every interface, so that a
 #: Prometheus server or a kubelet on another host reaches them. Use 127.0.0.1 on shared hosts.
@@ -84,9 +81,6 @@ class ObservabilityConfig:
     #: Start-up of the daemon process (kept here, beside its other process settings): how
     #: long to wait for PostgreSQL to accept connections before exiting; 0: fail at once.
     wait_for_database: float = 0.0
-    #: The transport settings in force that the daemon's config does not hold (`transport`,
-    #: and for the PostgreSQL log `log_url`, `log_schema`, ...), for the start-up line only.
-    transport: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         check_fields(
@@ -113,15 +107,16 @@ class ObservabilityConfig:
         return self.metrics_port is not None or self.health_port is not None
 
 
-class DaemonConfig(Protocol):
-    """What `Observability` reads from a daemon's config dataclass."""
+@dataclass(frozen=True)
+class Observer:
+    """How a daemon is observed, as its wiring gives it: the metrics and health settings, how
+    to probe a database (None: its readiness and queue gauges are not checked), and the
+    settings in force outside the daemon's own config (its transport, group and topics), which
+    its start-up line shows first (secrets masked there)."""
 
-    @property
-    def database_url(self) -> str: ...
-    @property
-    def schema(self) -> str: ...
-    @property
-    def observability(self) -> ObservabilityConfig: ...
+    config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
+    probes: DatabaseProbes | None = None
+    shown: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 class Topical(Protocol):
@@ -131,66 +126,43 @@ class Topical(Protocol):
     def topic(self) -> str: ...
 
 
+@functools.cache
 def _version() -> str:
-    from outbox import __version__
+    from outbox._version import version
 
-    return __version__
+    return version()
+
+
+def _loggable(name: str, value: Any) -> Any:
+    """One setting as a plain, loggable value, secrets masked: a URL's password, a mapping's
+    secret settings, any remembered secret in a text."""
+    if isinstance(value, str):
+        return redact_url(value) if name.endswith("url") else redact_text(value)
+    if isinstance(value, Mapping):
+        return redact_settings(value)
+    if value is None or isinstance(value, int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    return redact_text(repr(value))
 
 
 def describe(config: Any) -> dict[str, Any]:
-    """A daemon config dataclass as plain, loggable values, secrets masked."""
+    """A daemon config dataclass as plain, loggable values, secrets masked (its
+    `observability`, when it has one, flattened in)."""
     described: dict[str, Any] = {}
     for item in dataclasses.fields(config):
         value = getattr(config, item.name)
-        if item.name in ("database_url", "log_url") and isinstance(value, str):
-            described[item.name] = redact_url(value)
-        elif item.name == "transport" and isinstance(value, Mapping):
-            described.update(describe_transport(value))
-        elif isinstance(value, Mapping):
-            described[item.name] = redact_settings(value)
-        elif dataclasses.is_dataclass(value) and item.name == "observability":
+        if dataclasses.is_dataclass(value) and item.name == "observability":
             described.update(describe(value))
-        elif value is None or isinstance(value, str | int | float | bool):
-            described[item.name] = redact_text(value) if isinstance(value, str) else value
-        elif isinstance(value, list | tuple):
-            described[item.name] = [str(v) for v in value]
         else:
-            described[item.name] = redact_text(repr(value))
+            described[item.name] = _loggable(item.name, value)
     return described
 
 
-def describe_transport(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`ObservabilityConfig.transport` as loggable values: the log database's URL redacted."""
-    return {
-        key: redact_url(value)
-        if key == "log_url" and isinstance(value, str)
-        else (redact_text(value) if isinstance(value, str) else value)
-        for key, value in settings.items()
-    }
-
-
-def kafka_in_force(kind: str, config: Any) -> dict[str, Any] | None:
-    """The librdkafka settings the Kafka client of a producer or consumer daemon is made with:
-    outbox's defaults, the user's, and the ones outbox forces; None for a daemon without one.
-    Not masked (see `redact_settings`)."""
-    bootstrap = getattr(config, "kafka_bootstrap", "")
-    if kind not in ("producer", "consumer") or not bootstrap:
-        return None
-    from outbox.kafka.publisher import producer_config
-    from outbox.kafka.start import split_start
-    from outbox.kafka.subscriber import consumer_config
-
-    user, _ = split_start(config.kafka_config)
-    try:
-        settings = (
-            producer_config(bootstrap, user)
-            if kind == "producer"
-            else consumer_config(bootstrap, config.group, user)
-        )
-    except ConfigurationError:
-        return None  # the client refuses them with this error when it is made
-    settings.pop("logger", None)
-    return settings
+def describe_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings in force (`Observer.shown`) as loggable values, secrets masked."""
+    return {key: _loggable(key, value) for key, value in settings.items()}
 
 
 def _as_text(described: Mapping[str, Any]) -> str:
@@ -209,36 +181,44 @@ class Observability:
     def __init__(
         self,
         kind: Kind,
-        config: DaemonConfig,
+        observer: Observer,
         *,
+        tuning: Any = None,
         heartbeat: Heartbeat,
         relay_id: str,
+        database: Database | None = None,
         transport: TransportProbe | None = None,
         lanes: Callable[[], int] | None = None,
         databases: Callable[[], Sequence[Database]] | None = None,
     ) -> None:
         self.kind = kind
+        #: The database the daemon serves (its probe's), or None.
+        self.served = database
         #: A daemon serving several databases: the databases it serves now. Its metrics label
         #: each database's series (`for_database`), its start-up line lists them, and its
         #: probes check the transport only (each database's state is watched, see `health`).
         self.databases = databases
         #: The NAME of the database of one relay among several: its batch lines say it.
         self.database: str | None = None
-        self.daemon_config = config
-        self.config = config.observability
+        #: The daemon's own config (a dataclass of its tuning), for the start-up line.
+        self.tuning = tuning
+        self.observer = observer
+        self.config = observer.config
         self.heartbeat = heartbeat
         self.relay_id = relay_id
         self.metrics_lanes = lanes
         self._transport = transport
         self._log = logging.getLogger(f"outbox.{kind}")
-        remember_secrets(secrets_of_url(config.database_url))
-        remember_secrets(secrets_of_settings(getattr(config, "kafka_config", {}) or {}))
+        if database is not None:
+            remember_secrets(secrets_of_url(database.url))
         self.metrics: Metrics = Metrics()
         if self.config.metrics_port is not None:
+            listed = databases() if databases is not None else []
+            schema = database.schema if database is not None else ""
             info = {
                 "daemon": kind,
                 "relay_id": relay_id,
-                "schema": config.schema,
+                "schema": schema or (listed[0].schema if listed else ""),
                 "version": _version(),
             }
             if databases is not None and lanes is None and kind != "consumer":
@@ -305,29 +285,18 @@ class Observability:
             self.metrics.close()
 
     def _log_startup(self) -> None:
-        """The effective configuration: every setting in force, secrets masked; for Kafka every
-        librdkafka setting of the client (`kafka_config`), outbox's forced ones included."""
-        described = {
-            "relay_id": self.relay_id,
-            **describe_transport(self.config.transport),  # first in the line
-            **describe(self.daemon_config),
-        }
+        """The effective configuration: every setting in force, secrets masked: the wiring's
+        (the transport, for Kafka every librdkafka setting of the client, outbox's forced ones
+        included), the database's, then the daemon's own."""
+        described = {"relay_id": self.relay_id, **describe_settings(self.observer.shown)}
         if self.databases is not None:
-            described.pop("database_url", None)
-            described.pop("schema", None)
             described["databases"] = [database.describe() for database in self.databases()]
-        kafka = kafka_in_force(self.kind, self.daemon_config)
-        if kafka is not None:
-            from outbox.kafka.start import START_KEY
-
-            start = self.daemon_config.kafka_config.get(START_KEY)  # type: ignore[attr-defined]
-            described["kafka_config"] = redact_settings(kafka)
-            if start is not None:
-                described["start"] = start
-        elif not described.get("kafka_bootstrap"):
-            # Not on Kafka (the log transport leaves the daemon's Kafka fields empty).
-            described.pop("kafka_bootstrap", None)
-            described.pop("kafka_config", None)
+        elif self.served is not None:
+            described["database_url"] = redact_url(self.served.url)
+            described["schema"] = self.served.schema
+        if self.tuning is not None:
+            described.update(describe(self.tuning))
+        described.update(describe(self.config))
         if self.metrics_port is not None:
             described["metrics"] = f"http://{self.config.metrics_host}:{self.metrics_port}/metrics"
         if self.health_port is not None:
@@ -467,11 +436,15 @@ class _Probes:
         self.owner = owner
         self.config = owner.config
         self._stop = threading.Event()
-        self._conn: Connection | None = None
         self._thread = threading.Thread(
             target=self._main, name=f"outbox-{owner.kind}-probes", daemon=True
         )
-        self._statements = ProbeStatements(owner.daemon_config.schema)
+        make = owner.observer.probes
+        served = owner.served
+        #: The probe of the daemon's database (kept: one connection), when it has one.
+        self._database: DatabaseProbe | None = (
+            make(served) if make is not None and served is not None else None
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -497,37 +470,24 @@ class _Probes:
                 wake = min(next_check if health else math.inf, next_stats if metrics else math.inf)
                 self._stop.wait(max(0.05, wake - time.monotonic()))
         finally:
-            if self._conn is not None:
-                self._conn.close()
+            if self._database is not None:
+                self._database.close()
 
     def check(self) -> dict[str, str | None]:
         """One round of dependency checks: name -> None, or why it failed."""
         failures: dict[str, str | None] = {}
-        if self.owner.databases is None:  # else each database's relay reports (supervisor)
-            failures["postgres"] = self._check_postgres()
+        probe = self._database  # with several databases, each database's relay reports
+        if probe is not None and self.owner.databases is None:
+            try:
+                probe.check(self.config.probe_timeout)
+            except OutboxError as exc:
+                failures[probe.name] = f"{probe.label} unreachable: {redact_text(str(exc))}"
+            else:
+                failures[probe.name] = None
         transport = self.owner._transport
         if transport is not None:
             failures[transport.name] = self._check_transport(transport)
         return failures
-
-    def _connection(self) -> Connection:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = connect(
-                self.owner.daemon_config.database_url,
-                timeout=self.config.probe_timeout,
-                application_name=f"outbox-{self.owner.kind}-probe",
-            )
-        return self._conn
-
-    def _check_postgres(self) -> str | None:
-        try:
-            self._statements.ping(self._connection())
-        except psycopg.Error as exc:
-            self._drop_connection()
-            return f"PostgreSQL unreachable: {redact_text(first_line(exc))}"
-        return None
 
     def _check_transport(self, transport: TransportProbe) -> str | None:
         try:
@@ -539,46 +499,41 @@ class _Probes:
     def refresh_stats(self) -> None:
         """Set the queue depth, oldest-age (and the producer's dead-rows) gauges from one
         query (per database, each on a short-lived connection, for several)."""
+        queue = QUEUE_OF[self.owner.kind]
         if self.owner.databases is not None:
             for database in self.owner.databases():
-                self._refresh_database(database)
+                self._refresh_database(database, queue)
+            return
+        probe = self._database
+        if probe is None:
             return
         try:
-            queue = QUEUE_OF[self.owner.kind]
-            stats = self._statements.queue_stats(self._connection(), queue)
-        except psycopg.Error as exc:
-            self._drop_connection()
+            stats = probe.queue_stats(queue, self.config.probe_timeout)
+        except OutboxError as exc:
             log.debug("queue statistics not refreshed: %s", redact_text(first_line(exc)))
             return
         if stats is not None:
             self.owner.metrics.queue_stats(queue, *stats)
 
-    def _refresh_database(self, database: Database) -> None:
-        queue = QUEUE_OF[self.owner.kind]
+    def _refresh_database(self, database: Database, queue: str) -> None:
         metrics = self.owner.metrics
-        if not isinstance(metrics, PrometheusMetrics):
+        make = self.owner.observer.probes
+        if not isinstance(metrics, PrometheusMetrics) or make is None:
             return
+        probe = make(database)
         try:
-            with connect(
-                database.url,
-                timeout=self.config.probe_timeout,
-                application_name=f"outbox-{self.owner.kind}-probe",
-            ) as conn:
-                stats = ProbeStatements(database.schema).queue_stats(conn, queue)
-        except psycopg.Error as exc:
+            stats = probe.queue_stats(queue, self.config.probe_timeout)
+        except OutboxError as exc:
             log.debug(
                 "queue statistics of database %s not refreshed: %s",
                 database.name,
                 redact_text(first_line(exc)),
             )
             return
+        finally:
+            probe.close()
         if stats is not None:
             metrics.for_database(database.name).queue_stats(queue, *stats)
-
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 class Observed(Protocol):

@@ -30,11 +30,9 @@ from uuid import UUID
 import psycopg
 
 from outbox.core.batches import InboxBatch, OutgoingRecord
+from outbox.core.databases import parse_entry
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
-from outbox.daemons.consumer import Consumer, ConsumerConfig
-from outbox.daemons.handler import HandlerConfig, HandlerRunner
-from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.pglog import DEFAULT_PARTITIONS
 from outbox.pglog.log import DEFAULT_SCHEMA as DEFAULT_LOG_SCHEMA
 from outbox.pglog.log import queries as log_queries
@@ -47,8 +45,16 @@ from outbox.ports import (
 )
 from outbox.postgres.operations import error_summary
 from outbox.postgres.queries import queries, validate_schema
+from outbox.runtime import (
+    App,
+    ConsumerConfig,
+    Databases,
+    HandlerConfig,
+    ProducerConfig,
+    Settings,
+)
 from outbox.testing.memory import InMemoryTransport
-from outbox.transports import KAFKA, LOG, TransportSettings, postgres_inbox
+from outbox.transports import KAFKA, LOG, TransportSettings
 
 __all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain"]
 
@@ -464,32 +470,27 @@ def drain(
         transport, ledger, group, producer_kafka_config, consumer_kafka_config
     )
     producer_urls = _as_list(producer_database_urls, database_url)
+    # The real daemons, as the composition root builds them, over the ledger's factories.
+    app = App(
+        Settings(
+            databases=Databases(fixed=(parse_entry(database_url, schema),), schema=schema),
+            group=group,
+            topics=tuple(handlers.topics),
+            producer=ProducerConfig(poll_interval=0.1),
+            consumer=ConsumerConfig(poll_timeout=0.05),
+            handler=HandlerConfig(concurrency=1, poll_interval=0.1),
+        ),
+        handlers,
+        publishers=publisher_factory,
+        subscribers=subscriber_factory,
+    )
     daemons = _Daemons(
         producers=[
-            Producer(
-                ProducerConfig(database_url=url, schema=schema, poll_interval=0.1),
-                publisher_factory=publisher_factory,
-            )
-            for url in producer_urls
+            app.producer(parse_entry(url, schema, index=index))
+            for index, url in enumerate(producer_urls)
         ],
-        consumer=Consumer(
-            ConsumerConfig(
-                database_url=database_url,
-                kafka_bootstrap="",
-                topics=handlers.topics,
-                group=group,
-                schema=schema,
-                poll_timeout=0.05,
-            ),
-            subscriber_factory=subscriber_factory,
-            inbox=postgres_inbox(),
-        ),
-        runner=HandlerRunner(
-            HandlerConfig(
-                database_url=database_url, schema=schema, concurrency=1, poll_interval=0.1
-            ),
-            handlers,
-        ),
+        consumer=app.consumer(),
+        runner=app.handler(),
     )
     log = transport if isinstance(transport, PostgresLog) else None
     queues = _Queues(schema, producer_urls, database_url, handlers.unordered_topics, log)
@@ -511,13 +512,30 @@ def drain(
     return result
 
 
+class _Relaying(_Daemon, Protocol):
+    @property
+    def relayed(self) -> int: ...
+
+
+class _Storing(_Daemon, Protocol):
+    @property
+    def stored(self) -> int: ...
+
+
+class _Handling(_Daemon, Protocol):
+    @property
+    def handled(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+
+
 @dataclass
 class _Daemons:
-    """The real daemons a drain runs, and their counters."""
+    """The real daemons a drain runs (built by `outbox.runtime.App`), and their counters."""
 
-    producers: list[Producer]
-    consumer: Consumer
-    runner: HandlerRunner
+    producers: list[_Relaying]
+    consumer: _Storing
+    runner: _Handling
 
     def result(self, look: _Look) -> DrainResult:
         """The summary, from the daemons' counters and the last look at the queues."""

@@ -11,11 +11,10 @@ import pytest
 
 from outbox import Broker
 from outbox.core.errors import DatabaseUnavailable
-from outbox.daemons.producer import ProducerConfig
 from outbox.observability.runtime import ObservabilityConfig
 from outbox.testing.servers import Servers
-from outbox.transports import kafka_producer
-from tests.integration.relay_helpers import count, producer_thread, wait_for
+from outbox.transports import TransportSettings
+from tests.integration.relay_helpers import app_of, count, producer_thread, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -58,9 +57,7 @@ def test_a_daemon_started_while_postgres_is_down_waits_for_it_when_asked(
     # By default: one clear error at once, for a supervisor to restart the daemon.
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
-        kafka_producer(
-            ProducerConfig(database_url=url, kafka_bootstrap=outbox_kafka_bootstrap)
-        ).run()
+        app_of(url, TransportSettings(kafka_bootstrap=outbox_kafka_bootstrap)).producer().run()
     assert time.monotonic() - started < 3
     # --wait-for-database: waits, with a WARNING per attempt, then relays.
     caplog.set_level(logging.WARNING, "outbox.relay")

@@ -9,6 +9,7 @@ subscribers for either.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -28,10 +29,15 @@ from confluent_kafka.admin import AdminClient
 
 from outbox import transports
 from outbox.core.handlers import Handlers
-from outbox.daemons.consumer import Consumer, ConsumerConfig
-from outbox.daemons.handler import HandlerConfig, HandlerRunner
-from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.transports import kafka_consumer, kafka_producer
+from outbox.runtime import (
+    App,
+    ConsumerConfig,
+    Databases,
+    HandlerConfig,
+    ObservabilityConfig,
+    ProducerConfig,
+    Settings,
+)
 
 R = TypeVar("R", bound="Runnable")
 
@@ -80,31 +86,99 @@ def running(daemon: R) -> Iterator[R]:
         raise errors[0]
 
 
-def producer_thread(url: str, bootstrap: str, **options: Any) -> Any:
-    """Run a Producer relay in a background thread of this process."""
-    config = ProducerConfig(database_url=url, kafka_bootstrap=bootstrap, **options)
-    return running(kafka_producer(config))
+def app_of(
+    url: str,
+    transport: transports.TransportSettings | None = None,
+    handlers: Handlers | None = None,
+    *,
+    schema: str = "outbox",
+    group: str = "",
+    topics: list[str] | None = None,
+    observability: ObservabilityConfig | None = None,
+    producer: dict[str, Any] | None = None,
+    consumer: dict[str, Any] | None = None,
+    handler: dict[str, Any] | None = None,
+    publishers: Callable[[], Any] | None = None,
+    subscribers: Callable[[], Any] | None = None,
+) -> App:
+    """The composition root over database `url` (its `schema`), as the commands build it;
+    `publishers` and `subscribers` instead of the transport's (a test's own)."""
+    return App(
+        Settings(
+            databases=Databases.of(url, schema=schema),
+            transport=transport or transports.TransportSettings(),
+            group=group,
+            topics=tuple(topics or ()),
+            producer=ProducerConfig(**(producer or {})),
+            consumer=ConsumerConfig(**(consumer or {})),
+            handler=HandlerConfig(**(handler or {})),
+            observability=observability or ObservabilityConfig(),
+        ),
+        handlers,
+        publishers=publishers,
+        subscribers=subscribers,
+    )
+
+
+def producer_thread(
+    url: str,
+    bootstrap: str,
+    *,
+    schema: str = "outbox",
+    kafka_config: dict[str, str] | None = None,
+    observability: ObservabilityConfig | None = None,
+    **tuning: Any,
+) -> Any:
+    """Run a Producer relay over Kafka in a background thread of this process."""
+    where = transports.TransportSettings(kafka_bootstrap=bootstrap, kafka_config=kafka_config or {})
+    app = app_of(url, where, schema=schema, observability=observability, producer=tuning)
+    return running(app.producer())
 
 
 #: Consumer settings for the tests: Tansu joins a group in half of session.timeout.ms.
 TEST_CONSUMER_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"}
 
 
-def consumer_thread(url: str, bootstrap: str, topics: list[str], **options: Any) -> Any:
-    """Run a Consumer relay in a background thread of this process."""
-    options.setdefault("kafka_config", TEST_CONSUMER_KAFKA)
-    options.setdefault("group", f"g-{topics[0]}")
-    return running(
-        kafka_consumer(
-            ConsumerConfig(database_url=url, kafka_bootstrap=bootstrap, topics=topics, **options)
-        )
+def consumer_thread(
+    url: str,
+    bootstrap: str,
+    topics: list[str],
+    *,
+    group: str | None = None,
+    schema: str = "outbox",
+    kafka_config: dict[str, str] | None = None,
+    observability: ObservabilityConfig | None = None,
+    **tuning: Any,
+) -> Any:
+    """Run a Consumer relay over Kafka in a background thread of this process."""
+    where = transports.TransportSettings(
+        kafka_bootstrap=bootstrap,
+        kafka_config=TEST_CONSUMER_KAFKA if kafka_config is None else kafka_config,
     )
+    app = app_of(
+        url,
+        where,
+        schema=schema,
+        group=group or f"g-{topics[0]}",
+        topics=topics,
+        observability=observability,
+        consumer=tuning,
+    )
+    return running(app.consumer())
 
 
-def handler_thread(url: str, handlers: Handlers, **options: Any) -> Any:
+def handler_thread(
+    url: str,
+    handlers: Handlers,
+    *,
+    schema: str = "outbox",
+    observability: ObservabilityConfig | None = None,
+    **tuning: Any,
+) -> Any:
     """Run a HandlerRunner in a background thread of this process."""
-    options.setdefault("poll_interval", 0.2)
-    return running(HandlerRunner(HandlerConfig(database_url=url, **options), handlers))
+    tuning.setdefault("poll_interval", 0.2)
+    app = app_of(url, None, handlers, schema=schema, observability=observability, handler=tuning)
+    return running(app.handler())
 
 
 def relay_until_empty(url: str, bootstrap: str, timeout: float = 60, **options: Any) -> None:
@@ -381,27 +455,16 @@ class RelayTransport:
         )
         return subscribers
 
-    def consumer(self, url: str, topics: list[str], group: str, **options: Any) -> Consumer:
+    def consumer(self, url: str, topics: list[str], group: str, **tuning: Any) -> Any:
         """A Consumer daemon (not started) storing `topics` into `url`'s inbox."""
-        config = ConsumerConfig(
-            database_url=url,
-            kafka_bootstrap="" if self.is_log else self.endpoint,
-            topics=topics,
-            group=group,
-            **options,
-        )
-        return Consumer(
-            config,
-            subscriber_factory=self.subscriber_factory(topics, group),
-            inbox=transports.postgres_inbox(),
-        )
+        where = dataclasses.replace(self.settings(self.consumer_settings), name=self.name)
+        app = app_of(url, where, group=group, topics=topics, consumer=tuning)
+        return app.consumer()
 
-    def producer(self, url: str, **options: Any) -> Producer:
+    def producer(self, url: str, **tuning: Any) -> Any:
         """A Producer daemon (not started) relaying `url`'s outbox."""
-        config = ProducerConfig(
-            database_url=url, kafka_bootstrap="" if self.is_log else self.endpoint, **options
-        )
-        return Producer(config, publisher_factory=self.publisher)
+        where = dataclasses.replace(self.settings(), name=self.name)
+        return app_of(url, where, producer=tuning).producer()
 
     def records(self, topic: str, expected: int, timeout: float = 30) -> list[Record]:
         """Every record of `topic`, in offset order within each partition."""

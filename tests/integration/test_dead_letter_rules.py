@@ -10,10 +10,9 @@ from typing import Any
 import psycopg
 
 from outbox import Backoff, Handlers, InboxMessage
-from outbox.daemons.consumer import Consumer, ConsumerConfig
 from outbox.kafka.subscriber import decode_record
 
-from .relay_helpers import count, handler_thread, running, wait_for
+from .relay_helpers import app_of, count, handler_thread, running, wait_for
 from .test_handler_errors import _put
 from .test_quarantine import _Once
 
@@ -42,9 +41,9 @@ def test_a_quarantined_row_is_listed_shown_and_requeued_as_raw_bytes(
         timestamp_ms=1_700_000_000_000,
     )
     assert record.quarantine is not None
-    config = ConsumerConfig(database_url=url, kafka_bootstrap="unused:1", topics=["t"], group="g")
     subscriber = _Once([record])
-    with running(Consumer(config, subscriber_factory=lambda: subscriber)):
+    consumer = app_of(url, group="g", topics=["t"], subscribers=lambda: subscriber).consumer()
+    with running(consumer):
         wait_for(lambda: bool(subscriber.committed), 30, "the commit")
 
     listing = _ok("dead-letters", "list", "--database-url", url)

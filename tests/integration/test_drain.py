@@ -10,10 +10,10 @@ import pytest
 
 from outbox import Backoff, Broker, Handlers, InboxMessage
 from outbox.core.errors import ConfigurationError, SchemaNotMigrated
-from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.memory import InMemoryTransport
 from outbox.pglog import PgLog, PgLogPublisher
 from outbox.pglog.log import upgrade as upgrade_log
+from outbox.runtime import App, Databases, Settings
 from outbox.testing import DeadLetter, DrainTimeout, PostgresLog, drain
 from outbox.testing.plugin import DatabaseFactory, Drain, TopicFactory
 
@@ -246,10 +246,10 @@ def test_drain_waits_for_log_records_it_did_not_relay(
     prepare(receiver)
     send(other, "orders.created", *({"n": n} for n in range(50)))
     # Relay the other service's outbox into the log by hand, with no drain running.
-    producer = Producer(
-        ProducerConfig(database_url=other),
-        publisher_factory=lambda: PgLogPublisher(outbox_log_url),
-    )
+    producer = App(
+        Settings(databases=Databases.of(other)),
+        publishers=lambda: PgLogPublisher(outbox_log_url),
+    ).producer()
     with running(producer):
         wait_for(lambda: count(other) == 0, 30, "the other service's relay")
     result = drain(recording_handlers("orders.created"), receiver, outbox_log_url)
@@ -274,10 +274,10 @@ def test_drain_is_not_fooled_by_a_record_written_past_a_partitions_end(
     other, receiver = outbox_database_factory(), outbox_database_factory()
     prepare(receiver)
     send(other, "orders.created", *({"n": n} for n in range(50)))
-    producer = Producer(
-        ProducerConfig(database_url=other),
-        publisher_factory=lambda: PgLogPublisher(outbox_log_url),
-    )
+    producer = App(
+        Settings(databases=Databases.of(other)),
+        publishers=lambda: PgLogPublisher(outbox_log_url),
+    ).producer()
     with running(producer):
         wait_for(lambda: count(other) == 0, 30, "the other service's relay")
     # A partition with no record yet (added by an operator), and junk written far past its end.

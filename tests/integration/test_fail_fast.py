@@ -38,7 +38,7 @@ from outbox.core.batches import InboxBatch, outgoing_batch
 from outbox.core.envelope import InboxRow, StoredMessage
 from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
-from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.consumer import Consumer
 from outbox.memory import InMemoryTransport
 from outbox.postgres.inbox_store import insert_params
 from outbox.postgres.queries import channel, queries
@@ -47,6 +47,7 @@ from outbox.testing.servers import Servers
 from .relay_helpers import (
     Daemon,
     RelayTransport,
+    app_of,
     count,
     running,
     spawn_consumer,
@@ -475,10 +476,14 @@ def _memory_consumer(url: str, error: BaseException, failures: int) -> tuple[Con
     transport.create_topic("fail.fast", 1)
     transport.append("fail.fast", b"k", b"{}")
     flaky = _Flaky(transport.subscriber(["fail.fast"], "g"), error, failures)
-    config = ConsumerConfig(
-        database_url=url, kafka_bootstrap="", topics=["fail.fast"], group="g", poll_timeout=0.05
+    app = app_of(
+        url,
+        group="g",
+        topics=["fail.fast"],
+        consumer={"poll_timeout": 0.05},
+        subscribers=lambda: flaky,
     )
-    return Consumer(config, subscriber_factory=lambda: flaky), flaky
+    return app.consumer(), flaky
 
 
 def test_the_consumer_retries_a_transports_retriable_error_quietly(

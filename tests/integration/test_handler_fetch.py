@@ -7,8 +7,9 @@ import pytest
 
 from outbox import Handlers, InboxMessage
 from outbox.core.lanes import LANES
-from outbox.daemons.handler.config import HandlerConfig
-from outbox.daemons.handler.runner import BUSY_BATCH_FACTOR, HandlerRunner
+from outbox.daemons.handler.runner import BUSY_BATCH_FACTOR
+
+from .relay_helpers import app_of
 
 
 def _pending(url: str, count: int) -> None:
@@ -37,8 +38,8 @@ def test_rounds_double_while_full_up_to_the_factor_and_return_to_batch_size(
     def on_row(message: InboxMessage, conn: psycopg.Connection) -> None:
         handled.append(1)
 
-    config = HandlerConfig(outbox_database_url, batch_size=batch, concurrency=concurrency)
-    runner = HandlerRunner(config, handlers)
+    tuning = {"batch_size": batch, "concurrency": concurrency}
+    runner = app_of(outbox_database_url, None, handlers, handler=tuning).handler()
     lanes = list(range(LANES))
 
     def round_sizes(rounds: int) -> list[int]:

@@ -20,14 +20,13 @@ from outbox.core.envelope import StoredMessage
 from outbox.core.ids import uuid7
 from outbox.core.lag import GroupLag
 from outbox.core.naps import AWAKE_AFTER
-from outbox.daemons.consumer import Consumer, ConsumerConfig
-from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.daemons.consumer import Consumer
 from outbox.pglog import GroupInUse, PgLog, PgLogPublisher, PgLogSubscriber, check_log
 from outbox.pglog.log import HEAD_REVISION
 from outbox.pglog.log import upgrade as upgrade_log
 from outbox.testing.plugin import DatabaseFactory
 
-from .relay_helpers import Daemon, count, handler_thread, running, wait_for
+from .relay_helpers import Daemon, app_of, count, handler_thread, running, wait_for
 
 broker = Broker()
 
@@ -78,10 +77,9 @@ def log_consumer(
         members.append(subscriber)
         return subscriber
 
-    config = ConsumerConfig(
-        database_url=inbox_url, kafka_bootstrap="", topics=[topic], group=group, batch_size=100
-    )
-    return Consumer(config, subscriber_factory=subscribe)
+    return app_of(
+        inbox_url, group=group, topics=[topic], consumer={"batch_size": 100}, subscribers=subscribe
+    ).consumer()
 
 
 # -- end to end -----------------------------------------------------------------------------------
@@ -112,10 +110,11 @@ def test_service_a_to_service_b_through_the_log_keeps_order_per_key(
             seen[message.payload["key"]].append(message.payload["n"])
             partitions[message.payload["key"]].add(message.partition)
 
-    producer = Producer(
-        ProducerConfig(database_url=service_a, batch_size=50),
-        publisher_factory=lambda: PgLogPublisher(log_url, partitions=4),
-    )
+    producer = app_of(
+        service_a,
+        producer={"batch_size": 50},
+        publishers=lambda: PgLogPublisher(log_url, partitions=4),
+    ).producer()
     members: list[PgLogSubscriber] = []
     consumer = log_consumer(service_b, log_url, topic, "shipping", members)
     with running(producer), running(consumer), handler_thread(service_b, handlers):

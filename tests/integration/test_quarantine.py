@@ -17,9 +17,8 @@ from outbox import Broker
 from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
-from outbox.daemons.consumer import Consumer, ConsumerConfig
 
-from .relay_helpers import consumer_thread, count, producer_thread, running, wait_for
+from .relay_helpers import app_of, consumer_thread, count, producer_thread, running, wait_for
 
 
 def _produce_raw(bootstrap: str, topic: str, records: list[tuple[Any, bytes, list[Any]]]) -> None:
@@ -136,8 +135,7 @@ def test_a_refused_record_is_found_by_bisection_and_quarantined(outbox_database_
     rows = [_row(i) for i in range(7)]
     rows[4] = _row(4, topic="bad\x00topic")
     subscriber = _Once(rows)
-    config = ConsumerConfig(database_url=url, kafka_bootstrap="unused:1", topics=["t"], group="g")
-    consumer = Consumer(config, subscriber_factory=lambda: subscriber)
+    consumer = app_of(url, group="g", topics=["t"], subscribers=lambda: subscriber).consumer()
     with running(consumer):
         wait_for(lambda: bool(subscriber.committed), 30, "the commit")
     assert (consumer.stored, consumer.quarantined) == (6, 1)
@@ -157,8 +155,7 @@ def test_the_column_path_bisects_too(outbox_database_url: str) -> None:
     for offset in range(5):
         topic = "bad\x00topic" if offset == 2 else "t"
         batch.add(topic, 0, offset, b"k", b"v", [("h", b"1")], 1_700_000_000_000)
-    config = ConsumerConfig(database_url=url, kafka_bootstrap="unused:1", topics=["t"], group="g")
-    consumer = Consumer(config, subscriber_factory=lambda: _Once([]))
+    consumer = app_of(url, group="g", topics=["t"], subscribers=lambda: _Once([])).consumer()
     conn, _ = consumer._store(None, batch)
     assert conn is not None
     conn.close()

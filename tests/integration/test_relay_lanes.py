@@ -14,12 +14,12 @@ from psycopg import sql
 
 from outbox.core.errors import ConfigurationError
 from outbox.core.lanes import LANES
-from outbox.daemons.producer import Producer, ProducerConfig
+from outbox.daemons.producer import Producer
 from outbox.postgres import migrate
 from outbox.postgres.queries import queries
 from outbox.testing.memory import InMemoryTransport
 
-from .relay_helpers import count, producer_thread, wait_for
+from .relay_helpers import app_of, count, producer_thread, wait_for
 
 _memory = InMemoryTransport().publisher
 
@@ -79,10 +79,10 @@ def test_a_relay_refuses_a_lock_class_another_queue_of_its_database_has(
             conn.execute(
                 sql.SQL("CREATE TABLE {}.producer_queue (id bigint)").format(sql.Identifier(name))
             )
-        relay = Producer(ProducerConfig(database_url=outbox_database_url, schema=ours), _memory)
+        relay = app_of(outbox_database_url, schema=ours, publishers=_memory).producer()
         with relay.connect() as session, pytest.raises(ConfigurationError, match="crc32 collision"):
             relay.check_lock_class(session)
-        other = Producer(ProducerConfig(database_url=outbox_database_url), _memory)
+        other = app_of(outbox_database_url, publishers=_memory).producer()
         with other.connect() as session:
             other.check_lock_class(session)
 

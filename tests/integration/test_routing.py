@@ -16,9 +16,10 @@ import pytest
 
 from outbox.core.databases import Database
 from outbox.core.headers import TENANT_HEADER
-from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.consumer import Consumer, ConsumerConfig, Subscription
 from outbox.daemons.routing import Routing
 from outbox.postgres import migrate
+from outbox.runtime import postgres_stores
 from outbox.testing.memory import InMemoryTransport
 from outbox.testing.servers import drop_database
 
@@ -58,17 +59,14 @@ def _committed(transport: InMemoryTransport) -> dict[int, int]:
 
 
 def _consumer(transport: InMemoryTransport, databases: list[Database], **routing: Any) -> Consumer:
-    config = ConsumerConfig(
-        database_url="",
-        kafka_bootstrap="",
-        topics=[TOPIC],
-        group=GROUP,
-        batch_size=50,
-        poll_timeout=0.05,
-        connect_timeout=2,
+    # Built by hand: the test tunes the routing (its memory bound, its re-read interval).
+    return Consumer(
+        ConsumerConfig(batch_size=50, poll_timeout=0.05, connect_timeout=2),
+        lambda: transport.subscriber([TOPIC], GROUP),
+        subscription=Subscription(group=GROUP, topics=[TOPIC]),
+        inbox=postgres_stores().inboxes,
         routing=Routing(databases=tuple(databases), **routing),
     )
-    return Consumer(config, lambda: transport.subscriber([TOPIC], GROUP))
 
 
 @pytest.fixture

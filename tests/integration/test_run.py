@@ -237,3 +237,87 @@ def test_sigterm_while_waiting_for_the_database_ends_the_start(
         # As `outbox producer` does: the start-up check gives up with its one line.
         assert run.wait(30) == 1, run.output()
         assert "outbox: error: cannot connect to PostgreSQL" in run.output()
+
+
+# -- over several databases --------------------------------------------------------------------
+
+
+def send_as(url: str, tenant: str, topic: str, numbers: range) -> None:
+    """Send `numbers` from tenant `tenant`'s database: the tenant header routes them back."""
+    broker = Broker(tenant=tenant)
+    with psycopg.connect(url) as conn, conn.transaction():
+        for n in numbers:
+            broker.send(conn, topic, {"n": n}, key=f"k{n % 5}")
+
+
+def dead_rows(url: str) -> int:
+    return count(url, "consumer_queue", "dead_at IS NOT NULL")
+
+
+def test_over_two_tenant_databases_each_tenants_messages_are_handled_once_in_its_own_inbox(
+    outbox_database_factory: Any, relay_transport: RelayTransport, free_port: Any
+) -> None:
+    """`outbox run` with two `--database-url NAME=URL`: a relay per database, the consumer
+    routing by the tenant header, a handler per database; kill -9 mid-flow and a restart lose
+    nothing and handle nothing twice, and no record lands in the other tenant's inbox."""
+    acme, globex = outbox_database_factory(), outbox_database_factory()
+    for url in (acme, globex):
+        prepare(url)
+    topic = relay_transport.topic(3)
+    group = f"g-{topic}"
+    send_as(acme, "acme", topic, range(0, 150))
+    send_as(globex, "globex", topic, range(1000, 1100))
+    port = free_port()
+    tenants = ("--database-url", f"globex={globex}", "--database-turns", "1")
+    small = ("--producer-batch-size", "20", "--consumer-batch-size", "20")
+    with spawn_run(f"acme={acme}", relay_transport, topic, group, *tenants, *small) as run:
+        wait_for(
+            lambda: sum(effects(acme).values()) + sum(effects(globex).values()) > 0,
+            90,
+            "the first messages handled",
+        )
+        run.signal(signal.SIGKILL)
+        assert run.wait(10) == -signal.SIGKILL
+    send_as(acme, "acme", topic, range(150, 200))
+    send_as(globex, "globex", topic, range(1100, 1130))
+    health = ("--health-port", str(port), "--health-host", "127.0.0.1")
+    with spawn_run(f"acme={acme}", relay_transport, topic, group, *tenants, *health) as run:
+        wait_for(
+            lambda: sum(effects(acme).values()) >= 200 and sum(effects(globex).values()) >= 130,
+            120,
+            "every tenant's messages handled",
+        )
+        status, body = get(port, "/readyz")
+        assert status == 200, body
+        run.terminate()
+        assert run.wait(60) == 0, run.output()
+        output = run.output()
+    assert effects(acme) == Counter(range(0, 200))
+    assert effects(globex) == Counter(range(1000, 1130))
+    assert dead_rows(acme) == dead_rows(globex) == 0, "nothing quarantined"
+    assert count(acme) == count(globex) == 0, "every outbox relayed"
+    assert "databases" in output and "acme" in output and "globex" in output, output
+
+
+def test_over_several_databases_a_record_without_tenant_is_quarantined_in_the_named_database(
+    outbox_database_factory: Any, relay_transport: RelayTransport
+) -> None:
+    """`--quarantine-database` names where what cannot be routed is kept, dead: never in a
+    tenant's inbox as a live row."""
+    acme, globex = outbox_database_factory(), outbox_database_factory()
+    for url in (acme, globex):
+        prepare(url)
+    topic = relay_transport.topic(1)
+    send(acme, topic, 3)  # sent without a tenant
+    send_as(globex, "globex", topic, range(10, 13))
+    extra = ("--database-url", f"globex={globex}", "--quarantine-database", "globex")
+    with spawn_run(f"acme={acme}", relay_transport, topic, f"g-{topic}", *extra) as run:
+        wait_for(
+            lambda: dead_rows(globex) == 3 and sum(effects(globex).values()) == 3,
+            90,
+            "the untenanted records quarantined and globex's handled",
+        )
+        run.terminate()
+        assert run.wait(60) == 0, run.output()
+    assert effects(acme) == Counter() and effects(globex) == Counter(range(10, 13))
+    assert dead_rows(acme) == 0

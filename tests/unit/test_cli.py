@@ -245,21 +245,15 @@ def test_the_consumer_reads_the_registered_topics_or_exactly_the_listed_ones(
     assert _consumed(args) == (["t"], None)
 
 
-def test_the_consumer_config_says_what_does_not_match_the_registry() -> None:
-    from outbox.daemons.consumer import ConsumerConfig
+def test_the_subscription_says_what_does_not_match_the_registry() -> None:
+    from outbox.daemons.consumer import Subscription
 
-    def config(topics: list[str], handled: list[str] | None) -> ConsumerConfig:
-        return ConsumerConfig(
-            database_url="postgresql://h/d",
-            kafka_bootstrap="k:9092",
-            topics=topics,
-            group="g",
-            handled_topics=handled,
-        )
+    def subscription(topics: list[str], handled: list[str] | None) -> Subscription:
+        return Subscription(group="g", topics=topics, handled=handled)
 
-    assert config(["a", "b"], None).topic_warnings() == []
-    assert config(["a", "b"], ["b", "a"]).topic_warnings() == []
-    warnings = config(["a", "b"], ["b", "c"]).topic_warnings()
+    assert subscription(["a", "b"], None).warnings() == []
+    assert subscription(["a", "b"], ["b", "a"]).warnings() == []
+    warnings = subscription(["a", "b"], ["b", "c"]).warnings()
     assert len(warnings) == 2
     assert warnings[0].startswith("topic 'a' is consumed but no handler") and "dead" in warnings[0]
     assert warnings[1].startswith("topic 'c' has a handler but this consumer does not consume")

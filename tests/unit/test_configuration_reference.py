@@ -161,3 +161,26 @@ def test_registered_names_are_unique_and_described() -> None:
     assert settings.variable(settings.DATABASE_URL).name == "OUTBOX_DATABASE_URL"
     with pytest.raises(KeyError):
         settings.variable("OUTBOX_NOT_A_THING")
+
+
+def test_each_variable_names_every_command_whose_flags_default_from_it() -> None:
+    """`read_by` is true: a command with a flag that defaults from a variable (its help says
+    `(env NAME`) is named there, itself or its command group (`outbox log-topics`)."""
+    mentioned: dict[str, set[str]] = {}
+    for command in cli_reference.walk(build_parser()):
+        if not command.path:
+            continue  # the global flags (--log-level): read by `outbox`
+        for action in command.parser._actions:
+            for name in re.findall(r"\b(OUTBOX_[A-Z0-9_]+)\b", action.help or ""):
+                mentioned.setdefault(name, set()).add(" ".join(command.path))
+    untrue = []
+    for entry in settings.ENVIRONMENT:
+        if entry.read_by.startswith("every command") or entry.read_by == "`outbox`":
+            continue
+        named = [
+            found[len("`outbox ") : -1] for found in re.findall(r"`outbox [a-z -]+`", entry.read_by)
+        ]
+        for command in sorted(mentioned.get(entry.name, ())):
+            if not any(command == n or command.startswith(n + " ") for n in named):
+                untrue.append(f"{entry.name}: `outbox {command}`")
+    assert untrue == [], "add these commands to the variable's read_by in outbox/settings.py"

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from outbox.core.batches import InboxBatch, OutgoingRecord, Quarantined, outgoing
+from outbox.core.databases import Database
 from outbox.core.envelope import StoredMessage
-from outbox.daemons.consumer import Consumer, ConsumerConfig
+from outbox.daemons.consumer import Consumer, ConsumerConfig, Subscription
 from outbox.memory import InMemoryTransport
 
 URL = "postgresql://nobody@nowhere.invalid/inbox"
@@ -121,10 +122,13 @@ def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def consumer_of(transport: InMemoryTransport, inbox: MemoryInbox, **options: object) -> Consumer:
-    config = ConsumerConfig(
-        database_url=URL, kafka_bootstrap="", topics=["orders"], group="billing", **options
+    return Consumer(
+        ConsumerConfig(**options),  # type: ignore[arg-type]
+        lambda: transport.subscriber(["orders"], "billing"),
+        subscription=Subscription(group="billing", topics=["orders"]),
+        inbox=inbox,
+        database=Database("inbox", URL, "outbox"),
     )
-    return Consumer(config, lambda: transport.subscriber(["orders"], "billing"), inbox=inbox)
 
 
 def test_the_consumer_stores_each_record_once_and_commits_after_storing() -> None:

@@ -118,7 +118,7 @@ def test_a_command_of_one_database_refuses_a_second_and_reads_a_named_entry(
     from outbox.cli.command import build_parser
 
     parser = build_parser()
-    for command in (["run", "m:h"], ["spark", "consumer"], ["dead-letters", "list"]):
+    for command in (["spark", "consumer"], ["dead-letters", "list"]):
         with pytest.raises(SystemExit) as exited:
             parser.parse_args(
                 [
@@ -131,9 +131,13 @@ def test_a_command_of_one_database_refuses_a_second_and_reads_a_named_entry(
             )
         assert exited.value.code == 2
         assert "given more than once" in capsys.readouterr().err
-    args = parser.parse_args(["run", "m:h", "--database-url", "acme/billing=postgresql://h/a"])
+    args = parser.parse_args(
+        ["dead-letters", "list", "--database-url", "acme/billing=postgresql://h/a"]
+    )
     single_database(args)
     assert (args.database_url, args.schema) == ("postgresql://h/a", "billing")
-    args = parser.parse_args(["run", "m:h", "--database-url", "host=h dbname=a password=x=y"])
+    args = parser.parse_args(
+        ["dead-letters", "list", "--database-url", "host=h dbname=a password=x=y"]
+    )
     single_database(args)
     assert args.database_url == "host=h dbname=a password=x=y"  # libpq's to judge, as before

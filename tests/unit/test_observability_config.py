@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from pathlib import Path
@@ -12,11 +13,9 @@ import pytest
 
 from outbox.cli import build_parser
 from outbox.core.errors import ConfigurationError
-from outbox.daemons.producer import ProducerConfig
 from outbox.observability.health import HealthState, Heartbeat
 from outbox.observability.metrics import METRICS, HandlerTally, Metrics, PrometheusMetrics
-from outbox.observability.runtime import ObservabilityConfig, describe
-from outbox.transports import kafka_producer
+from outbox.runtime import App, Databases, ObservabilityConfig, Settings, TransportSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "outbox-dashboard.json"
@@ -24,8 +23,14 @@ HOWTO = ROOT / "docs" / "how-to" / "observability.md"
 URL = "postgresql://app:s3cret@db/app"
 
 
+def kafka_producer(**settings: Any) -> Any:
+    """A Producer over Kafka at kafka:9092 (never started), as the composition root builds it."""
+    where = TransportSettings(kafka_bootstrap="kafka:9092", **settings.pop("transport", {}))
+    return App(Settings(databases=Databases.of(URL), transport=where, **settings)).producer()
+
+
 def test_metrics_are_off_by_default_and_cost_nothing() -> None:
-    relay = kafka_producer(ProducerConfig(database_url=URL, kafka_bootstrap="kafka:9092"))
+    relay = kafka_producer()
     assert type(relay.observability.metrics) is Metrics
     relay.observability.metrics.handler_batch(3, HandlerTally())  # accepted, recorded nowhere
     assert relay.observability.metrics_port is None
@@ -35,13 +40,8 @@ def test_metrics_without_prometheus_client_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
-    config = ProducerConfig(
-        database_url=URL,
-        kafka_bootstrap="kafka:9092",
-        observability=ObservabilityConfig(metrics_port=0),
-    )
     with pytest.raises(ConfigurationError, match=r"prometheus-client.*\[metrics\]"):
-        kafka_producer(config)
+        kafka_producer(observability=ObservabilityConfig(metrics_port=0))
 
 
 def test_each_daemon_has_its_own_registry() -> None:
@@ -87,18 +87,23 @@ def test_flags_and_variables_reach_the_config(monkeypatch: pytest.MonkeyPatch) -
     assert build_parser().parse_args(["producer"]).metrics_port is None
 
 
-def test_the_startup_description_masks_secrets() -> None:
-    config = ProducerConfig(
-        database_url=URL,
-        kafka_bootstrap="kafka:9092",
-        kafka_config={"sasl.password": "kpw", "sasl.username": "bob"},
+def test_the_startup_description_masks_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    relay = kafka_producer(
+        transport={"kafka_config": {"sasl.password": "kpw", "sasl.username": "bob"}},
         observability=ObservabilityConfig(metrics_port=9100),
     )
-    described = describe(config)
+    caplog.set_level(logging.INFO, logger="outbox.producer")
+    relay.observability._log_startup()
+    (record,) = [r for r in caplog.records if getattr(r, "event", "") == "producer.start"]
+    described = record.config  # type: ignore[attr-defined]
     assert described["database_url"] == "host=db user=app password=*** dbname=app"
-    assert described["kafka_config"] == {"sasl.password": "***", "sasl.username": "bob"}
-    assert described["metrics_port"] == 9100
+    assert described["kafka_config"]["sasl.password"] == "***"
+    assert described["kafka_config"]["sasl.username"] == "bob"
+    assert described["kafka_config"]["enable.idempotence"] == "true"  # in force: forced
+    assert described["transport"] == "kafka" and described["metrics_port"] == 9100
+    assert described["batch_size"] == 1000  # the daemon's own tuning
     assert "s3cret" not in json.dumps(described, default=str)
+    assert "kpw" not in json.dumps(described, default=str)
 
 
 def test_readiness_needs_recent_passing_checks_and_liveness_a_recent_beat() -> None:

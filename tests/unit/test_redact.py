@@ -346,14 +346,19 @@ else:
     @settings(max_examples=60, deadline=None)
     @given(password=passwords, form=st.sampled_from(FORMS))
     def test_generated_passwords_never_reach_the_startup_line(password: str, form: Any) -> None:
+        from outbox.core.databases import Database
         from outbox.daemons.producer import ProducerConfig
         from outbox.observability.health import Heartbeat
-        from outbox.observability.runtime import Observability
+        from outbox.observability.runtime import Observability, Observer
 
         forget_secrets()
-        config = ProducerConfig(database_url=form(password), kafka_bootstrap="127.0.0.1:9")
         observability = Observability(
-            "producer", config, heartbeat=Heartbeat(), relay_id="test-relay"
+            "producer",
+            Observer(shown={"transport": "kafka", "kafka_bootstrap": "127.0.0.1:9"}),
+            tuning=ProducerConfig(),
+            heartbeat=Heartbeat(),
+            relay_id="test-relay",
+            database=Database("app", form(password), "outbox"),
         )
         forget_secrets()  # the parsed masker alone must hide it
         for formatter in (JsonFormatter(), RedactingFormatter("%(message)s")):

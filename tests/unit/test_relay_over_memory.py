@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from outbox import Handlers, InboxMessage
+from outbox.core.databases import Database
 from outbox.core.inbox_rows import ClaimedBatch, Pending
 from outbox.core.retry import Backoff
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
@@ -27,6 +28,9 @@ from outbox.testing.stores.consumer_queue import (
     MemoryHandlerWork,
     MemoryInboxDatabase,
 )
+
+#: The database the relays serve: the in-memory stores ignore its URL.
+MEMORY = Database("memory", "memory://", "outbox")
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -41,13 +45,12 @@ def _relaying(
     queue: MemoryOutbox, transport: InMemoryTransport, batch_size: int = 1000
 ) -> Iterator[Producer]:
     config = ProducerConfig(
-        "memory://",
         poll_interval=0.05,
         rebalance_interval=0.05,
         batch_size=batch_size,
         backoff=Backoff(initial=0.05, maximum=0.05),
     )
-    relay = Producer(config, transport.publisher, stores=queue.stores())
+    relay = Producer(config, transport.publisher, stores=queue.stores(), database=MEMORY)
     thread = threading.Thread(target=relay.run, daemon=True)
     thread.start()
     try:
@@ -62,7 +65,7 @@ def _relaying(
 def _handling(
     inbox: MemoryInbox, handlers: Handlers, config: HandlerConfig
 ) -> Iterator[HandlerRunner]:
-    runner = HandlerRunner(config, handlers, stores=inbox.stores())
+    runner = HandlerRunner(config, handlers, stores=inbox.stores(), database=MEMORY)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
@@ -150,7 +153,7 @@ def test_the_handler_loop_commits_each_callbacks_effects_with_its_row_once_in_or
         inbox.store("orders", b"%d" % n, key=key)
         sent[key].append(b"%d" % n)
     config = HandlerConfig(
-        "memory://", concurrency=2, batch_size=40, poll_interval=0.05, rebalance_interval=0.05
+        concurrency=2, batch_size=40, poll_interval=0.05, rebalance_interval=0.05
     )
     with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.handled == 300, "every message handled")
@@ -199,7 +202,7 @@ def test_each_handler_worker_claims_its_own_lanes_and_the_runner_reads_no_rows()
     try:
         for n in range(400):
             inbox.store("orders", b"%d" % n, key=f"key-{n % 37}".encode())
-        config = HandlerConfig("memory://", concurrency=3, batch_size=30, poll_interval=0.05)
+        config = HandlerConfig(concurrency=3, batch_size=30, poll_interval=0.05)
         with _handling(inbox, handlers, config) as runner:
             _wait_for(lambda: runner.handled == 400, "every message handled")
     finally:
@@ -233,7 +236,7 @@ def test_a_handler_worker_whose_lanes_have_no_rows_opens_no_session() -> None:
 
     MemoryInboxDatabase.open_session = counted  # type: ignore[method-assign]
     try:
-        config = HandlerConfig("memory://", concurrency=4, batch_size=10, poll_interval=0.05)
+        config = HandlerConfig(concurrency=4, batch_size=10, poll_interval=0.05)
         with _handling(inbox, handlers, config) as runner:
             for wave in range(3):  # a backlog, then rows that wake it
                 for n in range(50):
@@ -261,7 +264,7 @@ def test_more_handler_workers_than_lanes_handle_everything_in_order() -> None:
         key = keys[n % len(keys)]
         inbox.store("orders", b"%d" % n, key=key)
         sent[key].append(b"%d" % n)
-    config = HandlerConfig("memory://", concurrency=100, batch_size=20, poll_interval=0.05)
+    config = HandlerConfig(concurrency=100, batch_size=20, poll_interval=0.05)
     with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.handled == 600, "every message handled")
     effects: dict[bytes, list[bytes]] = {key: [] for key in keys}

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from outbox.observability.health import HealthState, Heartbeat
-from outbox.runtime import _AllHealthy
+from outbox.runtime.process import _AllHealthy
 
 
 def component(running: bool = True, stuck: bool = False) -> Any:

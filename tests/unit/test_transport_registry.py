@@ -31,10 +31,34 @@ def test_a_transport_reads_its_own_endpoint() -> None:
         kafka_bootstrap="k:9092", log_url="postgresql://u:secret@h/log"
     )
     assert transports.KAFKA.endpoint(settings) == "k:9092"
-    assert transports.KAFKA.bootstrap(settings) == "k:9092"
     assert transports.LOG.endpoint(settings) == "postgresql://u:secret@h/log"
-    assert transports.LOG.bootstrap(settings) == ""
     assert "secret" not in transports.LOG.shown(transports.LOG.endpoint(settings))
+
+
+def test_a_transport_says_what_a_daemons_start_up_line_shows() -> None:
+    settings = transports.TransportSettings(
+        kafka_bootstrap="k:9092",
+        kafka_config={"linger.ms": "7"},
+        log_url="postgresql://u:secret@h/log",
+        start="latest",
+    )
+    kafka = transports.KAFKA.in_force(settings, "consumer", "billing")
+    assert kafka["kafka_bootstrap"] == "k:9092" and kafka["start"] == "latest"
+    assert kafka["kafka_config"]["group.id"] == "billing"  # the client's settings in force
+    assert kafka["kafka_config"]["enable.auto.commit"] == "false"  # outbox's forced one
+    producer = transports.KAFKA.in_force(settings, "producer", "")
+    assert producer["kafka_config"]["linger.ms"] == "7" and "start" not in producer
+    assert set(transports.LOG.in_force(settings, "producer", "")) == {
+        "log_url",
+        "log_schema",
+        "log_partitions",
+        "log_retention",
+    }
+    assert set(transports.LOG.in_force(settings, "consumer", "g")) == {
+        "log_url",
+        "log_schema",
+        "log_session_timeout",
+    }
 
 
 def test_the_log_refuses_a_start_position_for_its_consumers() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from outbox.daemons.outages import Outage
 from outbox.daemons.supervisor import Supervisor
 from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
-from outbox.observability.runtime import Observability, ObservabilityConfig
+from outbox.observability.runtime import Observability, Observer
 
 
 def _wait(predicate: object, what: str, timeout: float = 10) -> None:
@@ -96,13 +95,6 @@ def test_turns_let_several_in_at_once() -> None:
         Turns(0)
 
 
-@dataclass(frozen=True)
-class _Config:
-    database_url: str = "postgresql://u:secret@h/db"
-    schema: str = "outbox"
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
-
-
 class _Relay:
     """An in-memory relay: serves until stopped, or fails at check as told."""
 
@@ -112,7 +104,7 @@ class _Relay:
         self.heartbeat = Heartbeat()
         self.outage = Outage("relay", logging.getLogger("test"))
         self.observability = Observability(
-            "producer", _Config(), heartbeat=self.heartbeat, relay_id="r"
+            "producer", Observer(), heartbeat=self.heartbeat, relay_id="r", database=database
         )
         self.turns: Turns | None = None
         self.idle_disconnect: float | None = None
@@ -152,7 +144,7 @@ def _supervisor(
     supervisor.observe(
         Observability(
             "producer",
-            _Config(),
+            Observer(),
             heartbeat=supervisor.heartbeat,
             relay_id="r",
             databases=supervisor.databases,
@@ -233,10 +225,16 @@ def test_a_relay_stops_growing_its_batches_while_others_wait_for_turns() -> None
     waited for a turn they keep to --batch-size, so a quiet one waits one such batch at most."""
     from outbox.daemons.producer import Producer, ProducerConfig
     from outbox.memory import InMemoryTransport
+    from outbox.runtime import postgres_stores
 
     transport = InMemoryTransport()
-    config = ProducerConfig(database_url="postgresql://h/db", batch_size=10)
-    relay = Producer(config, transport.publisher)
+    config = ProducerConfig(batch_size=10)
+    relay = Producer(
+        config,
+        transport.publisher,
+        stores=postgres_stores().relays,  # never connects here
+        database=Database("db", "postgresql://h/db", "outbox"),
+    )
     relay._resize(10, 10)
     assert relay._limit == 20  # alone (no turns): grows as it always did
     relay.turns = Turns(1)

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import Any, Self
 
-from outbox.core.databases import validate_schema
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers
 from outbox.core.numbers import check_fields
 from outbox.core.text import first_line
+from outbox.daemons.compat import refuse_moved
 from outbox.daemons.relay import new_relay_id
-from outbox.observability.runtime import ObservabilityConfig
 
 
 @dataclass(frozen=True)
 class HandlerConfig:
-    """Settings of one Handler process; validated at construction."""
+    """The tuning of one Handler; validated at construction. The database it handles is the
+    composition root's (`outbox.runtime.Settings`)."""
 
-    database_url: str
-    schema: str = "outbox"
     concurrency: int = 4
     batch_size: int = 200
     poll_interval: float = 1.0
@@ -35,12 +34,12 @@ class HandlerConfig:
     lease: float = 300.0
     connect_timeout: float = 10.0
     relay_id: str = field(default_factory=new_relay_id)
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        refuse_moved(cls, args, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        if not self.database_url:
-            raise ConfigurationError("database URL is not set (--database-url)")
-        validate_schema(self.schema)
         check_fields(
             self,
             {

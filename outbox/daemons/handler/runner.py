@@ -22,17 +22,19 @@ import logging
 import threading
 import time
 
+from outbox.core.databases import Database
 from outbox.core.handlers import Handlers
 from outbox.core.inbox_rows import Pending
 from outbox.core.lanes import LANES
+from outbox.daemons.compat import refuse_unwired
 from outbox.daemons.handler.config import HandlerConfig, check_async_support
 from outbox.daemons.handler.failures import ConnectionLost, described
 from outbox.daemons.handler.outcomes import Outcomes
 from outbox.daemons.handler.worker import Worker
 from outbox.daemons.outages import Outage
-from outbox.daemons.relay import LaneRelay
-from outbox.observability.runtime import Observability, observed
-from outbox.ports import InboxSession, RelayStores, RelayTarget, default_relay_stores
+from outbox.daemons.relay import LaneRelay, relay_target
+from outbox.observability.runtime import Observability, Observer, observed
+from outbox.ports import InboxSession, RelayStores
 
 log = logging.getLogger("outbox.handler")
 
@@ -47,22 +49,24 @@ RECENT_ROWS = 1000
 
 class HandlerRunner(LaneRelay[Pending, InboxSession]):
     """Runs the callbacks of a `Handlers` registry over `consumer_queue` until asked to stop;
-    `stores` says how to reach it (PostgreSQL's unless given)."""
+    `stores` says how to reach the queue of `database`, `observer` how it is observed. The
+    composition root (`outbox.runtime.App`) chooses them."""
 
     kind = "handler"
 
     def __init__(
-        self, config: HandlerConfig, handlers: Handlers, stores: RelayStores | None = None
+        self,
+        config: HandlerConfig,
+        handlers: Handlers,
+        *,
+        stores: RelayStores | None = None,
+        database: Database | None = None,
+        observer: Observer | None = None,
     ) -> None:
-        target = RelayTarget(
-            database_url=config.database_url,
-            schema=config.schema,
-            kind=self.kind,
-            relay_id=config.relay_id,
-            connect_timeout=config.connect_timeout,
-            application_name=f"outbox-{self.kind}",
-        )
-        self.inbox = (stores or default_relay_stores()).inbox(target)
+        refuse_unwired(type(self), stores=stores, database=database)
+        assert stores is not None and database is not None
+        target = relay_target(database, self.kind, config.relay_id, config.connect_timeout)
+        self.inbox = stores.inbox(target)
         super().__init__(
             database=self.inbox,
             poll_interval=config.poll_interval,
@@ -83,9 +87,11 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self.workers_outage = Outage("handler workers lost their database connections", log)
         self.observability = Observability(
             "handler",
-            config,
+            observer or Observer(),
+            tuning=config,
             heartbeat=self.heartbeat,
             relay_id=config.relay_id,
+            database=database,
             lanes=lambda: len(self.lanes),
         )
         self.observability.health.watch(self.outage.trouble)
@@ -93,11 +99,17 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    def check(self) -> None:
+        """Fail fast, with one clear error, on an unreachable database or an old schema
+        (waiting for the database first if `--wait-for-database`), or a registry that cannot
+        run here."""
+        self.check_database(self.observability.config.wait_for_database)
+        check_async_support(self.handlers)
+
     @observed
     def run(self) -> None:
         """Check, then handle messages until `stop()`; SIGTERM lets in-flight work finish."""
-        self.check_database(self.config.observability.wait_for_database)
-        check_async_support(self.handlers)
+        self.check()
         self.serve_database()
 
     def serve_database(self) -> None:

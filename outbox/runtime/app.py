@@ -1,0 +1,456 @@
+"""The composition root: the one place that turns `Settings` into running parts.
+
+`App(settings, handlers)` builds a producer, a consumer, a handler (or, through
+`outbox.runtime.OutboxRuntime`, all three), over one database or many, on any transport of the
+registry (outbox/transports.py). It is the only module that imports both a daemon and an
+adapter: it gives the daemons their stores (PostgreSQL's unless told otherwise), the
+publisher or subscriber factory of the transport, its probe, and an `Observer` whose database
+probe is PostgreSQL's. The `outbox` command, `OutboxRuntime`, `outbox.testing.drain` and the
+benchmarks ask it; none of them builds a daemon.
+
+Building checks what can be checked without I/O (a required setting missing, settings that
+cannot go together), each a `ConfigurationError` of one line. What needs a server (a database
+reachable and migrated, the transport reachable) is each part's `check()`, and
+`check_transport()` for a transport kept in a database (the PostgreSQL log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from outbox import settings as env
+from outbox import transports
+from outbox.core.databases import Database
+from outbox.core.errors import ConfigurationError
+from outbox.core.handlers import Handlers, load_handlers
+from outbox.core.headers import TENANT_HEADER
+from outbox.core.redact import remember_secrets, secrets_of_settings, secrets_of_url
+from outbox.daemons.consumer import Consumer, Subscription
+from outbox.daemons.handler.config import check_async_support
+from outbox.daemons.handler.runner import HandlerRunner
+from outbox.daemons.producer import Producer, SharedPublisher
+from outbox.daemons.routing import Routing
+from outbox.daemons.supervisor import DatabaseRelay, Supervisor
+from outbox.daemons.turns import Turns
+from outbox.observability.runtime import Observability, ObservabilityConfig, Observer
+from outbox.ports import (
+    DatabaseProbes,
+    InboxWriters,
+    PublisherFactory,
+    RelayStores,
+    SubscriberFactory,
+    TransportProbe,
+)
+from outbox.runtime.settings import Settings
+
+__all__ = ["App", "Kind", "Part", "Stores", "Supervised", "postgres_stores"]
+
+log = logging.getLogger("outbox")
+
+Kind = Literal["producer", "consumer", "handler"]
+R = TypeVar("R", bound=DatabaseRelay)
+
+
+@dataclass(frozen=True)
+class Stores:
+    """What the daemons store through and how their probes see a database (the ports of
+    outbox.ports): the relays' queues, the consumer's inboxes, the databases' probe (None:
+    readiness and queue gauges not checked)."""
+
+    relays: RelayStores
+    inboxes: InboxWriters
+    probes: DatabaseProbes | None = None
+
+
+def postgres_stores() -> Stores:
+    """PostgreSQL's stores and probe (outbox/postgres/): what the daemons use unless told."""
+    from outbox.postgres.inbox_writer import PostgresInbox as PostgresInboxWriter
+    from outbox.postgres.probes import PostgresProbe
+    from outbox.postgres.relay_stores import PostgresInbox, PostgresOutbox
+
+    return Stores(
+        relays=RelayStores(outbox=PostgresOutbox, inbox=PostgresInbox),
+        inboxes=PostgresInboxWriter,
+        probes=PostgresProbe,
+    )
+
+
+class Part(Protocol):
+    """What `outbox producer`, `consumer` or `handler` runs (`outbox run` runs three): one
+    daemon, or a relay per database under a supervisor."""
+
+    @property
+    def observability(self) -> Observability: ...
+
+    def check(self) -> None:
+        """Fail fast with one clear error on what no retry can fix (see each daemon)."""
+        ...
+
+    def run(self) -> None:
+        """Check, then work until `stop()`; raise what stopped it otherwise."""
+        ...
+
+    def stop(self) -> None:
+        """Finish the batch in hand, then return from `run`."""
+        ...
+
+
+class Supervised(Generic[R]):
+    """A relay per database under a `Supervisor` (outbox/daemons/supervisor.py), as one part:
+    the process-wide checks (`checks`), and for the producer the one transport publisher its
+    relays share, made when it runs and closed when it stops."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor[R],
+        observability: Observability,
+        checks: Sequence[Callable[[], None]] = (),
+        publishers: PublisherFactory | None = None,
+    ) -> None:
+        self.supervisor = supervisor
+        self._observability = observability
+        self._checks = list(checks)
+        self._publishers = publishers
+        #: The publisher the producers share while running.
+        self.publisher: SharedPublisher | None = None
+        supervisor.observe(observability)
+
+    @property
+    def observability(self) -> Observability:
+        return self._observability
+
+    def check(self) -> None:
+        """The process's checks (the transport, the registry); a database that fails is that
+        database's problem, logged and retried (see the supervisor)."""
+        for check in self._checks:
+            check()
+
+    def run(self) -> None:
+        self.check()
+        if self._publishers is not None:
+            # A publisher failure that retrying cannot fix is the process's: the supervisor stops.
+            self.publisher = SharedPublisher(self._publishers(), self.supervisor.fail)
+        try:
+            self.supervisor.run()
+        finally:
+            if self.publisher is not None:
+                self.publisher.close()
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+
+    def relays(self) -> list[R]:
+        """The relays running now (for tests and benchmarks)."""
+        return self.supervisor.relays()
+
+
+class App:
+    """Turns one `Settings` into running parts (see the module).
+
+    `handlers` is the Handlers registry (or its "module:attribute") of the handler and of the
+    consumer that feeds it. `stores` overrides PostgreSQL's stores (an in-memory store in a
+    test); `publishers` and `subscribers` (with their transport's `probe`) override the
+    registered transport's (`outbox.testing.drain` counts what passes through them).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        handlers: Handlers | str | None = None,
+        *,
+        stores: Stores | None = None,
+        publishers: PublisherFactory | None = None,
+        subscribers: SubscriberFactory | None = None,
+        probe: TransportProbe | None = None,
+    ) -> None:
+        self.settings = settings
+        self._handlers = handlers
+        self._stores = stores
+        self._publishers = publishers
+        self._subscribers = subscribers
+        self._probe = probe
+        self._transport: transports.Transport | None = None
+        found = settings.transport
+        for database in settings.databases.fixed:
+            remember_secrets(secrets_of_url(database.url))
+        remember_secrets(secrets_of_url(found.log_url))
+        remember_secrets(secrets_of_settings(dict(found.kafka_config)))
+
+    # -- what the parts share --------------------------------------------------------------
+
+    @property
+    def stores(self) -> Stores:
+        """The stores the daemons use (PostgreSQL's unless given)."""
+        if self._stores is None:
+            self._stores = postgres_stores()
+        return self._stores
+
+    @property
+    def handlers(self) -> Handlers:
+        """The Handlers registry (imported once, when given as "module:attribute")."""
+        if self._handlers is None:
+            raise ConfigurationError("the handler needs a Handlers registry (MODULE:ATTRIBUTE)")
+        if isinstance(self._handlers, str):
+            self._handlers = load_handlers(self._handlers)
+        return self._handlers
+
+    def databases(self) -> list[Database]:
+        """The databases to serve now (the file's read), each one's secrets remembered."""
+        listed = self.settings.databases.listed()
+        for database in listed:
+            remember_secrets(secrets_of_url(database.url))
+        return listed
+
+    def transport(self, *, consumer: bool = False) -> transports.Transport:
+        """The registered transport of the settings (asked of the registry once), its
+        endpoint given and, for a `consumer`, settings it can honour; one
+        `ConfigurationError` otherwise."""
+        found = self.settings.transport
+        transport = self._transport or transports.get(
+            found.name, what="--transport", hint=f" (from {env.TRANSPORT}?)"
+        )
+        if consumer:
+            transport.check_consumer(found)
+        if self._transport is None:
+            if found.log_url and transport is not transports.LOG:
+                log.warning(
+                    "--log-url (or %s) is set but the transport is %s: the log database is not "
+                    "used (--transport %s, or %s=%s, to use it)",
+                    env.LOG_URL,
+                    transport.name,
+                    transports.LOG.name,
+                    env.TRANSPORT,
+                    transports.LOG.name,
+                )
+            if not transport.endpoint(found):
+                raise ConfigurationError(
+                    f"{transport.endpoint_flag} is required (or set {transport.endpoint_env})"
+                )
+            self._transport = transport
+        return transport
+
+    def check_transport(self, *, consumer: bool = False) -> None:
+        """The start-up check of the transport (the PostgreSQL log: reachable and migrated,
+        waited for up to `--wait-for-database`); nothing for a transport given as factories."""
+        if self._publishers is None and self._subscribers is None:
+            self.transport(consumer=consumer).check(
+                self.settings.transport, self.settings.observability.wait_for_database
+            )
+
+    def observer(self, kind: Kind, **shown: Any) -> Observer:
+        """How a daemon of `kind` is observed: the settings' metrics and health, PostgreSQL's
+        probe of its database, and the transport's settings in force for its start-up line."""
+        found = self.settings.transport
+        described: dict[str, Any] = {}
+        if kind != "handler" and self._publishers is None and self._subscribers is None:
+            described["transport"] = found.name
+            described.update(self.transport().in_force(found, kind, self.settings.group))
+        described.update(shown)
+        return Observer(
+            config=self.settings.observability, probes=self.stores.probes, shown=described
+        )
+
+    # -- one daemon ------------------------------------------------------------------------
+
+    def _one(self, database: Database | None) -> Database:
+        if database is not None:
+            return database
+        listed = self.databases()
+        if len(listed) > 1 or self.settings.databases.file:
+            raise ConfigurationError(
+                "these settings name several databases: run a relay per database with "
+                "App.part(...), or give the database"
+            )
+        return listed[0]
+
+    def _publishing(self) -> tuple[PublisherFactory, TransportProbe | None]:
+        if self._publishers is not None:
+            return self._publishers, self._probe
+        return self.transport().make_publishers(self.settings.transport)
+
+    def producer(self, database: Database | None = None) -> Producer:
+        """The Producer relay of `database` (default: the one database of the settings)."""
+        database = self._one(database)
+        publishers, probe = self._publishing()
+        return Producer(
+            self.settings.producer,
+            publishers,
+            probe,
+            stores=self.stores.relays,
+            database=database,
+            observer=self.observer("producer"),
+        )
+
+    def subscription(self) -> Subscription:
+        """What the consumer reads: the settings' topics, else the registry's; as `group`."""
+        group = self.settings.group
+        if not group:
+            raise ConfigurationError(f"--group is required (or set {env.GROUP})")
+        handled = list(self.handlers.topics) if self._handlers is not None else None
+        topics = list(self.settings.topics) or list(handled or [])
+        if not topics:
+            raise ConfigurationError(
+                "the handlers read no topic and no topics were given (a service that only "
+                "sends runs `outbox producer`)"
+            )
+        return Subscription(group=group, topics=topics, handled=handled)
+
+    def routing(self) -> Routing | None:
+        """The consumer's routing over the databases (None: one database, no routing)."""
+        databases = self.settings.databases
+        if not databases.routed:
+            return None
+        return Routing(
+            databases=tuple(self.databases()),
+            header=databases.route_header or TENANT_HEADER,
+            quarantine=databases.quarantine,
+            fixed=databases.fixed,
+            databases_file=databases.file,
+            schema=databases.schema,
+        )
+
+    def consumer(self) -> Consumer:
+        """The Consumer: of the one database, or routing over several (`Databases.routed`)."""
+        subscription = self.subscription()
+        routing = self.routing()
+        database = None if routing is not None else self._one(None)
+        if self._subscribers is not None:
+            subscribers, probe = self._subscribers, self._probe
+        else:
+            subscribers, probe = self.transport(consumer=True).make_subscribers(
+                self.settings.transport, subscription.group, subscription.topics
+            )
+        shown: dict[str, Any] = {"group": subscription.group, "topics": subscription.topics}
+        if routing is not None:
+            shown["routing"] = repr(routing)
+        return Consumer(
+            self.settings.consumer,
+            subscribers,
+            probe,
+            subscription=subscription,
+            inbox=self.stores.inboxes,
+            database=database,
+            routing=routing,
+            observer=self.observer("consumer", **shown),
+        )
+
+    def handler(self, database: Database | None = None) -> HandlerRunner:
+        """The Handler of `database` (default: the one database of the settings)."""
+        return HandlerRunner(
+            self.settings.handler,
+            self.handlers,
+            stores=self.stores.relays,
+            database=self._one(database),
+            observer=self.observer("handler"),
+        )
+
+    # -- what a process runs ---------------------------------------------------------------
+
+    def part(self, kind: Kind) -> Part:
+        """What `outbox KIND` runs: the daemon of the one database, or with several databases
+        (or a databases file) a relay per database under a supervisor (the consumer routes)."""
+        if kind == "consumer":
+            return self.consumer()
+        if not self.settings.databases.several:
+            return self.producer() if kind == "producer" else self.handler()
+        if kind == "producer":
+            return self._producers()
+        return self._handlers_part()
+
+    def _supervisor(
+        self, kind: Kind, make: Callable[[Database], R], serve: Callable[[R], None]
+    ) -> Supervisor[R]:
+        databases = self.settings.databases
+        return Supervisor(
+            kind,
+            self.databases(),
+            make,
+            serve,
+            turns=Turns(databases.turns),
+            idle_disconnect=databases.idle_disconnect or None,
+            file=databases.file,
+            fixed=databases.fixed,
+            default_schema=databases.schema,
+        )
+
+    def _of_many(self) -> App:
+        """This app for the relay of one database among several: no observability of its own
+        (the process's serves them all; waiting for a database is the supervisor's); its
+        registry, stores and transport shared."""
+        quiet = App(
+            dataclasses.replace(self.settings, observability=ObservabilityConfig()),
+            self._handlers,
+            stores=self.stores,
+            publishers=self._publishers,
+            subscribers=self._subscribers,
+            probe=self._probe,
+        )
+        quiet._transport = self._transport
+        return quiet
+
+    def _producers(self) -> Supervised[Producer]:
+        """One Producer relay per database, one transport publisher for all."""
+        publishers, probe = self._publishing()
+        quiet = self._of_many()
+        holder: list[Supervised[Producer]] = []
+
+        def make(database: Database) -> Producer:
+            return Producer(
+                quiet.settings.producer,
+                publishers,
+                stores=quiet.stores.relays,
+                database=database,
+                observer=quiet.observer("producer"),
+            )
+
+        def serve(relay: Producer) -> None:
+            publisher = holder[0].publisher
+            assert publisher is not None, "the publisher is made when the part runs"
+            relay.serve_database(publisher)
+
+        supervisor = self._supervisor("producer", make, serve)
+        checks = (
+            [] if probe is None else [lambda: probe.check(self.settings.producer.connect_timeout)]
+        )
+        part = Supervised(
+            supervisor,
+            Observability(
+                "producer",
+                self.observer("producer"),
+                tuning=self.settings.producer,
+                heartbeat=supervisor.heartbeat,
+                relay_id=self.settings.producer.relay_id,
+                transport=probe,
+                databases=supervisor.databases,
+            ),
+            checks,
+            publishers,
+        )
+        holder.append(part)
+        return part
+
+    def _handlers_part(self) -> Supervised[HandlerRunner]:
+        """One Handler relay (and its workers) per database."""
+        handlers = self.handlers
+        quiet = self._of_many()
+
+        def make(database: Database) -> HandlerRunner:
+            return quiet.handler(database)
+
+        supervisor = self._supervisor("handler", make, lambda relay: relay.serve_database())
+        return Supervised(
+            supervisor,
+            Observability(
+                "handler",
+                self.observer("handler"),
+                tuning=self.settings.handler,
+                heartbeat=supervisor.heartbeat,
+                relay_id=self.settings.handler.relay_id,
+                databases=supervisor.databases,
+            ),
+            [lambda: check_async_support(handlers)],
+        )
