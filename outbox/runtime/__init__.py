@@ -8,7 +8,7 @@ both the daemons (outbox/daemons/) and the adapters (outbox/postgres/, outbox/ka
 outbox/pglog/): the CLI, `outbox.testing.drain` and the benchmarks ask it.
 """
 
-from outbox.runtime.app import App, Part, Stores, postgres_stores
+from outbox.runtime.app import App, InMemory, Part, Stores, postgres_stores
 from outbox.runtime.process import OutboxRuntime
 from outbox.runtime.settings import (
     ConsumerConfig,
@@ -25,6 +25,7 @@ __all__ = [
     "ConsumerConfig",
     "Databases",
     "HandlerConfig",
+    "InMemory",
     "ObservabilityConfig",
     "OutboxRuntime",
     "Part",

@@ -47,7 +47,7 @@ from outbox.ports import (
 )
 from outbox.runtime.settings import Settings
 
-__all__ = ["App", "Kind", "Part", "Stores", "Supervised", "postgres_stores"]
+__all__ = ["App", "InMemory", "Kind", "Part", "Stores", "Supervised", "postgres_stores"]
 
 log = logging.getLogger("outbox")
 
@@ -148,6 +148,16 @@ class Supervised(Generic[R]):
         return self.supervisor.relays()
 
 
+@dataclass(frozen=True)
+class InMemory:
+    """The in-memory stores and transport of an `App.in_memory()`: what a test sends into
+    (`outbox.send(...)`), reads back (`inbox.effects`, `inbox.processed`) and inspects."""
+
+    outbox: Any  # outbox.testing.stores.MemoryOutbox
+    inbox: Any  # outbox.testing.stores.MemoryInbox
+    transport: Any  # outbox.testing.memory.InMemoryTransport
+
+
 class App:
     """Turns one `Settings` into running parts (see the module).
 
@@ -174,11 +184,61 @@ class App:
         self._subscribers = subscribers
         self._probe = probe
         self._transport: transports.Transport | None = None
+        #: The in-memory stores and transport of `App.in_memory()` (None otherwise).
+        self.memory: InMemory | None = None
         found = settings.transport
         for database in settings.databases.fixed:
             remember_secrets(secrets_of_url(database.url))
         remember_secrets(secrets_of_url(found.log_url))
         remember_secrets(secrets_of_settings(dict(found.kafka_config)))
+
+    @classmethod
+    def in_memory(
+        cls,
+        handlers: Handlers | str | None = None,
+        *,
+        group: str = "memory",
+        topics: Sequence[str] = (),
+        settings: Settings | None = None,
+    ) -> App:
+        """The same parts over in-memory stores and transport (outbox.testing), for a user's
+        unit tests: no server, one process. Send into `app.memory.outbox`, build the parts
+        with `producer()`, `consumer()` and `handler()` as usual, and read what the callbacks
+        wrote in `app.memory.inbox`. `settings` gives the daemons' tuning (its databases and
+        transport are replaced)."""
+        from outbox.runtime.settings import Databases
+        from outbox.testing.memory import InMemoryTransport
+        from outbox.testing.stores import MemoryInbox, MemoryOutbox
+
+        memory = InMemory(MemoryOutbox(), MemoryInbox(), InMemoryTransport())
+        base = settings or Settings()
+        chosen = dataclasses.replace(
+            base,
+            databases=Databases.of("memory=postgresql://memory/memory", schema="outbox"),
+            group=group,
+            topics=tuple(topics) or base.topics,
+        )
+        stores = Stores(
+            relays=RelayStores(
+                outbox=memory.outbox.stores().outbox, inbox=memory.inbox.stores().inbox
+            ),
+            inboxes=memory.inbox.writers(),
+        )
+        app: App
+
+        def subscriber() -> Any:
+            subscription = app.subscription()
+            return memory.transport.subscriber(subscription.topics, subscription.group)
+
+        app = cls(
+            chosen,
+            handlers,
+            stores=stores,
+            publishers=memory.transport.publisher,
+            subscribers=subscriber,
+        )
+        app.memory = memory
+        return app
 
     # -- what the parts share --------------------------------------------------------------
 

@@ -196,6 +196,19 @@ class OutboxRuntime:
         parts["handler"] = self.app.part("handler")
         self._init(parts, settings.observability)
 
+    @classmethod
+    def of(cls, app: App) -> OutboxRuntime:
+        """The three parts of an `App` already built (`App.in_memory(handlers)` in a test),
+        run as `OutboxRuntime` runs its own: `with OutboxRuntime.of(app): ...`."""
+        runtime = cls.__new__(cls)
+        runtime.settings = app.settings
+        runtime.app = app
+        parts: dict[str, Part] = {"consumer": app.part("consumer")}
+        parts["producer"] = app.part("producer")
+        parts["handler"] = app.part("handler")
+        runtime._init(parts, app.settings.observability)
+        return runtime
+
     def _init(self, parts: Mapping[str, Part], observability: ObservabilityConfig) -> None:
         self.producer = parts["producer"]
         self.consumer = parts["consumer"]

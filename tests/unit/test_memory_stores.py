@@ -15,13 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from outbox import Handlers, InboxMessage
-from outbox.daemons.consumer import Consumer, ConsumerConfig
-from outbox.daemons.handler import HandlerConfig, HandlerRunner
-from outbox.daemons.producer import Producer, ProducerConfig
-from outbox.memory import InMemoryTransport
+from outbox.runtime import App, OutboxRuntime, Settings
 from outbox.testing import stores
 from outbox.testing.stores import (
     MemoryInbox,
@@ -80,12 +75,6 @@ def test_the_in_memory_stores_import_no_driver_adapter_or_daemon() -> None:
     assert _loaded(prelude) == "[]"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox/__init__.py imports Broker (outbox.postgres.writer: psycopg) and registers "
-    "PostgreSQL's stores at import time; issue 32's composition root removes the registration "
-    "(then Broker's import remains: make it lazy too, and drop this mark)",
-)
 def test_importing_the_in_memory_stores_imports_no_driver() -> None:
     assert _loaded("") == "[]"
 
@@ -135,33 +124,43 @@ def _running(*daemons: Any) -> Iterator[None]:
 
 
 def test_a_message_goes_from_the_outbox_to_a_handler_with_no_server() -> None:
-    """The user's story: the Producer, the Consumer and the HandlerRunner over in-memory stores
-    and transport; the callback's writes commit with its row, once, in order per key."""
-    outbox, inbox, transport = MemoryOutbox(), MemoryInbox(), InMemoryTransport()
-    transport.create_topic("orders", partitions=3)
+    """The user's story: the Producer, the Consumer and the HandlerRunner of an
+    `App.in_memory()` over in-memory stores and transport; the callback's writes commit with
+    its row, once, in order per key."""
     handlers = Handlers()
 
     @handlers.handler("orders")
     def on_order(message: InboxMessage[Any], tx: MemoryTransaction) -> None:
         tx.write((message.key, message.payload["n"]))
 
+    app = App.in_memory(handlers, group="billing")
+    assert app.memory is not None
+    outbox, inbox = app.memory.outbox, app.memory.inbox
+    app.memory.transport.create_topic("orders", partitions=3)
     for n in range(30):
         outbox.send("orders", {"n": n}, key=f"order-{n % 4}")
-    producer = Producer(
-        ProducerConfig("memory://", poll_interval=0.05), transport.publisher, stores=outbox.stores()
-    )
-    consumer = Consumer(
-        ConsumerConfig("memory://inbox", "", ["orders"], "billing"),
-        lambda: transport.subscriber(["orders"], "billing"),
-        inbox=inbox.writers(),
-    )
-    runner = HandlerRunner(
-        HandlerConfig("memory://", poll_interval=0.05), handlers, stores=inbox.stores()
-    )
-    with _running(producer, consumer, runner):
+    with OutboxRuntime.of(app):
         _until(lambda: len(inbox.effects) == 30, "every message handled")
     assert outbox.rows == {} and inbox.rows == {} and len(inbox.processed) == 30
     by_key: dict[bytes | None, list[int]] = {}
     for key, n in inbox.effects:  # type: ignore[misc]
         by_key.setdefault(key, []).append(n)
     assert by_key == {f"order-{k}".encode(): list(range(k, 30, 4)) for k in range(4)}
+
+
+def test_the_daemons_of_an_in_memory_app_run_one_by_one() -> None:
+    """Each part on its own, as a test that drives them itself does."""
+    handlers = Handlers()
+
+    @handlers.handler("orders")
+    def on_order(message: InboxMessage[Any], tx: MemoryTransaction) -> None:
+        tx.write(message.payload["n"])
+
+    app = App.in_memory(handlers, group="billing", settings=Settings())
+    memory = app.memory
+    assert memory is not None
+    for n in range(5):
+        memory.outbox.send("orders", {"n": n}, key="k")
+    with _running(app.producer(), app.consumer(), app.handler()):
+        _until(lambda: len(memory.inbox.effects) == 5, "every message handled")
+    assert memory.inbox.effects == [0, 1, 2, 3, 4]

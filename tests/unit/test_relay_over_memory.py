@@ -291,7 +291,7 @@ def test_a_callback_past_its_lease_is_ended_and_its_message_handled_once_more() 
 
     inbox.store("orders", b"slow", key=b"k")
     inbox.store("orders", b"next", key=b"k")
-    config = HandlerConfig("memory://", lease=0.3, poll_interval=0.05, rebalance_interval=0.05)
+    config = HandlerConfig(lease=0.3, poll_interval=0.05, rebalance_interval=0.05)
     with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.lease_expired == 1, "the lease to expire")
         _wait_for(lambda: len(inbox.effects) == 2, "both messages handled")
@@ -315,7 +315,7 @@ def test_async_callbacks_run_over_a_memory_inbox_each_in_its_own_transaction() -
 
     for n in range(6):
         inbox.store("orders", b"%d" % n, key=b"k")
-    config = HandlerConfig("memory://", poll_interval=0.05, rebalance_interval=0.05)
+    config = HandlerConfig(poll_interval=0.05, rebalance_interval=0.05)
     with _handling(inbox, handlers, config) as runner:
         _wait_for(lambda: runner.handled == 6, "every message handled")
     assert inbox.effects == [(b"k", b"%d" % n) for n in range(6)]
