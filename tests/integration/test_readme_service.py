@@ -41,9 +41,6 @@ needs_postgres = pytest.mark.skipif(
 #: See the module's docstring.
 FIRST_MESSAGE_BOUND = 45.0
 #: Why the variant over two tenant databases does not run yet.
-SEVERAL_DATABASES = "outbox run over several databases lands with the composition root"
-
-
 @dataclass
 class Section:
     """The five-minute service as the README writes it."""
@@ -187,7 +184,6 @@ def test_the_five_minute_service_from_the_wheel(tmp_path: Path) -> None:
 
 
 @needs_postgres
-@pytest.mark.skip(reason=SEVERAL_DATABASES)
 def test_the_five_minute_service_over_two_tenant_databases(tmp_path: Path) -> None:
     """The same service with `outbox dev --tenants 2`: each order sent from its tenant's
     database (the README's place_order.py with `Broker(tenant=...)`), one `outbox run` over
