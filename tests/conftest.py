@@ -8,16 +8,29 @@ a user's test files in a subprocess (tests/integration/test_plugin_lazy_servers.
 
 `relay_transport` runs a test on each of the daemons' transports: Kafka and the log kept in
 PostgreSQL (tests/integration/relay_helpers.py, `RelayTransport`).
+
+The property tests (Hypothesis) draw new examples on every run on a developer's machine, to go
+on finding what no one thought of; under CI (`CI` set) they draw the same examples every run
+(`derandomize`), so that a run is red for a change, not for a new draw. Run them with
+`HYPOTHESIS_PROFILE=explore` (or without CI) to explore, and keep what they find as a case.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from outbox import transports
 from tests.integration.relay_helpers import TEST_CONSUMER_KAFKA, RelayTransport
+
+hypothesis_settings.register_profile("ci", derandomize=True)
+hypothesis_settings.register_profile("explore")
+hypothesis_settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "explore")
+)
 
 pytest_plugins = ["pytester"]
 

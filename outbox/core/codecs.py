@@ -1588,7 +1588,9 @@ def _ordered(items: Iterable[Any]) -> list[Any]:
     """A set's items as a list, sorted when they can be (one wire form for one set)."""
     try:
         return sorted(items)
-    except TypeError:  # items of types that do not compare: in the set's own order
+    except (TypeError, ArithmeticError):
+        # Items of types that do not compare (or a Decimal NaN, whose comparison signals):
+        # in the set's own order.
         return list(items)
 
 

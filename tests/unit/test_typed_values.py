@@ -417,6 +417,7 @@ def test_a_defaultdict_is_refused_when_the_topic_is_declared() -> None:
 class Prices:
     price: Decimal = Decimal(0)
     by_price: dict[Decimal, int] = field(default_factory=dict)
+    some: frozenset[Decimal] = frozenset()
 
 
 @pytest.mark.parametrize(
@@ -429,6 +430,8 @@ class Prices:
         (Prices(by_price={Decimal("Infinity"): 1}), "payload.by_price: key Decimal('Infinity')"),
         ({"a": [Decimal("-Infinity")]}, "payload.a[0]: Decimal('-Infinity') is refused"),
         ({Decimal("NaN"): 1}, "payload: key Decimal('NaN') of type Decimal is refused"),
+        # A set with a NaN cannot be sorted (its comparison signals): refused all the same.
+        (Prices(some=frozenset({Decimal(0), Decimal("NaN")})), "Decimal('NaN') is refused"),
     ],
 )
 def test_a_decimal_infinity_or_nan_is_refused_at_send(payload: Any, message: str) -> None:
