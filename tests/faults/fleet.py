@@ -221,9 +221,18 @@ class Fleet:
         """SIGTERM everything; the daemons that did not exit 0 within 60 s."""
         self.thaw_all()
         self.supervise()
-        # A daemon gets SIGTERM only once it is up (Python exits -15 before the handlers are in).
-        youngest = max(self.started_at.values(), default=0.0)
-        time.sleep(max(0.0, min(5.0, youngest + 5.0 - time.monotonic())))
+        # A daemon gets SIGTERM only once it handles it (Python exits -15 before the handlers
+        # are in): on a loaded machine a restarted daemon may still be importing after 5 s.
+        deadline = time.monotonic() + 60
+        for daemon in self.daemons.values():
+            while daemon.process.poll() is None and time.monotonic() < deadline:
+                caught = daemon.catches(signal.SIGTERM)
+                if caught is None:  # no /proc: give it the time a start takes
+                    time.sleep(max(0.0, self.started_at_of(daemon) + 5.0 - time.monotonic()))
+                    break
+                if caught:
+                    break
+                time.sleep(0.05)
         bad = []
         for daemon in self.daemons.values():
             with contextlib.suppress(ProcessLookupError):
@@ -237,6 +246,13 @@ class Fleet:
                 bad.append(Exit(name, code, daemon.output()[-4000:]))
             daemon.close()
         return bad
+
+    def started_at_of(self, daemon: Daemon) -> float:
+        """When `daemon` was (re)started."""
+        for name, running in self.daemons.items():
+            if running is daemon:
+                return self.started_at[name]
+        return 0.0
 
     def close(self) -> None:
         self.thaw_all()
