@@ -40,7 +40,8 @@ needs_postgres = pytest.mark.skipif(
 )
 #: See the module's docstring.
 FIRST_MESSAGE_BOUND = 45.0
-#: Why the variant over two tenant databases does not run yet.
+
+
 @dataclass
 class Section:
     """The five-minute service as the README writes it."""
