@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 from outbox.core.batches import OutgoingRecord
 from outbox.core.errors import ConfigurationError, InvalidHeaders, KafkaUnavailable
 from outbox.core.headers import CONTENT_TYPE, CREATED_AT, MESSAGE_ID
+from outbox.core.redact import MASK, redact_text, secrets_of_settings
 from outbox.core.text import first_line, storable
 from outbox.core.wire import WireHeaders
 from outbox.ports import DeliveryFailure
@@ -143,6 +144,15 @@ def check_reachable(config: Mapping[str, Any], timeout: float = 10.0) -> None:
     except KafkaException as exc:
         error = exc.args[0]
         reason = error.str() if isinstance(error, KafkaError) else str(error)
+        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+            # librdkafka refused a setting (a certificate that is not PEM, a file that cannot
+            # be read) before any broker was asked: no retry can fix it, and "no broker
+            # answered" would send the operator to the network.
+            for secret in sorted(secrets_of_settings(config), key=len, reverse=True):
+                reason = reason.replace(secret, MASK)
+            raise ConfigurationError(
+                f"librdkafka refused the Kafka settings: {redact_text(reason)}"
+            ) from None
         raise KafkaUnavailable(
             f"no Kafka broker answered at {config.get('bootstrap.servers')} "
             f"within {timeout:g}s: {reason}"

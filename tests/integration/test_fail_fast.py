@@ -256,6 +256,33 @@ def test_a_database_not_migrated_exits_1(
         _assert_one_line_exit(daemon, "outbox migrate")
 
 
+#: Kafka settings librdkafka refuses before it asks any broker, and a secret beside them.
+REFUSED_KAFKA_SETTINGS = {
+    "OUTBOX_KAFKA_CONFIG_SECURITY_PROTOCOL": "SSL",
+    "OUTBOX_KAFKA_CONFIG_SSL_CA_PEM": "not a certificate",
+    "OUTBOX_KAFKA_CONFIG_SSL_KEY_PASSWORD": "s3cret-key-passw0rd",
+}
+
+
+@pytest.mark.parametrize("kind", ["producer", "consumer", "run"])
+def test_kafka_settings_librdkafka_refuses_exit_1_naming_the_setting_not_the_network(
+    kind: str,
+    outbox_database_url: str,
+    relay_transport: RelayTransport,
+    app_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if relay_transport.is_log:
+        pytest.skip("Kafka's settings only")
+    for name, value in REFUSED_KAFKA_SETTINGS.items():
+        monkeypatch.setenv(name, value)  # the daemon's environment is the test's, and these
+    with _spawn(kind, outbox_database_url, relay_transport, app_dir) as daemon:
+        line = _assert_one_line_exit(daemon, "librdkafka refused the Kafka settings", "ssl.ca.pem")
+        output = daemon.output()
+    assert "no Kafka broker answered" not in line
+    assert "s3cret-key-passw0rd" not in output
+
+
 @pytest.fixture
 def role_url(outbox_database_url: str) -> Iterator[tuple[str, str]]:
     """(url, role): the test database, as a new role that may log in and nothing more."""
