@@ -20,7 +20,9 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
 - The loop polls every turn (Kafka evicts a member that does not poll within
   max.poll.interval.ms): a turn stores every working database's records and retries at most one
   failing database, so a database that does not answer costs a turn at most connect_timeout.
-- The databases file is re-read every `Routing.reread_interval` seconds: added databases are
+- The databases file is re-read every `Routing.reread_interval` seconds, and at once when it
+  changed and a record names a tenant not served (a tenant added and sent to at once is not
+  quarantined as unknown): added databases are
   served, removed ones are closed (their waiting records become unknown tenants); a file that
   cannot be read or has a bad entry is logged once and the last good list kept.
 """
@@ -31,6 +33,7 @@ import base64
 import functools
 import json
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -61,6 +64,8 @@ log = logging.getLogger("outbox.consumer")
 HELD_BYTES = 64 * 1024 * 1024
 #: What a held record costs besides its payload and key (its columns as Python objects).
 RECORD_OVERHEAD = 400
+#: How a record's tenant that no database serves is described (its quarantine reason).
+UNKNOWN_TENANT = "unknown tenant"
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,19 @@ class _Sink:
             self.conn = None
 
 
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a file is written or replaced (None when it cannot be read)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _unknown(problem: str | None) -> bool:
+    return problem is not None and problem.startswith(UNKNOWN_TENANT)
+
+
 def _tenant_retriable(exc: BaseException) -> bool:
     """What a database's failure can be waited out (or fixed by its operator) without stopping
     the others: the database's errors, outbox's (not migrated, unreachable) and the network's."""
@@ -284,6 +302,7 @@ class Router:
         self._committed: dict[tuple[str, int], int] = {}
         self._next_read = time.monotonic() + routing.reread_interval
         self._bad_file: str | None = None
+        self._file_stamp = _stamp(routing.databases_file) if routing.databases_file else None
         self._routing_log = LimitedLog(log)
         self._overflow_log = LimitedLog(log)
         self._apply(list(routing.databases))
@@ -321,11 +340,16 @@ class Router:
                 self.held -= piece.size
                 self._route(piece.batch)
 
-    def _reread(self) -> None:
-        """Re-read the databases file when it is time (see the module)."""
+    def _reread(self) -> bool:
+        """Re-read the databases file when it changed or it is time (see the module); true when
+        the databases served changed."""
         routing = self.routing
-        if routing.databases_file is None or time.monotonic() < self._next_read:
-            return
+        if routing.databases_file is None:
+            return False
+        stamp = _stamp(routing.databases_file)
+        if stamp == self._file_stamp and time.monotonic() < self._next_read:
+            return False
+        self._file_stamp = stamp
         self._next_read = time.monotonic() + routing.reread_interval
         try:
             listed = check_distinct(
@@ -344,10 +368,12 @@ class Router:
                     problem,
                     extra={"event": "consumer.databases_file"},
                 )
-            return
+            return False
         self._bad_file = None
         if [self.sinks[n].database for n in self.sinks] != listed:
             self._apply(listed)
+            return True
+        return False
 
     # -- routing --------------------------------------------------------------------------
 
@@ -366,7 +392,7 @@ class Router:
             except UnicodeDecodeError:
                 return None, f"tenant header {wanted!r} is not UTF-8 text: {_shown(bytes(value))}"
         if value is None or value not in self.sinks:
-            return None, f"unknown tenant {_shown(value)}"
+            return None, f"{UNKNOWN_TENANT} {_shown(value)}"
         return value, None
 
     def _quarantined_tenant(self, record: Quarantined) -> tuple[str | None, str | None]:
@@ -388,9 +414,13 @@ class Router:
         failing database's piece is not kept (its partitions are read again later)."""
         chosen: dict[str, list[int]] = {}
         quarantined: dict[str, list[Quarantined]] = {}
+        tenants = [self._tenant(headers) for headers in batch.raw_headers]
+        if any(name is None and _unknown(p) for name, p in tenants) and self._reread():
+            # A tenant added to the databases file while this batch was on its way: the file is
+            # read when it changes, so its first records are stored, not quarantined.
+            tenants = [self._tenant(headers) for headers in batch.raw_headers]
         home = self.home
-        for index, headers in enumerate(batch.raw_headers):
-            name, problem = self._tenant(headers)
+        for index, (name, problem) in enumerate(tenants):
             if name is None:
                 reason = storable(problem or "no tenant")
                 quarantined.setdefault(home, []).append(batch.quarantine(index, reason))

@@ -234,3 +234,27 @@ def test_a_bad_databases_file_is_logged_once_and_the_last_good_list_kept(
     lines = [r.getMessage() for r in caplog.records if "databases file" in r.getMessage()]
     assert len(lines) == 1
     assert "given twice" in lines[0] and "secret" not in lines[0]
+
+
+def test_a_tenant_added_to_the_file_is_served_from_its_first_record(
+    tenants: dict[str, str], tmp_path: Path
+) -> None:
+    """The file is read when it changes, not only every reread_interval: a tenant added and
+    sent to at once is stored in its inbox, never quarantined as unknown."""
+    transport = InMemoryTransport()
+    transport.create_topic(TOPIC, 1)
+    file = tmp_path / "tenants.txt"
+    first = {name: url for name, url in tenants.items() if name != "globex"}
+    file.write_text("".join(f"{name}={url}\n" for name, url in first.items()))
+    consumer = _consumer(
+        transport, _databases(first), databases_file=str(file), reread_interval=3600.0
+    )
+    with running(consumer):
+        _send(transport, b"acme", b"acme-0", b"k")
+        wait_for(lambda: len(_payloads(tenants["acme"])) == 1, 30, "acme's first record")
+        file.write_text("".join(f"{name}={url}\n" for name, url in tenants.items()))
+        for n in range(5):
+            _send(transport, b"globex", b"globex-%d" % n, b"k")
+        wait_for(lambda: len(_payloads(tenants["globex"])) == 5, 30, "globex's records")
+    assert [r for r in _rows(tenants["acme"]) if r[1]] == []  # nothing quarantined
+    assert _payloads(tenants["globex"]) == [b"globex-%d" % n for n in range(5)]
