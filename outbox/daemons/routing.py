@@ -18,8 +18,10 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
   polling, and so keeps its group membership, and once nothing waits any more it joins the
   group again to read them anew from the committed offsets.
 - The loop polls every turn (Kafka evicts a member that does not poll within
-  max.poll.interval.ms): a turn stores every working database's records and retries at most one
-  failing database, so a database that does not answer costs a turn at most connect_timeout.
+  max.poll.interval.ms) and never connects: connections are opened by a few connector threads
+  (`CONNECTORS`), all databases' at once at start, so the consumer joins its group at once
+  whatever the number of databases, and a database that is slow to answer or down holds back
+  only its own records. A turn stores every working database's records.
 - The databases file is re-read every `Routing.reread_interval` seconds, and at once when it
   changed and a record names a tenant not served (a tenant added and sent to at once is not
   quarantined as unknown): added databases are
@@ -37,6 +39,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -188,6 +191,13 @@ def _piece(batch: InboxBatch) -> _Piece:
     return _Piece(batch, oldest, size + RECORD_OVERHEAD * len(batch))
 
 
+#: Threads that open the databases' connections for the loop (a connect may take
+#: connect_timeout; the loop never waits for one).
+CONNECTORS = 8
+#: Seconds between two looks at a connection being opened for waiting records.
+OPENING_LOOK = 0.02
+
+
 @dataclass(eq=False)
 class _Sink:
     """One database: its session, its waiting records and its run of failures."""
@@ -197,6 +207,8 @@ class _Sink:
     outage: Outage
     pending: list[_Piece] = field(default_factory=list)
     conn: InboxWriterSession | None = None
+    #: Its connection being opened by a connector thread.
+    connecting: Future[InboxWriterSession] | None = None
     next_try: float = 0.0
     last_used: float = 0.0
     #: Its records are not kept (beyond the memory bound) until they are read again.
@@ -210,6 +222,15 @@ class _Sink:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        if self.connecting is not None:
+            # Whatever the connector opens for it now is closed once opened.
+            self.connecting.add_done_callback(_close_opened)
+            self.connecting = None
+
+
+def _close_opened(future: Future[InboxWriterSession]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -303,6 +324,7 @@ class Router:
         self._next_read = time.monotonic() + routing.reread_interval
         self._bad_file: str | None = None
         self._file_stamp = _stamp(routing.databases_file) if routing.databases_file else None
+        self._connectors = ThreadPoolExecutor(CONNECTORS, thread_name_prefix="outbox-connect")
         self._routing_log = LimitedLog(log)
         self._overflow_log = LimitedLog(log)
         self._apply(list(routing.databases))
@@ -446,7 +468,8 @@ class Router:
         # A failing database keeps its oldest records at least: retrying them tells when it
         # works again.
         over = self.held + piece.size > self.routing.held_bytes
-        if sink.dropping or (sink.failing and sink.pending and over):
+        waiting = sink.failing or sink.connecting is not None  # either may last
+        if sink.dropping or (waiting and sink.pending and over):
             sink.dropping = True
             for tp, offset in piece.oldest.items():
                 self._floor[tp] = min(self._floor.get(tp, offset), offset)
@@ -464,24 +487,22 @@ class Router:
     # -- storing --------------------------------------------------------------------------
 
     def _store_due(self) -> None:
-        """Store the waiting records of every database that is due: every working one, and at
-        most one failing one per turn (its connection attempt may take connect_timeout)."""
+        """Store the waiting records of every database that is due: the working ones first, then
+        those whose backoff ran out (their connections are opened off the loop)."""
         now = time.monotonic()
         due = [s for s in self.sinks.values() if s.pending and s.next_try <= now]
-        retried = False
         for sink in sorted(due, key=lambda s: (s.failing, s.next_try)):
             if self.consumer.stopping:
                 return
-            if sink.failing:
-                if retried:
-                    continue
-                retried = True
             self._attempt(sink)
 
     def _attempt(self, sink: _Sink) -> None:
-        """Store a database's waiting records; on failure, schedule its next try."""
+        """Store a database's waiting records (once its connection is open); on failure,
+        schedule its next try."""
         try:
             conn = self._connection(sink)
+            if conn is None:
+                return  # being opened: a later turn stores them
             while sink.pending:
                 piece = sink.pending[0]
                 self.consumer.heartbeat.beat()
@@ -517,14 +538,34 @@ class Router:
         failure = _failing(type(exc).__name__)(redact_text(first_line(exc)))
         sink.next_try = time.monotonic() + sink.outage.failed(failure)
 
-    def _connection(self, sink: _Sink) -> InboxWriterSession:
+    def _connection(self, sink: _Sink) -> InboxWriterSession | None:
+        """The database's open session; None while a connector opens it (started here when
+        none is). A failed opening raises its error here, in the loop."""
         conn = sink.conn
-        if conn is None or not conn.usable:
+        if conn is not None and conn.usable:
+            return conn
+        if sink.connecting is None:
             sink.close()
-            self.consumer.heartbeat.beat()
-            conn = sink.writer.connect(checked=True)
-            sink.conn = conn
-        return conn
+            sink.connecting = self._connectors.submit(sink.writer.connect, checked=True)
+            return None
+        if not sink.connecting.done():
+            return None
+        opening, sink.connecting = sink.connecting, None
+        sink.conn = opening.result()  # raises the connect's error
+        return sink.conn
+
+    def _opened(self) -> None:
+        """Take the connections the connectors opened since the last turn; a failed one is
+        logged and its database tried again later (with backoff)."""
+        for sink in self.sinks.values():
+            if sink.connecting is not None and sink.connecting.done():
+                try:
+                    self._connection(sink)
+                    sink.last_used = time.monotonic()
+                except Exception as exc:
+                    self._failed(sink, exc)
+                else:
+                    sink.outage.recovered()
 
     def _report(
         self, sink: _Sink, batch: InboxBatch, stored: Counter[str], dead: Counter[str]
@@ -592,16 +633,11 @@ class Router:
     # -- the loop -------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Connect to every database once at start: one that fails is logged (and retried when
-        it has records to store), not fatal."""
+        """Start connecting to every database at once (the connectors open them while the
+        consumer joins its group): one that fails is logged (and retried when it has records to
+        store), not fatal."""
         for sink in self.sinks.values():
-            if self.consumer.stopping:
-                return
-            try:
-                self._connection(sink)
-                sink.last_used = time.monotonic()
-            except Exception as exc:
-                self._failed(sink, exc)
+            self._connection(sink)
 
     def run(self) -> None:
         """Poll, route, store and commit until the consumer is stopped."""
@@ -612,10 +648,13 @@ class Router:
             while not consumer.stopping:
                 consumer.heartbeat.beat()
                 self._reread()
+                self._opened()
                 timeout = config.poll_timeout
                 waiting = [s.next_try for s in self.sinks.values() if s.pending]
                 if waiting:
                     timeout = max(0.0, min(timeout, min(waiting) - time.monotonic()))
+                if any(s.pending and s.connecting is not None for s in self.sinks.values()):
+                    timeout = min(timeout, OPENING_LOOK)
                 try:
                     batch = subscriber.poll(config.batch_size, timeout)
                 except Exception as exc:
@@ -642,6 +681,7 @@ class Router:
             subscriber.close()
             for sink in self.sinks.values():
                 sink.close()
+            self._connectors.shutdown(wait=False, cancel_futures=True)
             unstored = sum(len(p.batch) for s in self.sinks.values() for p in s.pending)
             log.info(
                 "consumer stopped: received=%d stored=%d quarantined=%d%s",

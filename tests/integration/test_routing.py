@@ -6,6 +6,8 @@ Kafka path and a kill -9 are in test_routing_kafka.py."""
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -258,3 +260,33 @@ def test_a_tenant_added_to_the_file_is_served_from_its_first_record(
         wait_for(lambda: len(_payloads(tenants["globex"])) == 5, 30, "globex's records")
     assert [r for r in _rows(tenants["acme"]) if r[1]] == []  # nothing quarantined
     assert _payloads(tenants["globex"]) == [b"globex-%d" % n for n in range(5)]
+
+
+def test_databases_that_do_not_answer_hold_back_only_their_own_records(
+    tenants: dict[str, str],
+) -> None:
+    """Connections are opened off the loop, all at once: ten databases whose server accepts
+    and never answers (each connect waits connect_timeout, 2 s) neither delay the consumer's
+    start nor the records of the databases that answer (serially: 20 s before the first)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # accepted by the kernel, never answered
+    port = silent.getsockname()[1]
+    transport = InMemoryTransport()
+    transport.create_topic(TOPIC, 1)
+    mute = [
+        Database(f"mute{n}", f"postgresql://u@127.0.0.1:{port}/db{n}", "outbox") for n in range(10)
+    ]
+    consumer = _consumer(transport, [*mute, *_databases(tenants)])
+    try:
+        with running(consumer):
+            started = time.monotonic()
+            for n in range(3):
+                _send(transport, b"mute3", b"mute-%d" % n, b"m")
+                _send(transport, b"acme", b"acme-%d" % n, b"k")
+            wait_for(lambda: len(_payloads(tenants["acme"])) == 3, 30, "acme's records")
+            took = time.monotonic() - started
+            assert transport.committed(GROUP, TOPIC, 0) == 0  # below mute3's first record
+    finally:
+        silent.close()
+    assert took < 8, f"acme's records waited {took:.1f} s for databases that do not answer"
