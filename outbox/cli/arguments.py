@@ -530,9 +530,9 @@ def add_many(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="SECONDS",
         help="with several databases: seconds without rows after which a database's relay "
-        "leaves its lanes and closes its connections; it then looks for rows every "
-        "--poll-interval on a short-lived connection (no NOTIFY wake-up meanwhile). 0: never "
-        "(default 60)",
+        "leaves its lanes and closes its connections; it then looks for rows on a short-lived "
+        "connection after --poll-interval, then less and less often up to every 10 times "
+        "--poll-interval (no NOTIFY wake-up meanwhile). 0: never (default 60)",
     )
 
 

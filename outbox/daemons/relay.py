@@ -9,8 +9,11 @@ keeps the flag until it has found rows at every look for `AWAKE_AFTER` (decision
 
 Serving one of several databases (`outbox.daemons.supervisor`), a relay processes each batch in
 a turn (`turns`), and after `idle_disconnect` seconds without rows it parks: it leaves its
-lanes, closes its connection and looks for rows every `poll_interval` on a short-lived one
-(no LISTEN while parked: a row waits up to `poll_interval`).
+lanes, closes its connection and looks for rows on a short-lived one, first after
+`poll_interval`, then at intervals growing by `PARKED_GROWTH` up to `PARKED_SLOWDOWN` times it
+while the database stays quiet, jittered so that the looks of many parked databases spread out
+(no LISTEN while parked: a row waits up to that interval; hundreds of parked databases cost a
+few connections a second, not one per database per poll interval).
 
 The loop reaches its database only through the ports of `outbox.ports` (`QueueDatabase`, whose
 sessions are `RelaySession`s): PostgreSQL's (outbox/postgres/relay_stores.py: advisory locks,
@@ -46,6 +49,12 @@ log = logging.getLogger("outbox.relay")
 IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 #: The shortest sleep of an idle relay (seconds), even for a retry due in less.
 MIN_WAIT = 0.001
+#: A parked relay's looks: each interval this much longer than the one before ...
+PARKED_GROWTH = 1.5
+#: ... up to this many times `poll_interval` (a quiet database's first row waits at most that).
+PARKED_SLOWDOWN = 10.0
+#: Each parked wait is drawn within ±this fraction of its interval.
+PARKED_JITTER = 0.2
 
 Row = TypeVar("Row")
 #: The relay's session on its queue (`outbox.ports`: OutboxSession, InboxSession).
@@ -107,8 +116,10 @@ class LaneRelay(Generic[Row, S]):
         #: turn) and the seconds without rows after which the relay parks (None: never).
         self.turns: Turns | None = None
         self.idle_disconnect: float | None = None
-        #: Whether the relay is parked: no connection, looking for rows every poll interval.
+        #: Whether the relay is parked: no connection, looking for rows now and then.
         self.parked = False
+        #: The interval before a parked relay's next look (see `PARKED_GROWTH`).
+        self.parked_interval = poll_interval
         self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
@@ -184,8 +195,15 @@ class LaneRelay(Generic[Row, S]):
         while not self.stopping:
             try:
                 if self.parked:
-                    self.outage.pause(self.poll_interval, self._stop, self.heartbeat.beat)
+                    wait = self.parked_interval * random.uniform(
+                        1 - PARKED_JITTER, 1 + PARKED_JITTER
+                    )
+                    self.outage.pause(wait, self._stop, self.heartbeat.beat)
                     if self.stopping or not self._rows_waiting():
+                        self.parked_interval = min(
+                            self.parked_interval * PARKED_GROWTH,
+                            self.poll_interval * PARKED_SLOWDOWN,
+                        )
                         continue
                     self.parked = False
                     log.debug("%s found rows: back to its lanes", self.kind)
@@ -281,6 +299,7 @@ class LaneRelay(Generic[Row, S]):
                     and time.monotonic() - idle_since >= self.idle_disconnect
                 ):
                     self.parked = True  # serve_forever looks for rows without a connection
+                    self.parked_interval = self.poll_interval
                     log.debug("%s idle for %.0fs: parked", self.kind, self.idle_disconnect)
                     return
                 self._wait(conn, self._idle_timeout(conn, idle_step))

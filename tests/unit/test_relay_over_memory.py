@@ -9,15 +9,18 @@ retried behind its key).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from outbox import Handlers, InboxMessage
 from outbox.core.databases import Database
 from outbox.core.inbox_rows import ClaimedBatch, Pending
 from outbox.core.retry import Backoff
+from outbox.daemons import relay as relay_module
 from outbox.daemons.handler import HandlerConfig, HandlerRunner
 from outbox.daemons.producer import Producer, ProducerConfig
 from outbox.ports import DeliveryFailure
@@ -320,3 +323,44 @@ def test_async_callbacks_run_over_a_memory_inbox_each_in_its_own_transaction() -
         _wait_for(lambda: runner.handled == 6, "every message handled")
     assert inbox.effects == [(b"k", b"%d" % n) for n in range(6)]
     assert runner.failed == 1
+
+
+def test_a_parked_relay_looks_less_and_less_often_while_its_database_stays_quiet() -> None:
+    """Parked (idle past idle_disconnect), a relay looks for rows on a connection of its own,
+    at intervals growing from poll_interval to PARKED_SLOWDOWN times it; a row still goes."""
+    queue = MemoryOutbox()
+    transport = InMemoryTransport()
+    poll = 0.02  # so at most 0.2 s between looks, 0.24 with the jitter
+    config = ProducerConfig(
+        poll_interval=poll, rebalance_interval=0.05, backoff=Backoff(initial=0.05, maximum=0.05)
+    )
+    relay = Producer(config, transport.publisher, stores=queue.stores(), database=MEMORY)
+    relay.idle_disconnect = 0.05
+    connects: list[float] = []
+    connect = relay.connect
+
+    def counted() -> Any:
+        connects.append(time.monotonic())
+        return connect()
+
+    relay.connect = counted  # type: ignore[method-assign]
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: relay.parked, "the relay to park")
+        parked_at = time.monotonic()
+        time.sleep(3.0)
+        looks = [t for t in connects if t > parked_at]
+        # At poll_interval each: about 150 looks in 3 s; growing to 0.2 s: about 20.
+        assert 8 <= len(looks) <= 30, len(looks)
+        gaps = [b - a for a, b in itertools.pairwise(looks)]
+        cap = poll * relay_module.PARKED_SLOWDOWN * (1 + relay_module.PARKED_JITTER)
+        assert max(gaps) <= cap + 0.2, gaps  # the slack: a loaded machine's sleeps
+        queue.send("orders", b"late", key=b"k")
+        sent_at = time.monotonic()
+        _wait_for(lambda: relay.relayed == 1, "the row sent while parked")
+        assert time.monotonic() - sent_at < 2.0
+    finally:
+        relay.stop()
+        thread.join(10)
+    assert [r.value for r in transport.records("orders")] == [b"late"]
