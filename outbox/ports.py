@@ -129,6 +129,29 @@ class DatabaseProbe(Protocol):
 DatabaseProbes = Callable[[Database], DatabaseProbe]
 
 
+class ActivityWatch(Protocol):
+    """Which of many databases saw writes since the last look, seen through their servers'
+    statistics with one connection and one query per server, not one per database: what wakes
+    the parked relays of a process that serves many databases (outbox/daemons/supervisor.py).
+    Calls come from one thread."""
+
+    def changed(self, databases: Sequence[Database]) -> dict[str, bool]:
+        """For each database (by NAME) this look could see: whether it saw writes since the
+        previous look that saw it (False the first time). A database missing from the answer
+        cannot be watched now (its server unreachable, its statistics off): its relay looks on
+        its own schedule."""
+        ...
+
+    def close(self) -> None:
+        """Release the connections."""
+        ...
+
+
+#: Makes the activity watch of a process (`outbox.postgres.activity.PostgresActivity`), given
+#: the seconds a connection attempt may take.
+ActivityWatches = Callable[[float], ActivityWatch]
+
+
 # -- the relay side: queue stores and their sessions
 #
 # The relay loop (outbox/daemons/relay.py) and its two relays (the Producer, the Handler) reach

@@ -51,8 +51,11 @@ IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 MIN_WAIT = 0.001
 #: A parked relay's looks: each interval this much longer than the one before ...
 PARKED_GROWTH = 1.5
-#: ... up to this many times `poll_interval` (a quiet database's first row waits at most that).
+#: ... up to this many times `poll_interval` (a quiet database's first row waits at most that),
 PARKED_SLOWDOWN = 10.0
+#: ... or this many while the process's activity watch sees the database (`watched`): the watch
+#: wakes the relay when the database sees writes, these looks only catch what it missed.
+PARKED_WATCHED_SLOWDOWN = 30.0
 #: Each parked wait is drawn within ±this fraction of its interval.
 PARKED_JITTER = 0.2
 
@@ -120,6 +123,10 @@ class LaneRelay(Generic[Row, S]):
         self.parked = False
         #: The interval before a parked relay's next look (see `PARKED_GROWTH`).
         self.parked_interval = poll_interval
+        #: Whether the process's activity watch sees this relay's database (see `nudge`).
+        self.watched = False
+        #: Set by `stop` and `nudge`: ends a parked relay's wait.
+        self._wake = threading.Event()
         self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
@@ -173,6 +180,11 @@ class LaneRelay(Generic[Row, S]):
     def stop(self) -> None:
         """Ask the relay to finish the batch in hand and return from `serve_forever`."""
         self._stop.set()
+        self._wake.set()
+
+    def nudge(self) -> None:
+        """Its database saw writes (the process's activity watch): a parked relay looks now."""
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -198,11 +210,12 @@ class LaneRelay(Generic[Row, S]):
                     wait = self.parked_interval * random.uniform(
                         1 - PARKED_JITTER, 1 + PARKED_JITTER
                     )
-                    self.outage.pause(wait, self._stop, self.heartbeat.beat)
+                    self.outage.pause(wait, self._wake, self.heartbeat.beat)
+                    self._wake.clear()
                     if self.stopping or not self._rows_waiting():
+                        slowdown = PARKED_WATCHED_SLOWDOWN if self.watched else PARKED_SLOWDOWN
                         self.parked_interval = min(
-                            self.parked_interval * PARKED_GROWTH,
-                            self.poll_interval * PARKED_SLOWDOWN,
+                            self.parked_interval * PARKED_GROWTH, self.poll_interval * slowdown
                         )
                         continue
                     self.parked = False

@@ -6,7 +6,9 @@ Contract:
   relays share the process's turns (`Turns`: a batch is processed in a turn, first come first
   served), its metrics and health servers and, for the Producer, one transport publisher.
 - A relay idle for `idle_disconnect` seconds parks (see `LaneRelay.parked`): idle databases
-  hold no connection.
+  hold no connection. With an activity watch (`outbox.ports.ActivityWatch`), a thread asks it
+  every `watch_interval` seconds which parked databases saw writes, with one query per
+  server, and wakes their relays (`nudge`); a parked relay's own looks then grow further apart.
 - A database's failure is its own: unreachable, not migrated, without privileges, dropped
   while served. It is logged (a first line at once, then at most one line a minute), retried
   with a backoff growing to `DATABASE_BACKOFF`'s maximum, and never holds the others back.
@@ -39,6 +41,7 @@ from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
 from outbox.observability.logs import LimitedLog
 from outbox.observability.runtime import Observability
+from outbox.ports import ActivityWatch
 
 log = logging.getLogger("outbox.supervisor")
 
@@ -64,9 +67,11 @@ class DatabaseRelay(Protocol):
     turns: Turns | None
     idle_disconnect: float | None
     parked: bool
+    watched: bool
 
     def check_database(self, wait: float = 0.0) -> None: ...
     def stop(self) -> None: ...
+    def nudge(self) -> None: ...
     @property
     def stopping(self) -> bool: ...
 
@@ -124,6 +129,8 @@ class Supervisor(Generic[R]):
         file: str | Path | None = None,
         fixed: Sequence[Database] = (),
         default_schema: str = "outbox",
+        activity: ActivityWatch | None = None,
+        watch_interval: float = 1.0,
     ) -> None:
         self.kind = kind
         self._make = make
@@ -145,6 +152,9 @@ class Supervisor(Generic[R]):
         self._file_log = LimitedLog(log, interval=DATABASE_LOG_INTERVAL)
         self.heartbeat: Heartbeat = _AllBeats(self._beats)
         self.observability: Observability | None = None
+        self.activity = activity
+        self.watch_interval = watch_interval
+        self._watch_log = LimitedLog(log, interval=DATABASE_LOG_INTERVAL)
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -185,6 +195,12 @@ class Supervisor(Generic[R]):
             for database in self._initial:
                 self._start(database)
             next_read = time.monotonic() + FILE_INTERVAL
+            watcher = None
+            if self.activity is not None:
+                watcher = threading.Thread(
+                    target=self._watch, name=f"outbox-{self.kind}-watch", daemon=True
+                )
+                watcher.start()
             try:
                 while not self._stop.wait(0.2):
                     self.heartbeat.beat()
@@ -198,8 +214,40 @@ class Supervisor(Generic[R]):
                     one.relay.stop()
                 for one in served:
                     self._join(one)
+                if watcher is not None:
+                    watcher.join(5)
         if self._fatal is not None:
             raise self._fatal
+
+    def _watch(self) -> None:
+        """Wake the parked relays whose databases saw writes (see the module)."""
+        activity = self.activity
+        assert activity is not None
+        try:
+            while not self._stop.wait(self.watch_interval):
+                with self._lock:
+                    parked = [
+                        one
+                        for one in self._served.values()
+                        if one.state == "serving" and one.relay.parked
+                    ]
+                if not parked:
+                    continue
+                try:
+                    seen = activity.changed([one.database for one in parked])
+                except Exception as exc:  # a bug of the watch: the relays look on their own
+                    seen = {}
+                    self._watch_log(
+                        "the activity watch failed, parked databases are looked at on their "
+                        "own schedule: %s",
+                        redact_text(first_line(exc)),
+                    )
+                for one in parked:
+                    one.relay.watched = one.database.name in seen
+                    if seen.get(one.database.name):
+                        one.relay.nudge()
+        finally:
+            activity.close()
 
     # -- one database --------------------------------------------------------------------------
 

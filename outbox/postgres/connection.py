@@ -29,15 +29,23 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 
 
 def connect(
-    url: str, *, timeout: float, application_name: str, autocommit: bool = True
+    url: str,
+    *,
+    timeout: float,
+    application_name: str,
+    autocommit: bool = True,
+    dbname: str | None = None,
 ) -> Connection:
-    """A connection (autocommit unless asked otherwise); psycopg's error if it cannot."""
+    """A connection (autocommit unless asked otherwise), to database `dbname` instead of the
+    URL's when given; psycopg's error if it cannot."""
+    extra: dict[str, Any] = {} if dbname is None else {"dbname": dbname}
     return psycopg.connect(
         url,
         autocommit=autocommit,
         row_factory=tuple_row,
         connect_timeout=max(1, math.ceil(timeout)),
         application_name=application_name,
+        **extra,
     )
 
 

@@ -38,6 +38,7 @@ from outbox.daemons.supervisor import DatabaseRelay, Supervisor
 from outbox.daemons.turns import Turns
 from outbox.observability.runtime import Observability, ObservabilityConfig, Observer
 from outbox.ports import (
+    ActivityWatches,
     DatabaseProbes,
     InboxWriters,
     PublisherFactory,
@@ -64,10 +65,13 @@ class Stores:
     relays: RelayStores
     inboxes: InboxWriters
     probes: DatabaseProbes | None = None
+    #: What wakes the parked relays of many databases (None: they look on their own schedule).
+    activity: ActivityWatches | None = None
 
 
 def postgres_stores() -> Stores:
     """PostgreSQL's stores and probe (outbox/postgres/): what the daemons use unless told."""
+    from outbox.postgres.activity import PostgresActivity
     from outbox.postgres.inbox_writer import PostgresInbox as PostgresInboxWriter
     from outbox.postgres.probes import PostgresProbe
     from outbox.postgres.relay_stores import PostgresInbox, PostgresOutbox
@@ -76,6 +80,7 @@ def postgres_stores() -> Stores:
         relays=RelayStores(outbox=PostgresOutbox, inbox=PostgresInbox),
         inboxes=PostgresInboxWriter,
         probes=PostgresProbe,
+        activity=PostgresActivity,
     )
 
 
@@ -425,6 +430,8 @@ class App:
         self, kind: Kind, make: Callable[[Database], R], serve: Callable[[R], None]
     ) -> Supervisor[R]:
         databases = self.settings.databases
+        tuning = self.settings.producer if kind == "producer" else self.settings.handler
+        activity = self.stores.activity
         return Supervisor(
             kind,
             self.databases(),
@@ -435,6 +442,8 @@ class App:
             file=databases.file,
             fixed=databases.fixed,
             default_schema=databases.schema,
+            activity=None if activity is None else activity(tuning.connect_timeout),
+            watch_interval=tuning.poll_interval,
         )
 
     def _of_many(self) -> App:
