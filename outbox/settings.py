@@ -61,6 +61,7 @@ HEALTH_PORT = "OUTBOX_HEALTH_PORT"
 HEALTH_HOST = "OUTBOX_HEALTH_HOST"
 LIVENESS_TIMEOUT = "OUTBOX_LIVENESS_TIMEOUT"
 WAIT_FOR_DATABASE = "OUTBOX_WAIT_FOR_DATABASE"
+LOG_INTERVAL = "OUTBOX_LOG_INTERVAL"
 
 # -- OpenTelemetry's own, read by `outbox.tracing` ------------------------------------------
 OTEL_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
@@ -283,6 +284,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         WAIT_FOR_DATABASE,
         "seconds a daemon waits at start for PostgreSQL to accept connections; the default of "
         "`--wait-for-database` (else 0: exit 1 at once)",
+        DAEMONS,
+    ),
+    EnvironmentVariable(
+        LOG_INTERVAL,
+        "seconds summed into one INFO line of a daemon's batches (0: a line per batch); the "
+        "default of `--log-interval` (else 10)",
         DAEMONS,
     ),
     EnvironmentVariable(

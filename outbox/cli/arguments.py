@@ -489,6 +489,15 @@ def add_runtime(parser: argparse.ArgumentParser) -> None:
         f"(env {settings.LIVENESS_TIMEOUT}; default 120)",
     )
     parser.add_argument(
+        "--log-interval",
+        type=flag_type("seconds_or_zero", settings.LOG_INTERVAL),
+        default=os.environ.get(settings.LOG_INTERVAL, "10"),
+        metavar="SECONDS",
+        help="sum the batches into one INFO line per this many seconds (per daemon, whatever "
+        "its number of databases; each batch's line is DEBUG); 0: an INFO line per batch "
+        f"(env {settings.LOG_INTERVAL}; default 10)",
+    )
+    parser.add_argument(
         "--wait-for-database",
         type=flag_type("seconds_or_zero", settings.WAIT_FOR_DATABASE),
         default=os.environ.get(settings.WAIT_FOR_DATABASE, "0"),
@@ -510,6 +519,7 @@ def runtime_config(args: argparse.Namespace) -> ObservabilityConfig:
         health_host=args.health_host,
         liveness_timeout=args.liveness_timeout,
         wait_for_database=args.wait_for_database,
+        log_interval=args.log_interval,
     )
 
 

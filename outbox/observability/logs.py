@@ -178,3 +178,97 @@ class LimitedLog:
                 held,
                 time.monotonic() - since,
             )
+
+
+#: What a summary line says of each daemon's batches: its verb and what it counts.
+SUMMARY_WORDS = {
+    "producer": ("relayed", "messages"),
+    "consumer": ("stored", "records"),
+    "handler": ("handled", "messages"),
+}
+
+
+class BatchSummary:
+    """A daemon's batches summed into one INFO line per `interval` seconds (the first batch of
+    a quiet spell starts the interval; what is left is said at `flush`), instead of a line per
+    batch and, with several databases, per database: a daemon's log stays a few lines a
+    minute whatever its rate and its number of databases.
+
+    Each `add` brings a batch's size, its main count per topic (relayed, stored, handled), its
+    other counts per topic (failed, dead, quarantined...) and the database it was of."""
+
+    def __init__(self, logger: logging.Logger, kind: str, interval: float) -> None:
+        self._logger = logger
+        self.kind = kind
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._reset()
+        self._timer: threading.Timer | None = None
+
+    def _reset(self) -> None:
+        self._batches = 0
+        self._size = 0
+        self._main: dict[str, int] = {}
+        self._others: dict[str, dict[str, int]] = {}
+        self._databases: dict[str, int] = {}
+        self._since = time.monotonic()
+
+    def add(
+        self,
+        size: int,
+        main: dict[str, int],
+        others: dict[str, dict[str, int]] | None = None,
+        database: str | None = None,
+    ) -> None:
+        with self._lock:
+            if self._batches == 0:
+                self._since = time.monotonic()
+                if self._timer is None:
+                    self._timer = threading.Timer(self.interval, self.flush)
+                    self._timer.daemon = True
+                    self._timer.name = f"outbox-{self.kind}-summary"
+                    self._timer.start()
+            self._batches += 1
+            self._size += size
+            for topic, n in main.items():
+                self._main[topic] = self._main.get(topic, 0) + n
+            for name, counts in (others or {}).items():
+                into = self._others.setdefault(name, {})
+                for topic, n in counts.items():
+                    if n:
+                        into[topic] = into.get(topic, 0) + n
+            if database is not None:
+                self._databases[database] = self._databases.get(database, 0) + sum(main.values())
+
+    def flush(self) -> None:
+        """Say what was summed since the last line, if anything (at stop, and by the timer)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._batches == 0:
+                return
+            batches, size, main = self._batches, self._size, self._main
+            others = {name: counts for name, counts in self._others.items() if counts}
+            databases, seconds = self._databases, time.monotonic() - self._since
+            self._reset()
+        verb, noun = SUMMARY_WORDS.get(self.kind, ("processed", "messages"))
+        text = f"{verb} {sum(main.values())} of {size} {noun} in {batches} batches over "
+        text += f"{seconds:.1f}s ({topic_summary(main) or 'none'})"
+        for name, counts in others.items():
+            shown = str(counts[""]) if set(counts) == {""} else topic_summary(counts)
+            text += f"; {name.replace('_', ' ')} {shown}"
+        if databases:
+            text += f"; {len(databases)} databases ({topic_summary(databases, limit=5)})"
+        self._logger.info(
+            text,
+            extra={
+                "event": f"{self.kind}.summary",
+                "batches": batches,
+                "batch_size": size,
+                verb: main,
+                **others,
+                **({"databases": databases} if databases else {}),
+                "seconds": round(seconds, 3),
+            },
+        )

@@ -37,7 +37,7 @@ from outbox.core.redact import (
 )
 from outbox.core.text import first_line
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
-from outbox.observability.logs import topic_summary
+from outbox.observability.logs import BatchSummary, topic_summary
 from outbox.observability.metrics import (
     HandlerTally,
     Kind,
@@ -81,6 +81,9 @@ class ObservabilityConfig:
     #: Start-up of the daemon process (kept here, beside its other process settings): how
     #: long to wait for PostgreSQL to accept connections before exiting; 0: fail at once.
     wait_for_database: float = 0.0
+    #: Seconds summed into one INFO line of the daemon's batches (each batch's line is then
+    #: DEBUG); 0: an INFO line per batch.
+    log_interval: float = 10.0
 
     def __post_init__(self) -> None:
         check_fields(
@@ -93,6 +96,7 @@ class ObservabilityConfig:
                 "probe_timeout": "seconds",
                 "stats_interval": "seconds",
                 "wait_for_database": "seconds_or_zero",
+                "log_interval": "seconds_or_zero",
             },
             optional=("metrics_port", "health_port"),
         )
@@ -209,6 +213,13 @@ class Observability:
         self.metrics_lanes = lanes
         self._transport = transport
         self._log = logging.getLogger(f"outbox.{kind}")
+        #: The batches' summary line (None: an INFO line per batch); a relay among several
+        #: shares its process's (`for_database`).
+        self.summary: BatchSummary | None = (
+            BatchSummary(self._log, kind, self.config.log_interval)
+            if self.config.log_interval > 0
+            else None
+        )
         if database is not None:
             remember_secrets(secrets_of_url(database.url))
         self.metrics: Metrics = Metrics()
@@ -242,6 +253,7 @@ class Observability:
         """Make `observability` (of one relay among several) report into this one's metrics
         as database `name`, and name it in its batch lines."""
         observability.database = name
+        observability.summary = self.summary
         if isinstance(self.metrics, PrometheusMetrics):
             lanes = observability.metrics_lanes
             observability.metrics = self.metrics.for_database(name, lanes)
@@ -278,6 +290,8 @@ class Observability:
             yield
         finally:
             self.health.stopping = True
+            if self.summary is not None:
+                self.summary.flush()
             if self._probes is not None:
                 self._probes.stop()
             if self.health_server is not None:
@@ -331,7 +345,15 @@ class Observability:
                     if result.permanent:
                         dead[row.topic] += 1
         self.metrics.producer_batch(len(rows), relayed, failed, dead, seconds)
-        self._log.info(
+        if self.summary is not None:
+            self.summary.add(
+                len(rows), relayed, {"failed": failed, "dead": dead}, database=self.database
+            )
+        level = logging.INFO if self.summary is None else logging.DEBUG
+        if not self._log.isEnabledFor(level):
+            return
+        self._log.log(
+            level,
             "%srelayed %d of %d messages in %.3fs (%s)%s",
             self.where(),
             relayed.total(),
@@ -370,7 +392,22 @@ class Observability:
         metrics.consumer_batch(len(rows), received, stored, quarantined)
         total = sum(stored.values())
         dead = sum(quarantined.values())
-        self._log.info(
+        if self.summary is not None:
+            again = len(rows) - total - dead
+            self.summary.add(
+                len(rows),
+                dict(stored),
+                {
+                    "quarantined": dict(quarantined),
+                    "already_stored": {"": again} if again > 0 else {},
+                },
+                database=database if routing else None,
+            )
+        level = logging.INFO if self.summary is None else logging.DEBUG
+        if not self._log.isEnabledFor(level):
+            return
+        self._log.log(
+            level,
             "stored %d of %d records%s (%s)%s%s",
             total,
             len(rows),
@@ -392,7 +429,18 @@ class Observability:
         """Report one Handler batch: metrics, and its INFO line."""
         self.metrics.handler_batch(size, tally)
         expired = tally.lease_expired.total()
-        self._log.info(
+        if self.summary is not None:
+            self.summary.add(
+                size,
+                tally.handled,
+                {"failed": tally.failed, "dead": tally.dead, "past_lease": tally.lease_expired},
+                database=self.database,
+            )
+        level = logging.INFO if self.summary is None else logging.DEBUG
+        if not self._log.isEnabledFor(level):
+            return
+        self._log.log(
+            level,
             "%shandled %d of %d messages (%s)%s%s",
             self.where(),
             tally.handled.total(),

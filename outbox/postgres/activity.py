@@ -22,12 +22,11 @@ there. A database whose count moved gets its relay woken to look; the others sta
 from __future__ import annotations
 
 import contextlib
-import getpass
 import logging
-import os
 from collections.abc import Sequence
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox.core.databases import Database
@@ -50,9 +49,10 @@ def _server(url: str) -> tuple[ServerKey, str] | None:
         params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
     except psycopg.Error:
         return None
-    name = params.pop("dbname", "") or os.environ.get("PGDATABASE", "")
-    if not name:
-        name = params.get("user") or os.environ.get("PGUSER") or getpass.getuser()
+    name = params.pop("dbname", "")
+    if not name:  # libpq's default: PGDATABASE, else the user (PGUSER, else the login)
+        defaults = {o.keyword.decode(): o.val.decode() for o in pq.Conninfo.get_defaults() if o.val}
+        name = defaults.get("dbname") or params.get("user") or defaults.get("user", "")
     params.pop("application_name", None)
     return tuple(sorted(params.items())), name
 

@@ -323,9 +323,12 @@ def _json_lines(output: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]  # every line parses, or the test fails
 
 
-def test_json_logs_have_one_info_line_per_batch_and_sighup_reloads_nothing(
-    outbox_database_url: str, outbox_kafka_bootstrap: str, outbox_topic: str
+@pytest.mark.parametrize("interval", ["0", "10"])
+def test_json_logs_summarize_batches_or_say_each_and_sighup_reloads_nothing(
+    interval: str, outbox_database_url: str, outbox_kafka_bootstrap: str, outbox_topic: str
 ) -> None:
+    """--log-interval 0: an INFO line per batch; else the batches summed into one INFO line
+    per interval (what is left said at stop), each batch's line DEBUG."""
     url = outbox_database_url
     _send(url, {outbox_topic: 200})
     with spawn_producer(
@@ -333,7 +336,7 @@ def test_json_logs_have_one_info_line_per_batch_and_sighup_reloads_nothing(
         outbox_kafka_bootstrap,
         "--batch-size",
         "50",
-        env={"OUTBOX_LOG_FORMAT": "json"},
+        env={"OUTBOX_LOG_FORMAT": "json", "OUTBOX_LOG_INTERVAL": interval},
     ) as relay:
         wait_for(lambda: count(url) == 0, 60, "producer_queue to drain")
         relay.signal(signal.SIGHUP)
@@ -345,12 +348,25 @@ def test_json_logs_have_one_info_line_per_batch_and_sighup_reloads_nothing(
     for entry in entries:
         assert {"timestamp", "level", "logger", "message"} <= entry.keys()
     batches = [e for e in entries if e.get("event") == "producer.batch"]
-    assert sum(sum(e["relayed"].values()) for e in batches) == 200
-    # --batch-size 50, doubled while batches come back full, at most BUSY_BATCH_FACTOR times.
-    assert all(e["level"] == "INFO" and e["batch_size"] <= 50 * BUSY_BATCH_FACTOR for e in batches)
-    assert 2 <= len(batches) < 200
+    summaries = [e for e in entries if e.get("event") == "producer.summary"]
     info = [e for e in entries if e["level"] == "INFO"]
-    assert len(info) <= len(batches) + 3  # start, stop and the signal; nothing per message
+    if interval == "0":
+        assert sum(sum(e["relayed"].values()) for e in batches) == 200
+        # --batch-size 50, doubled while batches come back full, at most BUSY_BATCH_FACTOR times.
+        assert all(
+            e["level"] == "INFO" and e["batch_size"] <= 50 * BUSY_BATCH_FACTOR for e in batches
+        )
+        assert 2 <= len(batches) < 200 and not summaries
+        assert len(info) <= len(batches) + 3  # start, stop and the signal; nothing per message
+    else:
+        assert batches == []  # DEBUG, below the default level
+        assert sum(sum(e["relayed"].values()) for e in summaries) == 200
+        assert sum(e["batch_size"] for e in summaries) == 200
+        assert all(e["level"] == "INFO" and e["batches"] >= 1 for e in summaries)
+        assert sum(e["batches"] for e in summaries) >= 2
+        assert 1 <= len(summaries) <= 2  # the drain took less than an interval or two
+        assert "relayed 200 of 200 messages" in summaries[0]["message"] or len(summaries) == 2
+        assert len(info) <= len(summaries) + 3
     assert next(e["event"] for e in entries if "event" in e) == "producer.start"
     assert any("SIGHUP" in e["message"] and e["level"] == "WARNING" for e in entries)
 
@@ -379,9 +395,9 @@ def test_handler_errors_carry_message_id_and_topic_in_json(
     assert len(failures) == 1, entries
     assert failures[0]["message_id"] == str(ids[0])
     assert failures[0]["topic"] == outbox_topic
-    batches = [e for e in entries if e.get("event") == "handler.batch"]
-    assert sum(sum(e["handled"].values()) for e in batches) == 1
-    assert sum(sum(e["failed"].values()) for e in batches) == 1
+    summaries = [e for e in entries if e.get("event") == "handler.summary"]
+    assert sum(sum(e["handled"].values()) for e in summaries) == 1
+    assert sum(sum(e.get("failed", {}).values()) for e in summaries) == 1
 
 
 # -- startup line and fatal errors -------------------------------------------------------------
