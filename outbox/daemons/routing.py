@@ -89,6 +89,10 @@ class Routing:
     schema: str = "outbox"
     #: Seconds between two reads of the databases file.
     reread_interval: float = 5.0
+    #: Seconds a record naming a tenant not served waits for the databases file to name it
+    #: (a tenant added to the producer's file before the consumer's) before it is quarantined;
+    #: without a databases file none waits.
+    unknown_grace: float = 30.0
     #: Bytes of records held for failing databases before their new ones are read again later.
     held_bytes: int = HELD_BYTES
     #: Seconds a database's connection may stay unused before it is closed.
@@ -324,6 +328,10 @@ class Router:
         self._next_read = time.monotonic() + routing.reread_interval
         self._bad_file: str | None = None
         self._file_stamp = _stamp(routing.databases_file) if routing.databases_file else None
+        #: Pieces of records whose tenant is not served yet, one tenant each, in arrival order,
+        #: with the time they are quarantined if it still is not (see `unknown_grace`).
+        self._unknown: list[tuple[_Piece, str, float]] = []
+        self._unknown_log = LimitedLog(log)
         self._connectors = ThreadPoolExecutor(CONNECTORS, thread_name_prefix="outbox-connect")
         self._routing_log = LimitedLog(log)
         self._overflow_log = LimitedLog(log)
@@ -360,7 +368,25 @@ class Router:
             log.info("database %r is no longer served", sink.database.name)
             for piece in sink.pending:
                 self.held -= piece.size
-                self._route(piece.batch)
+                self._route(piece.batch, waited=True)  # removed on purpose: no wait
+
+    def _release_unknown(self) -> None:
+        """Route the waiting records of tenants now served, and quarantine those whose wait
+        ran out, in arrival order (a tenant's are one after another in the list, so its keys
+        keep their order)."""
+        if not self._unknown:
+            return
+        now = time.monotonic()
+        waiting = self._unknown
+        self._unknown = []
+        for piece, problem, until in waiting:
+            served = self._tenant(piece.batch.raw_headers[0])[0] is not None
+            behind = any(p == problem for _, p, _ in self._unknown)  # its tenant's earlier
+            if behind or (not served and now < until):
+                self._unknown.append((piece, problem, until))
+                continue
+            self.held -= piece.size
+            self._route(piece.batch, waited=True)
 
     def _reread(self) -> bool:
         """Re-read the databases file when it changed or it is time (see the module); true when
@@ -394,6 +420,7 @@ class Router:
         self._bad_file = None
         if [self.sinks[n].database for n in self.sinks] != listed:
             self._apply(listed)
+            self._release_unknown()
             return True
         return False
 
@@ -431,23 +458,51 @@ class Router:
             return None, "headers unreadable"
         return self._tenant(pairs)
 
-    def _route(self, batch: InboxBatch) -> None:
+    def _route(self, batch: InboxBatch, *, waited: bool = False) -> None:
         """Split `batch` into one piece per database and hold each; beyond the memory bound a
-        failing database's piece is not kept (its partitions are read again later)."""
+        failing database's piece is not kept (its partitions are read again later). Records
+        of a tenant not served wait for the databases file to name it (`unknown_grace`),
+        unless they `waited` already."""
         chosen: dict[str, list[int]] = {}
         quarantined: dict[str, list[Quarantined]] = {}
+        unknown: dict[str, list[int]] = {}
         tenants = [self._tenant(headers) for headers in batch.raw_headers]
-        if any(name is None and _unknown(p) for name, p in tenants) and self._reread():
+        if (
+            not waited
+            and any(name is None and _unknown(p) for name, p in tenants)
+            and self._reread()
+        ):
             # A tenant added to the databases file while this batch was on its way: the file is
             # read when it changes, so its first records are stored, not quarantined.
             tenants = [self._tenant(headers) for headers in batch.raw_headers]
+        wait = (
+            not waited
+            and self.routing.databases_file is not None
+            and self.routing.unknown_grace > 0
+            and self.held < self.routing.held_bytes
+        )
         home = self.home
         for index, (name, problem) in enumerate(tenants):
             if name is None:
+                if wait and _unknown(problem):
+                    unknown.setdefault(problem or "", []).append(index)
+                    continue
                 reason = storable(problem or "no tenant")
                 quarantined.setdefault(home, []).append(batch.quarantine(index, reason))
             else:
                 chosen.setdefault(name, []).append(index)
+        until = time.monotonic() + self.routing.unknown_grace
+        for problem, indexes in unknown.items():
+            piece = _piece(batch.pick(indexes))
+            self._unknown.append((piece, problem, until))
+            self.held += piece.size
+            self._unknown_log(
+                "records of an %s wait up to %.0fs for the databases file to name it, then are "
+                "quarantined",
+                problem,
+                self.routing.unknown_grace,
+                extra={"event": "consumer.unknown_tenant"},
+            )
         for record in batch.quarantined:
             name, problem = self._quarantined_tenant(record)
             if name is None:
@@ -596,6 +651,7 @@ class Router:
         for sink in self.sinks.values():
             sink.pending.clear()
             sink.dropping = False
+        self._unknown.clear()
         self.held = 0
         self._seen.clear()
         self._floor.clear()
@@ -614,10 +670,11 @@ class Router:
         positions = dict(self._seen)
         for tp, offset in self._floor.items():
             positions[tp] = min(positions.get(tp, offset), offset)
-        for sink in self.sinks.values():
-            for piece in sink.pending:
-                for tp, offset in piece.oldest.items():
-                    positions[tp] = min(positions.get(tp, offset), offset)
+        pieces = [p for s in self.sinks.values() for p in s.pending]
+        pieces += [piece for piece, _, _ in self._unknown]
+        for piece in pieces:
+            for tp, offset in piece.oldest.items():
+                positions[tp] = min(positions.get(tp, offset), offset)
         return positions
 
     def _commit(self, subscriber: Subscriber) -> None:
@@ -648,9 +705,11 @@ class Router:
             while not consumer.stopping:
                 consumer.heartbeat.beat()
                 self._reread()
+                self._release_unknown()
                 self._opened()
                 timeout = config.poll_timeout
                 waiting = [s.next_try for s in self.sinks.values() if s.pending]
+                waiting += [until for _, _, until in self._unknown]
                 if waiting:
                     timeout = max(0.0, min(timeout, min(waiting) - time.monotonic()))
                 if any(s.pending and s.connecting is not None for s in self.sinks.values()):

@@ -290,3 +290,53 @@ def test_databases_that_do_not_answer_hold_back_only_their_own_records(
     finally:
         silent.close()
     assert took < 8, f"acme's records waited {took:.1f} s for databases that do not answer"
+
+
+def test_records_of_a_tenant_not_yet_in_the_file_wait_for_it_then_are_stored_in_order(
+    tenants: dict[str, str], tmp_path: Path
+) -> None:
+    """The producer's databases file named the tenant first: its records reach a consumer
+    whose file does not name it yet. They wait (unknown_grace), holding back only themselves
+    and the offsets below them; once the file names the tenant they are stored, in order."""
+    transport = InMemoryTransport()
+    transport.create_topic(TOPIC, 1)
+    file = tmp_path / "tenants.txt"
+    first = {name: url for name, url in tenants.items() if name != "globex"}
+    file.write_text("".join(f"{name}={url}\n" for name, url in first.items()))
+    consumer = _consumer(transport, _databases(first), databases_file=str(file))
+    with running(consumer):
+        for n in range(5):
+            _send(transport, b"globex", b"globex-%d" % n, b"k%d" % (n % 2))
+            _send(transport, b"acme", b"acme-%d" % n, b"k")
+        wait_for(lambda: len(_payloads(tenants["acme"])) == 5, 30, "acme's records")
+        time.sleep(1.0)
+        assert _payloads(tenants["acme"], dead=True) == []  # globex's not quarantined
+        assert transport.committed(GROUP, TOPIC, 0) == 0  # below globex's first record
+        file.write_text("".join(f"{name}={url}\n" for name, url in tenants.items()))
+        wait_for(lambda: len(_payloads(tenants["globex"])) == 5, 30, "globex's records")
+        wait_for(lambda: transport.committed(GROUP, TOPIC, 0) == 10, 30, "the commit")
+    stored = [bytes(r[0]) for r in _rows(tenants["globex"])]
+    assert stored == [b"globex-%d" % n for n in range(5)]  # in the order sent
+    assert [r for r in _rows(tenants["acme"]) if r[1]] == []  # nothing quarantined
+
+
+def test_records_of_a_tenant_the_file_never_names_are_quarantined_after_their_wait(
+    tenants: dict[str, str], tmp_path: Path
+) -> None:
+    transport = InMemoryTransport()
+    transport.create_topic(TOPIC, 1)
+    file = tmp_path / "tenants.txt"
+    file.write_text("".join(f"{name}={url}\n" for name, url in tenants.items()))
+    consumer = _consumer(
+        transport, _databases(tenants), databases_file=str(file), unknown_grace=1.0
+    )
+    with running(consumer):
+        started = time.monotonic()
+        _send(transport, b"umbrella", b"lost-0", b"k")
+        _send(transport, None, b"headless", b"k")
+        wait_for(lambda: len(_payloads(tenants["acme"], dead=True)) == 1, 30, "no header: at once")
+        wait_for(lambda: len(_payloads(tenants["acme"], dead=True)) == 2, 30, "the wait's end")
+        assert time.monotonic() - started >= 1.0
+        wait_for(lambda: transport.committed(GROUP, TOPIC, 0) == 2, 30, "the commit past them")
+    errors = {r[2] for r in _rows(tenants["acme"]) if r[1]}
+    assert "unknown tenant 'umbrella'" in errors
