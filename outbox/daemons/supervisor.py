@@ -170,6 +170,15 @@ class Supervisor(Generic[R]):
         with self._lock:
             return list(self._listed)
 
+    def parked(self) -> set[str]:
+        """The NAMEs of the databases whose relays are parked now."""
+        with self._lock:
+            return {
+                name
+                for name, one in self._served.items()
+                if one.state == "serving" and one.relay.parked
+            }
+
     def relays(self) -> list[R]:
         """The relays running now (for tests and benchmarks)."""
         with self._lock:

@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -194,6 +194,7 @@ class Observability:
         transport: TransportProbe | None = None,
         lanes: Callable[[], int] | None = None,
         databases: Callable[[], Sequence[Database]] | None = None,
+        parked: Callable[[], Collection[str]] | None = None,
     ) -> None:
         self.kind = kind
         #: The database the daemon serves (its probe's), or None.
@@ -202,6 +203,9 @@ class Observability:
         #: each database's series (`for_database`), its start-up line lists them, and its
         #: probes check the transport only (each database's state is watched, see `health`).
         self.databases = databases
+        #: Of those, the NAMEs of the databases whose relays are parked: their queue gauges are
+        #: not refreshed (a connection each per refresh, for databases with nothing waiting).
+        self.parked = parked
         #: The NAME of the database of one relay among several: its batch lines say it.
         self.database: str | None = None
         #: The daemon's own config (a dataclass of its tuning), for the start-up line.
@@ -549,8 +553,10 @@ class _Probes:
         query (per database, each on a short-lived connection, for several)."""
         queue = QUEUE_OF[self.owner.kind]
         if self.owner.databases is not None:
+            parked = self.owner.parked() if self.owner.parked is not None else ()
             for database in self.owner.databases():
-                self._refresh_database(database, queue)
+                if database.name not in parked:
+                    self._refresh_database(database, queue)
             return
         probe = self._database
         if probe is None:

@@ -495,6 +495,7 @@ class App:
                 relay_id=self.settings.producer.relay_id,
                 transport=probe,
                 databases=supervisor.databases,
+                parked=supervisor.parked,
             ),
             checks,
             publishers,
@@ -520,6 +521,7 @@ class App:
                 heartbeat=supervisor.heartbeat,
                 relay_id=self.settings.handler.relay_id,
                 databases=supervisor.databases,
+                parked=supervisor.parked,
             ),
             [lambda: check_async_support(handlers)],
         )
