@@ -424,3 +424,34 @@ def test_outbox_run_delivers_what_a_service_sent_without_a_registry(
     for key in ("k0", "k1"):
         numbers = [json.loads(r.body)["n"] for r in accepted if r.headers["ce-subject"] == key]
         assert numbers == sorted(numbers)
+
+
+def test_a_delivery_has_at_most_concurrency_requests_in_flight() -> None:
+    port = free_port()
+    in_flight = 0
+    most = 0
+    guard = threading.Lock()
+
+    class Slow(Receiver):
+        def default(self, headers: dict[str, str], body: bytes) -> Answer:
+            nonlocal in_flight, most
+            with guard:
+                in_flight += 1
+                most = max(most, in_flight)
+            time.sleep(0.2)
+            with guard:
+                in_flight -= 1
+            return (200, {}, b"")
+
+    delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=5, concurrency=2)
+    with receiving(Slow(port)) as receiver:
+        posts = [
+            threading.Thread(target=delivery.post, args=(_message(), "outbox://x"))
+            for _ in range(6)
+        ]
+        for post in posts:
+            post.start()
+        for post in posts:
+            post.join(10)
+        assert len(receiver.accepted) == 6
+    assert most == 2

@@ -343,19 +343,26 @@ def test_sql_send_notifies_only_while_a_relay_sleeps(outbox_database_url: str) -
 # -- received as Python's ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("transport", ["log", "kafka"])
 def test_a_python_handler_receives_an_sql_send_as_a_python_send(
-    outbox_database_url: str, outbox_log_url: str, outbox_drain: Drain
+    request: pytest.FixtureRequest, outbox_database_url: str, outbox_drain: Drain, transport: str
 ) -> None:
+    """Over the log kept in PostgreSQL and over the session's Kafka-protocol broker."""
     url = outbox_database_url
+    if transport == "kafka":
+        topic = request.getfixturevalue("outbox_topic")
+        endpoint = request.getfixturevalue("outbox_kafka_bootstrap")
+    else:
+        topic, endpoint = "sql.orders", request.getfixturevalue("outbox_log_url")
     received: list[InboxMessage[Any]] = []
     handlers = Handlers()
 
-    @handlers.handler("sql.orders")
+    @handlers.handler(topic)
     def record(message: InboxMessage[Any], conn: Any) -> None:
         received.append(message)
 
     arguments = {
-        "topic": "sql.orders",
+        "topic": topic,
         "payload": {"id": 1, "items": ["a"]},
         "key": "order-1",
         "headers": {"x-source": "sql"},
@@ -366,9 +373,9 @@ def test_a_python_handler_receives_an_sql_send_as_a_python_send(
             from_sql = sql_send(conn, **arguments)
             from_python = python_send(conn, big_broker, **arguments)
         with pytest.raises(RuntimeError), conn.transaction():
-            sql_send(conn, topic="sql.orders", payload={"id": 2})
+            sql_send(conn, topic=topic, payload={"id": 2})
             raise RuntimeError("rolled back")
-    outbox_drain(handlers, transport=outbox_log_url)
+    outbox_drain(handlers, transport=endpoint, timeout=90)
     assert sorted(m.id for m in received) == sorted([from_sql, from_python])
     by_id = {m.id: m for m in received}
     sql, python = by_id[from_sql], by_id[from_python]
