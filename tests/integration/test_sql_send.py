@@ -131,6 +131,17 @@ def test_sql_nulls_are_refused_by_name(
     assert rows(seeded) == before
 
 
+def test_a_message_id_that_is_not_a_uuid_is_refused_by_postgresql_before_the_call(
+    seeded: str,
+) -> None:
+    """Python's "message_id ... is not a UUID" is PostgreSQL's own check in SQL (22P02)."""
+    before = rows(seeded)
+    with psycopg.connect(seeded) as conn:
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation, match="uuid"):
+            conn.execute("SELECT outbox.send('t', '{}', message_id => 'not-a-uuid')")
+    assert rows(seeded) == before
+
+
 def test_a_bad_limit_setting_is_refused(seeded: str) -> None:
     with psycopg.connect(seeded) as conn:
         with pytest.raises(psycopg.Error, match="whole number of bytes"), conn.transaction():
