@@ -211,6 +211,8 @@ class HttpDelivery:
                     response.close()  # its socket, when the answer said Connection: close
             except TimeoutError:
                 raise RetryLater(f"{where}: no answer within {self.timeout:g} s") from None
+            except ValueError as exc:  # a header HTTP cannot carry (a content type with a CR)
+                raise PermanentFailure(f"{where}: cannot be sent over HTTP: {exc}") from None
             except (OSError, http.client.HTTPException) as exc:
                 raise RetryLater(f"{where}: {type(exc).__name__}: {exc}") from None
             finally:

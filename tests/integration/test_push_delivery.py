@@ -9,6 +9,7 @@ A 4xx other than 408 and 429 is dead at once, with the status and the start of t
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import subprocess
 import sys
@@ -455,3 +456,15 @@ def test_a_delivery_has_at_most_concurrency_requests_in_flight() -> None:
             post.join(10)
         assert len(receiver.accepted) == 6
     assert most == 2
+
+
+def test_a_message_http_cannot_carry_is_dead_at_once() -> None:
+    """A foreign record's content type with a line break cannot be a header: no attempt can
+    send it, so it is not retried."""
+    port = free_port()
+    delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=2)
+    broken = dataclasses.replace(_message(), content_type="text/plain\r\nx-evil: 1")
+    with receiving(Receiver(port)) as receiver:
+        with pytest.raises(PermanentFailure, match="cannot be sent over HTTP"):
+            delivery.post(broken, "outbox://x")
+    assert receiver.requests == []
