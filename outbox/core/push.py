@@ -154,8 +154,8 @@ class HttpDelivery:
         self.source = source
         self._slots = threading.BoundedSemaphore(concurrency)
         #: How the registry and the logs name this callback (never the password).
-        self.__qualname__ = f"deliver({topic!r} to {self.endpoint.shown})"
-        self.__module__ = "outbox.push"
+        self.__qualname__ = f"deliver({topic!r} to {self.endpoint.shown!r})"
+        self.__module__ = "outbox"
 
     async def __call__(self, message: InboxMessage[Any], conn: Any) -> None:
         """POST `message`; return once answered 2xx, else raise what the answer means."""
