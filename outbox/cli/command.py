@@ -40,6 +40,7 @@ from outbox.core.numbers import Rule, flag_type
 from outbox.core.text import first_line
 
 if TYPE_CHECKING:
+    from outbox.core.handlers import Handlers
     from outbox.runtime.app import Kind
 
 #: What `outbox demo` says: the demo runs the example services, which the package does not ship.
@@ -168,8 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     handler = commands.add_parser("handler", help="run a service's handlers over consumer_queue")
     handler.add_argument(
-        "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
+        "handlers",
+        metavar="MODULE:ATTRIBUTE",
+        nargs="?",
+        help="the Handlers registry, e.g. svc.handlers:h (optional with --deliver)",
     )
+    add_deliver(handler)
     add_databases(handler)
     add_runtime(handler)
     handler.add_argument(
@@ -347,7 +352,7 @@ def _migrated(schema: str, before: str | None, after: str | None) -> str:
     return f"{schema} migrated from revision {before} to {after}"
 
 
-def _daemon(args: argparse.Namespace, kind: Kind, handlers: str | None = None) -> int:
+def _daemon(args: argparse.Namespace, kind: Kind, handlers: Handlers | str | None = None) -> int:
     """`outbox producer`, `consumer` or `handler`: the part the composition root builds from
     the flags (one database's daemon, or a relay per database), run until SIGTERM."""
     from outbox.runtime import App
@@ -390,7 +395,59 @@ def _consumer(args: argparse.Namespace) -> int:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    return _daemon(args, "handler", args.handlers)
+    return _daemon(args, "handler", registry_of(args))
+
+
+def add_deliver(parser: argparse.ArgumentParser) -> None:
+    """The push-delivery flags of `outbox handler` and `outbox run`."""
+    parser.add_argument(
+        "--deliver",
+        action="append",
+        default=[],
+        metavar="TOPIC=URL",
+        help="POST each message of TOPIC to URL (http:// or https://) as a CloudEvent: 2xx "
+        "handled, 408, 429 and 5xx retried, other 4xx dead at once; repeatable; beside the "
+        "registry's handlers or without one",
+    )
+    parser.add_argument(
+        "--deliver-timeout",
+        type=flag_type("seconds"),
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds a push delivery waits for each connect, send and read (default 10)",
+    )
+    parser.add_argument(
+        "--deliver-concurrency",
+        type=flag_type("threads"),
+        default=8,
+        metavar="N",
+        help="requests each --deliver endpoint has in flight at once, at most (default 8)",
+    )
+
+
+def registry_of(args: argparse.Namespace) -> Handlers | str:
+    """The Handlers registry `outbox handler` or `run` runs: MODULE:ATTRIBUTE, with a push
+    delivery added for each --deliver TOPIC=URL (the URLs checked now); a usage error when
+    neither is given."""
+    if not args.deliver:
+        if args.handlers is None:
+            raise UsageError("give the Handlers registry MODULE:ATTRIBUTE, or --deliver TOPIC=URL")
+        return str(args.handlers)
+    from outbox.core.handlers import Handlers, load_handlers
+    from outbox.core.push import mask_url
+
+    handlers = load_handlers(args.handlers, allow_empty=True) if args.handlers else Handlers()
+    for entry in args.deliver:
+        topic, sep, url = str(entry).partition("=")
+        if not sep or not topic.strip() or not url.strip():
+            raise UsageError(f"--deliver takes TOPIC=URL, got {mask_url(str(entry))!r}")
+        handlers.deliver(
+            topic.strip(),
+            url.strip(),
+            timeout=args.deliver_timeout,
+            concurrency=args.deliver_concurrency,
+        )
+    return handlers
 
 
 #: The daemons' flags `outbox run` does not take under the same name, and why (a test holds
@@ -429,8 +486,12 @@ def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "instead to scale or restart them apart.",
     )
     run.add_argument(
-        "handlers", metavar="MODULE:ATTRIBUTE", help="the Handlers registry, e.g. svc.handlers:h"
+        "handlers",
+        metavar="MODULE:ATTRIBUTE",
+        nargs="?",
+        help="the Handlers registry, e.g. svc.handlers:h (optional with --deliver)",
     )
+    add_deliver(run)
     add_databases(run)
     add_routing(run)
     add_kafka(run)
@@ -482,7 +543,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from outbox.runtime import OutboxRuntime
 
-    runtime = OutboxRuntime(args.handlers, settings=settings_of(args))
+    runtime = OutboxRuntime(registry_of(args), settings=settings_of(args))
     runtime.log_failures = False  # main prints the error, one line
     asked = threading.Event()
 

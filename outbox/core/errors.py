@@ -65,3 +65,18 @@ class Misused(Exception):
     the transaction itself (COMMIT or ROLLBACK) or went on after one of its statements failed.
     Its message fails like any callback error; the other messages of the transaction are
     handled again in a new one."""
+
+
+class PermanentFailure(OutboxError):
+    """Raised by a handler's callback: no attempt at this message can succeed (an HTTP
+    endpoint answered 404, say), so it is dead at once, this error recorded, not retried."""
+
+
+class RetryLater(OutboxError):
+    """Raised by a handler's callback: a failure a later attempt can fix, not sooner than
+    `after` seconds (an HTTP `Retry-After`); the handler's backoff decides when `after` is None
+    or shorter, and its maximum bounds `after`."""
+
+    def __init__(self, message: str, after: float | None = None) -> None:
+        super().__init__(message)
+        self.after = after

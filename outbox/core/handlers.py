@@ -1,6 +1,7 @@
 """The handler registry: `@handlers.handler("topic")` binds a topic to a callback.
 
-One topic has exactly one handler in a registry; a second registration for the same topic is
+One topic has exactly one handler in a registry (a callback, or a push delivery to an HTTP
+endpoint: `deliver`); a second registration for the same topic is
 refused when the decorator runs (to fan out, call several functions from one handler, or give
 each consumer its own inbox schema). Registries from several modules merge with `include`.
 """
@@ -21,6 +22,7 @@ from outbox.core import topics as _topics
 from outbox.core.codecs import check_payload_type, decoder, type_name
 from outbox.core.envelope import InboxMessage
 from outbox.core.errors import ConfigurationError
+from outbox.core.push import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, HttpDelivery
 from outbox.core.retry import Backoff
 from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.core.text import first_line
@@ -151,6 +153,48 @@ class Handlers:
         """
         return self._register(
             topic, max_attempts=max_attempts, backoff=backoff, ordered=ordered, batch=True
+        )
+
+    def deliver(
+        self,
+        topic: str | Topic[Any],
+        url: str,
+        *,
+        timeout: float | None = None,
+        concurrency: int | None = None,
+        max_attempts: int = 5,
+        backoff: Backoff | None = None,
+        source: str | None = None,
+    ) -> None:
+        """Deliver `topic` to an HTTP endpoint: each message POSTed to `url` (http:// or
+        https://; credentials in it are sent as Basic authorization and masked in logs) as a
+        CloudEvent in binary mode, in order per key (`outbox.core.push` says what each answer
+        does). `timeout` bounds each socket operation (default 10 s), `concurrency` the
+        requests in flight at once (default 8); `max_attempts` and `backoff` are the retry
+        policy as for `handler`; `source` is `ce-source` (default `outbox://<database>`).
+
+        The URL is checked now: a bad one raises `ConfigurationError` before anything runs.
+        """
+        name = validate_topic(topic.declared_name if isinstance(topic, Topic) else topic)
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an int >= 1, got {max_attempts!r}")
+        delivery = HttpDelivery(
+            name,
+            url,
+            timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+            concurrency=DEFAULT_CONCURRENCY if concurrency is None else concurrency,
+            source=source,
+        )
+        self._add(
+            HandlerSpec(
+                topic=name,
+                func=delivery,
+                max_attempts=max_attempts,
+                backoff=backoff or DEFAULT_BACKOFF,
+                is_async=True,
+                ordered=True,
+                declared=topic if isinstance(topic, Topic) else None,
+            )
         )
 
     def _register(

@@ -2,9 +2,10 @@
 
 Contract: the recorded error is always storable, whatever the exception's text (NUL, lone
 surrogates, a __str__ that raises), so recording a failure cannot fail. A payload that cannot
-be decoded, or does not validate against its handler's payload type (`Undecodable`), is dead
-at once, after one attempt; any other failure is retried with its handler's
-backoff until `max_attempts`, then dead. A failure is any exception a callback raises
+be decoded, or does not validate against its handler's payload type (`Undecodable`), or whose
+callback raised `PermanentFailure`, is dead at once, after one attempt; any other failure is
+retried with its handler's backoff until `max_attempts`, then dead (a `RetryLater` not sooner
+than it asks, up to the backoff's maximum). A failure is any exception a callback raises
 (BaseException too: SystemExit, KeyboardInterrupt), a transaction it left unusable (`Misused`,
 found by the session's `check()`) or a connection lost while it ran, if the database answers
 a new connection at once (else an outage, `ConnectionLost`, nothing counted). A failure of the
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from outbox.core.codecs import type_name
 from outbox.core.envelope import InboxMessage
-from outbox.core.errors import Misused, SerializationError
+from outbox.core.errors import Misused, PermanentFailure, RetryLater, SerializationError
 from outbox.core.handlers import HandlerSpec
 from outbox.core.headers import from_json
 from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
@@ -138,8 +139,11 @@ def failed_attempt(
     """What attempt `attempts + 1` of `row`, failed with `exc`, records."""
     attempt = attempts + 1
     max_attempts = spec.max_attempts if spec is not None else 1
-    dead = attempt >= max_attempts or isinstance(exc, Undecodable)
+    dead = attempt >= max_attempts or isinstance(exc, Undecodable | PermanentFailure)
     delay = 0.0 if dead or spec is None else spec.backoff.delay(attempt)
+    if not dead and spec is not None and isinstance(exc, RetryLater) and exc.after is not None:
+        # Not sooner than the callback asked (Retry-After), nor later than the backoff's cap.
+        delay = max(delay, min(exc.after, spec.backoff.maximum))
     return FailedAttempt(id=row.id, error=error_text(exc), dead=dead, delay=delay)
 
 
