@@ -7,9 +7,11 @@ Two questions, each with the real daemons as separate processes:
    CreateTime) is compared with the same quiet tenant alone (its neighbour empty), for
    `--database-turns` 2 (the default) and 1.
 2. Idle cost. N idle databases (default 50) served by one producer and one handler: the
-   connections they hold (pg_stat_activity) and the CPU of both processes, with the databases
-   kept connected (`--idle-disconnect 0`) and parked (`--idle-disconnect 2`, after they parked;
-   looking for rows every second, and every 5 seconds).
+   connections they hold (pg_stat_activity), the connections opened per second (the sum of
+   pg_stat_database.sessions) and the CPU of both processes, with the databases kept connected
+   (`--idle-disconnect 0`) and parked (`--idle-disconnect 2`, after they parked; the activity
+   watch looking every second, and every 5 seconds); parked, the wake-up: one message to a
+   tenant parked for a while, every 2 s, from its commit to its relay (producer_queue empty).
 
 `python -m benchmarks.tenants [--backlog N] [--databases N] [--seconds S]` starts its own
 PostgreSQL and broker (the test harness) and prints a Markdown table.
@@ -34,6 +36,9 @@ from benchmarks.harness import Context, Result, markdown, percentiles
 from outbox import Broker
 from outbox.core.lanes import lane_for
 
+#: Seconds the parked relays are left before their cost is measured: their own looks grow
+#: apart (1.5 times each) for about this long before they reach their slowest.
+SETTLE = 60.0
 #: Seconds between two messages of the quiet tenant.
 QUIET_EVERY = 0.05
 
@@ -203,6 +208,30 @@ def _connections(admin_url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _sessions(admin_url: str) -> int:
+    """Sessions established so far on the server (every database's)."""
+    with psycopg.connect(admin_url) as conn:
+        row = conn.execute("SELECT sum(sessions) FROM pg_stat_database").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _wake_ups(urls: list[str], topic: str, count: int) -> list[float]:
+    """Seconds from the commit of one message to a parked database to its relay, `count`
+    times, a database each, 2 s apart."""
+    took = []
+    broker = Broker()
+    for n in range(count):
+        url = urls[(n * 7) % len(urls)]
+        with psycopg.connect(url) as conn, conn.transaction():
+            broker.send(conn, topic, {"n": n})
+        sent = time.monotonic()
+        while _pending(url):
+            time.sleep(0.01)
+        took.append(time.monotonic() - sent)
+        time.sleep(2.0)
+    return took
+
+
 def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
     """Connections and CPU of one producer + one handler over `databases` idle databases."""
     template = _template(ctx)
@@ -223,15 +252,20 @@ def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
         ]
         try:
             # Every database joined (and, parked, left again: a relay notices that it has
-            # been idle long enough at its next look, up to a poll interval later).
-            time.sleep(8.0 + (2 * float(poll) if idle != "0" else 0.0))
+            # been idle long enough at its next look, up to a poll interval later; then its
+            # own looks grow apart for about a minute: the steady state is measured).
+            time.sleep(8.0 + (2 * float(poll) + SETTLE if idle != "0" else 0.0))
             before = [_cpu_seconds(p.pid) for p in processes]
+            sessions = _sessions(ctx.admin_url)
             peak = 0
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 peak = max(peak, _connections(ctx.admin_url))
                 time.sleep(0.25)
             after = [_cpu_seconds(p.pid) for p in processes]
+            # The measurement's own queries: about one session per 0.25 s, and two.
+            opened = _sessions(ctx.admin_url) - sessions - seconds / 0.25 - 2
+            woken = _wake_ups(urls, ctx.new_topic("tenants-wake"), 10) if idle != "0" else []
         finally:
             for process in processes:
                 _stop(process)
@@ -242,8 +276,14 @@ def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
                 f"{databases} databases, {variant}",
                 {
                     "connections (peak)": peak,
+                    "connects/s (both)": max(0.0, opened) / seconds,
                     "producer CPU %": cpu[0],
                     "handler CPU %": cpu[1],
+                    **(
+                        {f"wake-up {k} ms": v * 1000 for k, v in percentiles(woken).items()}
+                        if woken
+                        else {}
+                    ),
                 },
             )
         )
