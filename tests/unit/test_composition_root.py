@@ -1,10 +1,12 @@
 """The composition root (outbox/runtime/, decision 20): one settings object in, running parts out.
 
-Only the root imports both a daemon and an adapter, also indirectly (every import counted, in a
-function or under TYPE_CHECKING too); importing a daemon loads no driver; the daemons' configs
-hold tuning only, and a config or a daemon built the old way says where its settings went;
-`outbox run` takes every flag of the three daemons (bar the short list it renames); the flags
-reach the root through one function.
+That only the root imports both a daemon and an adapter (indirect imports counted) is an
+import-linter contract ([tool.importlinter] in pyproject.toml; tests/unit/test_import_contracts.py
+shows it breaks). Here what import-linter cannot see: importing outbox or a daemon loads no
+driver at run time (outbox.broker reaches psycopg, in functions); the daemons' configs hold
+tuning only, and a config or a daemon built the old way says where its settings went; `outbox
+run` takes every flag of the three daemons (bar the short list it renames); the flags reach the
+root through one function.
 """
 
 from __future__ import annotations
@@ -30,72 +32,12 @@ from outbox.runtime import (
     TransportSettings,
 )
 from outbox.runtime.app import Supervised
-from tests.unit.test_layers import _graph
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The adapters: the transports' and the stores' packages, and their drivers.
 ADAPTERS = ("outbox.postgres", "outbox.kafka", "outbox.pglog")
 DRIVERS = ("psycopg", "confluent_kafka", "sqlalchemy")
-COMPOSITION_ROOT = "outbox.runtime"
-
-
-def _within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in packages)
-
-
-def _reach(graph: dict[str, set[str]], start: str, avoid: str = COMPOSITION_ROOT) -> set[str]:
-    """The modules `start` imports, directly or through others, not through `avoid`."""
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for target in graph.get(todo.pop(), ()):
-            if target not in seen and not _within(target, (avoid,)):
-                seen.add(target)
-                todo.append(target)
-    return seen
-
-
-def test_only_the_composition_root_imports_both_a_daemon_and_an_adapter() -> None:
-    graph = _graph()
-    both = []
-    for module in sorted(graph):
-        if _within(module, (COMPOSITION_ROOT, "outbox.daemons")):
-            continue
-        reached = _reach(graph, module)
-        daemons = sorted(m for m in reached if _within(m, ("outbox.daemons",)))
-        adapters = sorted(m for m in reached if _within(m, ADAPTERS))
-        if daemons and adapters:
-            both.append(f"{module} reaches {daemons[0]} and {adapters[0]}")
-    assert both == []
-    # The root does, which is the point: it is the one place that wires them.
-    root = _reach(graph, "outbox.runtime.app", avoid="outbox.nothing")
-    assert any(_within(m, ("outbox.daemons",)) for m in root)
-    assert any(_within(m, ADAPTERS) for m in root)
-
-
-@pytest.mark.parametrize(
-    ("sources", "targets", "why"),
-    [
-        (("outbox.cli", "outbox.broker"), ("outbox.daemons",), "the CLI asks the App"),
-        (("outbox.testing",), ("outbox.daemons",), "drain() and fixtures ask the App"),
-        (("outbox.transports",), ("outbox.daemons",), "only the App builds daemons"),
-        (("outbox.observability",), ADAPTERS, "probes come in through a port"),
-        (("outbox.daemons",), ADAPTERS, "daemons see ports"),
-    ],
-)
-def test_the_whiteboards_nevers_hold_through_indirect_imports(
-    sources: tuple[str, ...], targets: tuple[str, ...], why: str
-) -> None:
-    graph = _graph()
-    bad = [
-        f"{module} reaches {target} ({why})"
-        for module in sorted(graph)
-        if _within(module, sources)
-        for target in sorted(_reach(graph, module))
-        if _within(target, targets)
-    ]
-    assert bad == []
 
 
 @pytest.mark.parametrize(
