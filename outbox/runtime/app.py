@@ -68,9 +68,9 @@ class Stores:
 
 def postgres_stores() -> Stores:
     """PostgreSQL's stores and probe (outbox/postgres/): what the daemons use unless told."""
-    from outbox.postgres.inbox_writer import PostgresInbox as PostgresInboxWriter
+    from outbox.postgres.inbox import PostgresInbox, PostgresInboxWriter
     from outbox.postgres.probes import PostgresProbe
-    from outbox.postgres.relay_stores import PostgresInbox, PostgresOutbox
+    from outbox.postgres.relay_stores import PostgresOutbox
 
     return Stores(
         relays=RelayStores(outbox=PostgresOutbox, inbox=PostgresInbox),
