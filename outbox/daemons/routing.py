@@ -27,9 +27,7 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import logging
 import time
 from collections import Counter
@@ -44,6 +42,7 @@ from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
 from outbox.core.retriable import database_error, refused_for_data
 from outbox.core.text import first_line, storable
+from outbox.core.wire import from_raw_json
 from outbox.daemons.outages import Outage
 from outbox.observability.logs import LimitedLog
 from outbox.ports import InboxWriter, InboxWriters, InboxWriterSession
@@ -373,11 +372,8 @@ class Router:
         """`_tenant` of a record quarantined for its data (its headers as stored JSON)."""
         try:
             pairs = [
-                (
-                    base64.b64decode(name).decode("utf-8", "surrogateescape"),
-                    None if value is None else base64.b64decode(value),
-                )
-                for name, value in json.loads(record.raw_headers)
+                (name.decode("utf-8", "surrogateescape"), value)
+                for name, value in from_raw_json(record.raw_headers)
             ]
         except (ValueError, TypeError):
             return None, "headers unreadable"
