@@ -155,7 +155,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         QUARANTINE_DATABASE,
         "the database (by NAME) that stores the records a routing consumer cannot route; set, "
-        "it turns routing on; the default of `--quarantine-database` (else the first database)",
+        "it turns routing on; the default of `--quarantine-database`, required when routing",
         "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(

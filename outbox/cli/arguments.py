@@ -552,9 +552,9 @@ def add_routing(parser: argparse.ArgumentParser) -> None:
         "--quarantine-database",
         default=os.environ.get(settings.QUARANTINE_DATABASE) or None,
         metavar="NAME",
-        help="when routing: the database (by NAME) that stores, dead, the records no database "
-        f"can be chosen for (env {settings.QUARANTINE_DATABASE}; default the first database "
-        "given)",
+        help="when routing (required then): the database (by NAME, one of those served) that "
+        "stores, dead, the records no database can be chosen for; not guessed, so that no "
+        f"tenant's inbox holds another's records unasked (env {settings.QUARANTINE_DATABASE})",
     )
 
 

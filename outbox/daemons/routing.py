@@ -5,9 +5,10 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
 - A record goes to the inbox of the database whose NAME is the value of its routing header
   (`Routing.header`, exact match). A record with no such header, one that comes twice, a value
   that is not UTF-8, or a NAME this consumer does not serve is quarantined, with that reason,
-  in the quarantine database (`Routing.quarantine`); never dropped, never stored live in
-  another tenant's inbox. A record quarantined for its own data (outbox/daemons/consumer.py)
-  is stored dead in its tenant's inbox, as with one database.
+  in the quarantine database (`Routing.quarantine`, named explicitly: start-up refuses to
+  guess one, which would put one tenant's inbox in charge of others' records); never dropped,
+  never stored live in another tenant's inbox. A record quarantined for its own data
+  (outbox/daemons/consumer.py) is stored dead in its tenant's inbox, as with one database.
 - A database that fails (down, dropped, not migrated, a role without rights) holds back only
   its own records: they wait in memory and are retried with backoff (one log line per
   interval, per database); the other databases' records are stored as they come.
@@ -70,7 +71,8 @@ class Routing:
     databases: tuple[Database, ...]
     #: The header whose value is the NAME of the record's database.
     header: str = TENANT_HEADER
-    #: The database that stores the records no tenant can be chosen for; None: the first.
+    #: The database (its NAME, one of `databases`) that stores the records no tenant can be
+    #: chosen for. Required: None is refused (`--quarantine-database`), not guessed.
     quarantine: str | None = None
     #: The databases given by flags (kept when the file is re-read).
     fixed: tuple[Database, ...] = ()
@@ -90,19 +92,24 @@ class Routing:
         if not self.databases:
             raise ConfigurationError("routing needs at least one database")
         check_distinct(self.databases)
-        if self.quarantine is not None:
-            self.home(self.databases)
+        self.home(self.databases)
 
     def home(self, databases: Sequence[Database]) -> Database:
-        """The quarantine database among `databases`; a ConfigurationError if it is not there."""
+        """The quarantine database among `databases`; a ConfigurationError if it is not named
+        or not there."""
+        names = ", ".join(d.name for d in databases)
         if self.quarantine is None:
-            return databases[0]
+            raise ConfigurationError(
+                "routing records by tenant needs --quarantine-database NAME, the database that "
+                f"stores the records no tenant can be chosen for (one of {names}): it is not "
+                "guessed"
+            )
         for database in databases:
             if database.name == self.quarantine:
                 return database
         raise ConfigurationError(
             f"--quarantine-database {self.quarantine!r} is not one of the databases served "
-            f"({', '.join(d.name for d in databases)})"
+            f"({names})"
         )
 
     def __repr__(self) -> str:  # no URLs: the start-up line shows this

@@ -56,7 +56,8 @@ class Databases:
     idle_disconnect: float = 60.0
     #: The header naming a record's database (tenant); given, routing is on with one database too.
     route_header: str | None = None
-    #: When routing: the database (NAME) that stores what cannot be routed; None: the first.
+    #: When routing: the database (NAME) that stores what cannot be routed. Required when the
+    #: consumer routes (`routed`): None is refused at start-up, not guessed.
     quarantine: str | None = None
 
     def __post_init__(self) -> None:

@@ -59,7 +59,9 @@ def _committed(transport: InMemoryTransport) -> dict[int, int]:
 
 
 def _consumer(transport: InMemoryTransport, databases: list[Database], **routing: Any) -> Consumer:
-    # Built by hand: the test tunes the routing (its memory bound, its re-read interval).
+    # Built by hand: the test tunes the routing (its memory bound, its re-read interval). The
+    # quarantine database is named, as routing requires: the first one unless a test says.
+    routing.setdefault("quarantine", databases[0].name)
     return Consumer(
         ConsumerConfig(batch_size=50, poll_timeout=0.05, connect_timeout=2),
         lambda: transport.subscriber([TOPIC], GROUP),

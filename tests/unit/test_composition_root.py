@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -207,7 +208,10 @@ def test_the_flags_reach_the_root_as_one_settings_object(
 
 def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() -> None:
     settings = Settings(
-        databases=Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+        databases=replace(
+            Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+            quarantine="globex",
+        ),
         transport=TransportSettings(kafka_bootstrap="k:9092"),
         group="g",
     )
@@ -221,7 +225,7 @@ def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() ->
     consumer = app.consumer()  # builds; connects to nothing
     assert consumer.routing is not None
     assert [d.name for d in consumer.routing.databases] == ["acme", "globex"]
-    assert consumer.database.name == "acme"  # the quarantine database by default
+    assert consumer.database.name == "globex"  # the quarantine database, as named
     with pytest.raises(ConfigurationError, match="several databases"):
         app.producer()
     one = App(Settings(databases=Databases.of("postgresql://h/app")), handlers)
@@ -301,9 +305,58 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
     OutboxRuntime(
         handlers,
         settings=Settings(
-            databases=Databases.of("a=postgresql://h/a", "b=postgresql://h/b"),
+            databases=replace(
+                Databases.of("a=postgresql://h/a", "b=postgresql://h/b"), quarantine="a"
+            ),
             transport=TransportSettings(kafka_bootstrap="k:9092"),
             group="g",
         ),
     )
     assert asked == ["kafka"]
+
+
+@pytest.mark.parametrize(
+    "databases",
+    [
+        Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+        replace(Databases.of("acme=postgresql://h/acme"), route_header="x-tenant"),
+    ],
+    ids=["several databases", "a route header"],
+)
+def test_routing_without_a_quarantine_database_is_refused_at_start_up_naming_the_flag(
+    databases: Databases,
+) -> None:
+    """No silent default: the records of no tenant went to the first tenant's database."""
+    from outbox import Handlers
+
+    handlers = Handlers()
+    handlers.handler("t")(lambda message, conn: None)
+    settings = Settings(
+        databases=databases, transport=TransportSettings(kafka_bootstrap="k:9092"), group="g"
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        OutboxRuntime(handlers, settings=settings)
+    said = str(refused.value)
+    assert said.startswith("routing records by tenant needs --quarantine-database NAME")
+    assert "(one of acme" in said and "\n" not in said
+    # The producer and the handler route nothing: several databases need no quarantine there.
+    assert App(settings, handlers).part("handler") is not None
+
+
+def test_run_and_consumer_without_a_quarantine_database_say_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Refused before any connection (nothing answers at these addresses), as the other
+    # settings of a routing consumer are: `outbox: error: ...`, exit 1.
+    monkeypatch.delenv("OUTBOX_QUARANTINE_DATABASE", raising=False)
+    (tmp_path / "svc_handlers.py").write_text(
+        "from outbox import Handlers\nh = Handlers()\nh.handler('t')(lambda m, c: None)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    two = ["--database-url", "acme=postgresql://nowhere/a", "--database-url", "b=postgresql://x/b"]
+    common = ["--group", "g", "--kafka-bootstrap", "nowhere:1", *two]
+    for argv in (["run", "svc_handlers:h", *common], ["consumer", "--topic", "t", *common]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("outbox: error: routing records by tenant")
+        assert "needs --quarantine-database NAME" in err and "(one of acme, b)" in err
