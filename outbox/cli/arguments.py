@@ -551,9 +551,10 @@ def add_routing(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quarantine-database",
         default=os.environ.get(settings.QUARANTINE_DATABASE) or None,
-        metavar="NAME",
-        help="when routing (required then): the database (by NAME, one of those served) that "
-        "stores, dead, the records no database can be chosen for; not guessed, so that no "
+        metavar="NAME|NAME=URL",
+        help="when routing (required then): the database that stores, dead, the records no "
+        "database can be chosen for: the NAME of one served, or NAME[/SCHEMA]=URL for one of its "
+        "own, which stores nothing else and whose NAME is no tenant; not guessed, so that no "
         f"tenant's inbox holds another's records unasked (env {settings.QUARANTINE_DATABASE})",
     )
 

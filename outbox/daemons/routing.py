@@ -72,7 +72,8 @@ class Routing:
     #: The header whose value is the NAME of the record's database.
     header: str = TENANT_HEADER
     #: The database (its NAME, one of `databases`) that stores the records no tenant can be
-    #: chosen for. Required: None is refused (`--quarantine-database`), not guessed.
+    #: chosen for. Required, or `dedicated`: None is refused (`--quarantine-database`), not
+    #: guessed.
     quarantine: str | None = None
     #: The databases given by flags (kept when the file is re-read).
     fixed: tuple[Database, ...] = ()
@@ -86,23 +87,40 @@ class Routing:
     held_bytes: int = HELD_BYTES
     #: Seconds a database's connection may stay unused before it is closed.
     idle_timeout: float = 60.0
+    #: A quarantine database of its own (`--quarantine-database NAME=URL`) instead of one of
+    #: `databases`: it stores only the records no tenant can be chosen for, and a record naming
+    #: it as its tenant is one of those.
+    dedicated: Database | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_header(self.header)
         if not self.databases:
             raise ConfigurationError("routing needs at least one database")
         check_distinct(self.databases)
+        if self.dedicated is not None:
+            check_distinct([*self.databases, self.dedicated])
+            if self.quarantine not in (None, self.dedicated.name):
+                raise ConfigurationError(
+                    f"the quarantine database is {self.dedicated.name!r}, a database of its "
+                    f"own, not {self.quarantine!r}"
+                )
         self.home(self.databases)
 
+    def served(self, databases: Sequence[Database]) -> list[Database]:
+        """What the router stores in: the tenants' `databases`, and a dedicated quarantine."""
+        return [*databases, *([self.dedicated] if self.dedicated is not None else [])]
+
     def home(self, databases: Sequence[Database]) -> Database:
-        """The quarantine database among `databases`; a ConfigurationError if it is not named
-        or not there."""
+        """The quarantine database: the dedicated one, else the one named among `databases`;
+        a ConfigurationError if it is not named or not there."""
+        if self.dedicated is not None:
+            return self.dedicated
         names = ", ".join(d.name for d in databases)
         if self.quarantine is None:
             raise ConfigurationError(
                 "routing records by tenant needs --quarantine-database NAME, the database that "
-                f"stores the records no tenant can be chosen for (one of {names}): it is not "
-                "guessed"
+                f"stores the records no tenant can be chosen for (one of {names}, or one of its "
+                "own, NAME=URL): it is not guessed"
             )
         for database in databases:
             if database.name == self.quarantine:
@@ -282,6 +300,8 @@ class Router:
         self._subscriber_factory = subscriber_factory
         self.sinks: dict[str, _Sink] = {}
         self.home = ""
+        #: The NAME of a dedicated quarantine database (no tenant's), or None.
+        self._dedicated: str | None = None
         self.held = 0
         #: Per partition: the offset after the last record polled, the oldest record not kept
         #: (beyond the memory bound), and the offset last committed.
@@ -292,7 +312,7 @@ class Router:
         self._bad_file: str | None = None
         self._routing_log = LimitedLog(log)
         self._overflow_log = LimitedLog(log)
-        self._apply(list(routing.databases))
+        self._apply(routing.served(routing.databases))
 
     # -- the databases --------------------------------------------------------------------
 
@@ -320,6 +340,7 @@ class Router:
             if current is None and self.home:
                 log.info("database %r is now served", database.name)
         self.home = self.routing.home(databases).name
+        self._dedicated = self.routing.dedicated.name if self.routing.dedicated else None
         for sink in removed:
             sink.close()
             log.info("database %r is no longer served", sink.database.name)
@@ -339,6 +360,7 @@ class Router:
             )
             if not listed:
                 raise ConfigurationError("it lists no database")
+            check_distinct(routing.served(listed))  # no tenant named as a dedicated quarantine
             routing.home(listed)
         except ConfigurationError as exc:
             problem = redact_text(str(exc))
@@ -352,8 +374,9 @@ class Router:
                 )
             return
         self._bad_file = None
-        if [self.sinks[n].database for n in self.sinks] != listed:
-            self._apply(listed)
+        served = routing.served(listed)
+        if [self.sinks[n].database for n in self.sinks] != served:
+            self._apply(served)
 
     # -- routing --------------------------------------------------------------------------
 
@@ -371,7 +394,7 @@ class Router:
                 value = bytes(value).decode()
             except UnicodeDecodeError:
                 return None, f"tenant header {wanted!r} is not UTF-8 text: {_shown(bytes(value))}"
-        if value is None or value not in self.sinks:
+        if value is None or value not in self.sinks or value == self._dedicated:
             return None, f"unknown tenant {_shown(value)}"
         return value, None
 

@@ -364,10 +364,14 @@ class App:
         databases = self.settings.databases
         if not databases.routed:
             return None
+        dedicated = databases.quarantine_database()
+        if dedicated is not None:
+            remember_secrets(secrets_of_url(dedicated.url))
         return Routing(
             databases=tuple(self.databases()),
             header=databases.route_header or TENANT_HEADER,
-            quarantine=databases.quarantine,
+            quarantine=None if dedicated is not None else databases.quarantine,
+            dedicated=dedicated,
             fixed=databases.fixed,
             databases_file=databases.file,
             schema=databases.schema,

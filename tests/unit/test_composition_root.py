@@ -21,6 +21,7 @@ import pytest
 from outbox.cli import build_parser
 from outbox.cli.command import RUN_RENAMED, main
 from outbox.cli.reference import walk
+from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError
 from outbox.runtime import (
     App,
@@ -315,6 +316,27 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
     assert asked == ["kafka"]
 
 
+def test_a_quarantine_database_of_its_own_is_given_as_an_entry() -> None:
+    from outbox import Handlers
+    from outbox.cli.arguments import settings_of
+
+    handlers = Handlers()
+    handlers.handler("t")(lambda message, conn: None)
+    flags = ["consumer", "--topic", "t", "--group", "g", "--kafka-bootstrap", "k:9092"]
+    flags += ["--database-url", "acme=postgresql://h/acme", "--database-url", "b=postgresql://h/b"]
+    args = build_parser().parse_args([*flags, "--quarantine-database", "q/dead=postgresql://h/q"])
+    settings = settings_of(args)
+    assert settings.databases.quarantine_database() == Database("q", "postgresql://h/q", "dead")
+    consumer = App(settings, handlers).consumer()
+    assert consumer.routing is not None and consumer.routing.dedicated is not None
+    assert consumer.database.name == "q"  # where the unroutable go, and /readyz looks
+    assert [d.name for d in consumer.routing.databases] == ["acme", "b"]  # q is no tenant
+    named = settings_of(build_parser().parse_args([*flags, "--quarantine-database", "b"]))
+    assert named.databases.quarantine_database() is None
+    with pytest.raises(ConfigurationError, match=r"database name '' is not valid.*quarantine"):
+        Databases(quarantine="=postgresql://h/q")
+
+
 @pytest.mark.parametrize(
     "databases",
     [
@@ -359,4 +381,5 @@ def test_run_and_consumer_without_a_quarantine_database_say_so_in_one_line(
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("outbox: error: routing records by tenant")
-        assert "needs --quarantine-database NAME" in err and "(one of acme, b)" in err
+        assert "needs --quarantine-database NAME" in err
+        assert "(one of acme, b, or one of its own, NAME=URL)" in err
