@@ -66,6 +66,11 @@ def test_the_contracts_hold() -> None:
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import outbox.ports\n",
             "core-is-pure",
         ),
+        (  # the console reaches the sending face
+            "outbox/console/render.py",
+            "def _f():\n    from outbox.broker import Broker\n",
+            "console-knows-no-face",
+        ),
         (  # a lower layer reaches up
             "outbox/ports.py",
             "def _f():\n    import outbox.runtime\n",
