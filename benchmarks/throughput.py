@@ -225,7 +225,7 @@ def fill_inbox(url: str, topic: str, messages: int) -> float:
     from outbox.core.lanes import lane_for
     from outbox.core.serializers import JSON
     from outbox.kafka.subscriber import InboxRow
-    from outbox.postgres.inbox_store import insert_params
+    from outbox.postgres.inbox import insert_params
     from outbox.postgres.queries import channel, queries
 
     sql = queries("outbox")["inbox_insert"]

@@ -519,7 +519,7 @@ class InboxWriter(Protocol):
 
 class InboxWriters(Protocol):
     """Makes the `InboxWriter` of one database: the composition root chooses the store
-    (PostgreSQL's, outbox.postgres.inbox_writer, or an in-memory one in tests)."""
+    (PostgreSQL's, outbox.postgres.inbox's PostgresInboxWriter, or an in-memory one in tests)."""
 
     def __call__(self, url: str, schema: str, *, connect_timeout: float) -> InboxWriter: ...
 

@@ -155,8 +155,9 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     ),
     EnvironmentVariable(
         QUARANTINE_DATABASE,
-        "the database (by NAME) that stores the records a routing consumer cannot route; set, "
-        "it turns routing on; the default of `--quarantine-database` (else the first database)",
+        "the database (a NAME served, or NAME=URL of its own) that stores the records a routing "
+        "consumer cannot route; set, it turns routing on; the default of "
+        "`--quarantine-database`, required when routing",
         "`outbox consumer`, `outbox run`",
     ),
     EnvironmentVariable(

@@ -561,10 +561,11 @@ def add_routing(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quarantine-database",
         default=os.environ.get(settings.QUARANTINE_DATABASE) or None,
-        metavar="NAME",
-        help="when routing: the database (by NAME) that stores, dead, the records no database "
-        f"can be chosen for (env {settings.QUARANTINE_DATABASE}; default the first database "
-        "given)",
+        metavar="NAME|NAME=URL",
+        help="when routing (required then): the database that stores, dead, the records no "
+        "database can be chosen for: the NAME of one served, or NAME[/SCHEMA]=URL for one of its "
+        "own, which stores nothing else and whose NAME is no tenant; not guessed, so that no "
+        f"tenant's inbox holds another's records unasked (env {settings.QUARANTINE_DATABASE})",
     )
 
 

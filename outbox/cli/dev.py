@@ -96,7 +96,8 @@ def add_dev_command(commands: argparse._SubParsersAction[argparse.ArgumentParser
         default=None,
         help="a database per tenant instead of one: a count N (tenant1 to tenantN) or names "
         "separated by commas; exports the path of a databases file that lists them (see "
-        "docs/how-to/many-databases.md) instead of a database URL",
+        "docs/how-to/many-databases.md) instead of a database URL, and the first as the "
+        "quarantine database",
     )
     dev.add_argument(
         "--log",
@@ -338,6 +339,8 @@ def _prepare(
             encoding="utf-8",
         )
         exports.append((settings.DATABASES_FILE, str(databases_file)))
+        # A routing consumer is told where the records of no tenant go, not left to guess.
+        exports.append((settings.QUARANTINE_DATABASE, names[0]))
     else:
         exports.append((settings.DATABASE_URL, postgres.url_for(DATABASE)))
     if args.schema != "outbox":

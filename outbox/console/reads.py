@@ -9,7 +9,6 @@ page). The limits below, with the page size, bound every answer of the console (
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from outbox.core.wire import from_raw_json
 from outbox.formatting import PAYLOAD_PREVIEW_BYTES
 from outbox.postgres import operations as ops
 from outbox.postgres.queries import queries
@@ -237,10 +237,7 @@ def show_row(
             "raw_headers_size": raw_size,
         }
         if raw is not None:
-            consumer["raw_headers"] = tuple(
-                (base64.b64decode(name), None if value is None else base64.b64decode(value))
-                for name, value in raw
-            )
+            consumer["raw_headers"] = from_raw_json(raw)
     return RowView(
         queue=queue,
         table=ops.DEAD_TABLES[queue] if row[17] == "dead" else ops.TABLES[queue],

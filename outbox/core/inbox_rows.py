@@ -1,10 +1,18 @@
-"""The rows of `consumer_queue` that the Handler and the inbox store pass each other: pure data."""
+"""The rows of `consumer_queue` that the Handler and the inbox store pass each other, and the
+message a claimed row becomes (`decode`): pure data."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
+
+from outbox.core.codecs import type_name
+from outbox.core.envelope import InboxMessage
+from outbox.core.errors import SerializationError
+from outbox.core.headers import from_json
+from outbox.core.serializers import Serializer, read_payload
+from outbox.core.text import first_line
 
 
 class Pending(NamedTuple):
@@ -54,3 +62,42 @@ class ClaimedBatch(NamedTuple):
     #: Every row taken, also those dropped as already handled (a redelivery): fewer than asked
     #: for means the lanes had no more rows due.
     taken: int
+
+
+class Undecodable(Exception):
+    """A message's payload cannot be decoded as its content type, or is not valid for its
+    handler's payload type: no attempt can succeed, so the message is dead at once (not
+    retried); the decoder's or validator's error is the cause, and in the text."""
+
+
+def decode(
+    claimed: Claimed, serializer: Serializer, payload_type: type[Any] | None = None
+) -> InboxMessage[Any]:
+    """The message a callback receives for a claimed row; `Undecodable` if its payload is not
+    its content type, or (given a `payload_type`) does not validate as one."""
+    payload = bytes(claimed.payload)
+    try:
+        decoded = read_payload(payload_type, payload, claimed.content_type, serializer)
+    except SerializationError as exc:  # not of its content type
+        raise Undecodable(
+            f"cannot decode the payload as {claimed.content_type!r}: {first_line(exc)}"
+        ) from exc
+    except Exception as exc:  # PayloadInvalid; anything a model's own validator raises
+        raise Undecodable(
+            f"the payload of topic {claimed.topic!r} is not a valid "
+            f"{type_name(payload_type)}: {exc}"
+        ) from exc
+    return InboxMessage(
+        id=claimed.message_id,
+        topic=claimed.topic,
+        key=bytes(claimed.key) if claimed.key is not None else None,
+        payload=decoded,
+        raw_payload=payload,
+        content_type=claimed.content_type,
+        headers=from_json(claimed.headers) if claimed.headers is not None else {},
+        attempt=claimed.attempts + 1,
+        created_at=claimed.created_at,
+        received_at=claimed.received_at,
+        partition=claimed.partition,
+        offset=claimed.offset,
+    )

@@ -208,6 +208,19 @@ def raw_json(headers: RawHeaders) -> str:
     )
 
 
+def from_raw_json(raw: str | list[Any]) -> tuple[tuple[bytes, bytes | None], ...]:
+    """The reverse of `raw_json`: every header as (name, value or None) bytes, from the JSON
+    text or the list it is (psycopg reads a jsonb column as one). ValueError (a
+    `binascii.Error`, a JSON error) or TypeError for what `raw_json` did not write."""
+    pairs: list[Any] = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(pairs, list):
+        raise TypeError(f"headers as stored are a list of pairs, not {type(pairs).__name__}")
+    return tuple(
+        (base64.b64decode(name), None if value is None else base64.b64decode(value))
+        for name, value in pairs
+    )
+
+
 def text_or_bytes(value: bytes | str | None) -> str | bytes:
     """A header value as it is stored: text when it is storable UTF-8 text, else bytes."""
     if value is None:

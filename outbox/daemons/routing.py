@@ -5,9 +5,10 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
 - A record goes to the inbox of the database whose NAME is the value of its routing header
   (`Routing.header`, exact match). A record with no such header, one that comes twice, a value
   that is not UTF-8, or a NAME this consumer does not serve is quarantined, with that reason,
-  in the quarantine database (`Routing.quarantine`); never dropped, never stored live in
-  another tenant's inbox. A record quarantined for its own data (outbox/daemons/consumer.py)
-  is stored dead in its tenant's inbox, as with one database.
+  in the quarantine database (`Routing.quarantine`, named explicitly: start-up refuses to
+  guess one, which would put one tenant's inbox in charge of others' records); never dropped,
+  never stored live in another tenant's inbox. A record quarantined for its own data
+  (outbox/daemons/consumer.py) is stored dead in its tenant's inbox, as with one database.
 - A database that fails (down, dropped, not migrated, a role without rights) holds back only
   its own records: they wait in memory and are retried with backoff (one log line per
   interval, per database); the other databases' records are stored as they come.
@@ -31,9 +32,7 @@ Contract (docs/how-to/many-databases.md, "Routing records to tenants"):
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import logging
 import os
 import time
@@ -50,6 +49,7 @@ from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
 from outbox.core.retriable import database_error, refused_for_data
 from outbox.core.text import first_line, storable
+from outbox.core.wire import from_raw_json
 from outbox.daemons.outages import Outage
 from outbox.observability.logs import LimitedLog
 from outbox.ports import InboxWriter, InboxWriters, InboxWriterSession
@@ -79,7 +79,9 @@ class Routing:
     databases: tuple[Database, ...]
     #: The header whose value is the NAME of the record's database.
     header: str = TENANT_HEADER
-    #: The database that stores the records no tenant can be chosen for; None: the first.
+    #: The database (its NAME, one of `databases`) that stores the records no tenant can be
+    #: chosen for. Required, or `dedicated`: None is refused (`--quarantine-database`), not
+    #: guessed.
     quarantine: str | None = None
     #: The databases given by flags (kept when the file is re-read).
     fixed: tuple[Database, ...] = ()
@@ -97,25 +99,47 @@ class Routing:
     held_bytes: int = HELD_BYTES
     #: Seconds a database's connection may stay unused before it is closed.
     idle_timeout: float = 60.0
+    #: A quarantine database of its own (`--quarantine-database NAME=URL`) instead of one of
+    #: `databases`: it stores only the records no tenant can be chosen for, and a record naming
+    #: it as its tenant is one of those.
+    dedicated: Database | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_header(self.header)
         if not self.databases:
             raise ConfigurationError("routing needs at least one database")
         check_distinct(self.databases)
-        if self.quarantine is not None:
-            self.home(self.databases)
+        if self.dedicated is not None:
+            check_distinct([*self.databases, self.dedicated])
+            if self.quarantine not in (None, self.dedicated.name):
+                raise ConfigurationError(
+                    f"the quarantine database is {self.dedicated.name!r}, a database of its "
+                    f"own, not {self.quarantine!r}"
+                )
+        self.home(self.databases)
+
+    def served(self, databases: Sequence[Database]) -> list[Database]:
+        """What the router stores in: the tenants' `databases`, and a dedicated quarantine."""
+        return [*databases, *([self.dedicated] if self.dedicated is not None else [])]
 
     def home(self, databases: Sequence[Database]) -> Database:
-        """The quarantine database among `databases`; a ConfigurationError if it is not there."""
+        """The quarantine database: the dedicated one, else the one named among `databases`;
+        a ConfigurationError if it is not named or not there."""
+        if self.dedicated is not None:
+            return self.dedicated
+        names = ", ".join(d.name for d in databases)
         if self.quarantine is None:
-            return databases[0]
+            raise ConfigurationError(
+                "routing records by tenant needs --quarantine-database NAME, the database that "
+                f"stores the records no tenant can be chosen for (one of {names}, or one of its "
+                "own, NAME=URL): it is not guessed"
+            )
         for database in databases:
             if database.name == self.quarantine:
                 return database
         raise ConfigurationError(
             f"--quarantine-database {self.quarantine!r} is not one of the databases served "
-            f"({', '.join(d.name for d in databases)})"
+            f"({names})"
         )
 
     def __repr__(self) -> str:  # no URLs: the start-up line shows this
@@ -319,6 +343,8 @@ class Router:
         self._subscriber_factory = subscriber_factory
         self.sinks: dict[str, _Sink] = {}
         self.home = ""
+        #: The NAME of a dedicated quarantine database (no tenant's), or None.
+        self._dedicated: str | None = None
         self.held = 0
         #: Per partition: the offset after the last record polled, the oldest record not kept
         #: (beyond the memory bound), and the offset last committed.
@@ -335,7 +361,7 @@ class Router:
         self._connectors = ThreadPoolExecutor(CONNECTORS, thread_name_prefix="outbox-connect")
         self._routing_log = LimitedLog(log)
         self._overflow_log = LimitedLog(log)
-        self._apply(list(routing.databases))
+        self._apply(routing.served(routing.databases))
 
     # -- the databases --------------------------------------------------------------------
 
@@ -363,6 +389,7 @@ class Router:
             if current is None and self.home:
                 log.info("database %r is now served", database.name)
         self.home = self.routing.home(databases).name
+        self._dedicated = self.routing.dedicated.name if self.routing.dedicated else None
         for sink in removed:
             sink.close()
             log.info("database %r is no longer served", sink.database.name)
@@ -405,6 +432,7 @@ class Router:
             )
             if not listed:
                 raise ConfigurationError("it lists no database")
+            check_distinct(routing.served(listed))  # no tenant named as a dedicated quarantine
             routing.home(listed)
         except ConfigurationError as exc:
             problem = redact_text(str(exc))
@@ -418,8 +446,9 @@ class Router:
                 )
             return False
         self._bad_file = None
-        if [self.sinks[n].database for n in self.sinks] != listed:
-            self._apply(listed)
+        served = routing.served(listed)
+        if [self.sinks[n].database for n in self.sinks] != served:
+            self._apply(served)
             self._release_unknown()
             return True
         return False
@@ -440,7 +469,7 @@ class Router:
                 value = bytes(value).decode()
             except UnicodeDecodeError:
                 return None, f"tenant header {wanted!r} is not UTF-8 text: {_shown(bytes(value))}"
-        if value is None or value not in self.sinks:
+        if value is None or value not in self.sinks or value == self._dedicated:
             return None, f"{UNKNOWN_TENANT} {_shown(value)}"
         return value, None
 
@@ -448,11 +477,8 @@ class Router:
         """`_tenant` of a record quarantined for its data (its headers as stored JSON)."""
         try:
             pairs = [
-                (
-                    base64.b64decode(name).decode("utf-8", "surrogateescape"),
-                    None if value is None else base64.b64decode(value),
-                )
-                for name, value in json.loads(record.raw_headers)
+                (name.decode("utf-8", "surrogateescape"), value)
+                for name, value in from_raw_json(record.raw_headers)
             ]
         except (ValueError, TypeError):
             return None, "headers unreadable"

@@ -13,7 +13,6 @@ retrying or dead. A processed message is never dead here, so requeue and purge c
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +23,7 @@ from psycopg.rows import tuple_row
 
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.text import first_line
+from outbox.core.wire import from_raw_json
 from outbox.postgres.queries import channel, queries
 
 Queue = Literal["producer", "consumer"]
@@ -412,10 +412,7 @@ def show_row(conn: psycopg.Connection[Any], schema: str, queue: Queue, row_id: R
         )
     )
     if len(row) > 18 and row[18] is not None:
-        consumer["raw_headers"] = tuple(
-            (base64.b64decode(name), None if value is None else base64.b64decode(value))
-            for name, value in row[18]
-        )
+        consumer["raw_headers"] = from_raw_json(row[18])
     return QueueRow(
         queue=queue,
         table=(

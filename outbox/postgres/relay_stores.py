@@ -1,9 +1,9 @@
 """The relays' queue stores in PostgreSQL: the adapters of `outbox.ports`' relay side.
 
 A session wraps one psycopg connection (autocommit) and runs, for each port method, the one
-statement the lanes (`lanes.py`) or the store (`outbox_store.py`, `inbox_store.py`) has for
-it: nothing more goes over the wire than when the relays called those directly. The Handler's
-workers get the sessions of `sessions.py` (psycopg or SQLAlchemy, sync or async).
+statement the lanes (`lanes.py`) or the store (`outbox_store.py`) has for it: nothing more goes
+over the wire than when the relays called those directly. What the relays share is here, with
+the Producer's outbox; the Handler's inbox is in `inbox.py`, beside the Consumer's.
 """
 
 from __future__ import annotations
@@ -11,31 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self
 
 import psycopg
 
 from outbox.core.batches import OutgoingRecord
-from outbox.core.inbox_rows import FailedAttempt, Pending
 from outbox.ports import RelayTarget
 from outbox.postgres.connection import Connection, check_database, connect, notified
-from outbox.postgres.inbox_store import InboxStore
 from outbox.postgres.lanes import Lanes
 from outbox.postgres.outbox_store import OutboxStore
-from outbox.postgres.sessions import (
-    AsyncSession,
-    Session,
-    disconnects,
-    open_async_session,
-    open_session,
-)
 
 __all__ = [
-    "PostgresInbox",
-    "PostgresInboxSession",
     "PostgresOutbox",
     "PostgresOutboxSession",
     "PostgresRelaySession",
+    "RelayDatabase",
 ]
 
 #: The queue table of each kind of relay.
@@ -132,36 +122,7 @@ class PostgresOutboxSession(PostgresRelaySession):
         return self.conn.transaction()
 
 
-class PostgresInboxSession(PostgresRelaySession):
-    """The Handler's control session on `consumer_queue`."""
-
-    def __init__(self, conn: Connection, lanes: Lanes, store: InboxStore) -> None:
-        super().__init__(conn, lanes)
-        self.store = store
-
-    def fetch(self, lanes: list[int], limit: int, unordered: list[str]) -> list[Pending]:
-        return self.store.fetch(self.conn, lanes, limit, unordered)
-
-    def next_due(self, lanes: list[int]) -> float | None:
-        return self.store.next_due(self.conn, lanes)
-
-    def forget_processed(self, window: float, limit: int) -> int:
-        return self.store.forget_processed(self.conn, window, limit)
-
-    def recent_topics(self, limit: int) -> dict[str, int]:
-        return self.store.recent_topics(self.conn, limit)
-
-    def attempts(self, row_id: int) -> int:
-        return self.store.attempts(self.conn, row_id)
-
-    def terminate(self, backend_pid: int) -> None:
-        self.store.terminate(self.conn, backend_pid)
-
-    def fail(self, failed: FailedAttempt) -> None:
-        self.store.fail(self.conn.execute, failed)
-
-
-class _Database:
+class RelayDatabase:
     """A relay's database in PostgreSQL: connecting and the start-up check."""
 
     def __init__(self, target: RelayTarget) -> None:
@@ -184,7 +145,7 @@ class _Database:
         check_database(open_connection, self.schema, wait=wait, stopping=stopping)
 
 
-class PostgresOutbox(_Database):
+class PostgresOutbox(RelayDatabase):
     """The Producer's `producer_queue` (an `outbox.ports.OutboxDatabaseFactory`: made from
     a `RelayTarget`)."""
 
@@ -194,29 +155,3 @@ class PostgresOutbox(_Database):
 
     def connect(self) -> PostgresOutboxSession:
         return PostgresOutboxSession(self._connect(), self.lanes, self.store)
-
-
-class PostgresInbox(_Database):
-    """The Handler's `consumer_queue` and its workers' sessions (an
-    `outbox.ports.InboxDatabaseFactory`)."""
-
-    #: What psycopg raises for a failed statement or a lost connection.
-    errors: tuple[type[Exception], ...] = (psycopg.Error,)
-
-    def __init__(
-        self, target: RelayTarget, worker_application_name: str = "outbox-handler"
-    ) -> None:
-        super().__init__(target)
-        self.store = InboxStore(target.schema)
-        self.work = self.store
-        self.disconnects = disconnects()
-        self._worker_application_name = worker_application_name
-
-    def connect(self) -> PostgresInboxSession:
-        return PostgresInboxSession(self._connect(), self.lanes, self.store)
-
-    def open_session(self, library: Literal["psycopg", "sqlalchemy"]) -> Session:
-        return open_session(library, self.database_url, self._worker_application_name)
-
-    async def open_async_session(self, library: Literal["psycopg", "sqlalchemy"]) -> AsyncSession:
-        return await open_async_session(library, self.database_url, self._worker_application_name)

@@ -17,7 +17,7 @@ import psycopg
 from outbox.core.batches import quarantined_row
 from outbox.core.envelope import InboxRow
 from outbox.core.headers import to_json
-from outbox.postgres.inbox_store import quarantine_params
+from outbox.postgres.inbox import quarantine_params
 from outbox.postgres.queries import channel, queries
 
 #: The staging table's column types, in the order `store_rows` copies them.

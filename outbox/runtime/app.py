@@ -72,9 +72,9 @@ class Stores:
 def postgres_stores() -> Stores:
     """PostgreSQL's stores and probe (outbox/postgres/): what the daemons use unless told."""
     from outbox.postgres.activity import PostgresActivity
-    from outbox.postgres.inbox_writer import PostgresInbox as PostgresInboxWriter
+    from outbox.postgres.inbox import PostgresInbox, PostgresInboxWriter
     from outbox.postgres.probes import PostgresProbe
-    from outbox.postgres.relay_stores import PostgresInbox, PostgresOutbox
+    from outbox.postgres.relay_stores import PostgresOutbox
 
     return Stores(
         relays=RelayStores(outbox=PostgresOutbox, inbox=PostgresInbox),
@@ -369,10 +369,14 @@ class App:
         databases = self.settings.databases
         if not databases.routed:
             return None
+        dedicated = databases.quarantine_database()
+        if dedicated is not None:
+            remember_secrets(secrets_of_url(dedicated.url))
         return Routing(
             databases=tuple(self.databases()),
             header=databases.route_header or TENANT_HEADER,
-            quarantine=databases.quarantine,
+            quarantine=None if dedicated is not None else databases.quarantine,
+            dedicated=dedicated,
             fixed=databases.fixed,
             databases_file=databases.file,
             schema=databases.schema,

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from outbox.core.databases import Database, check_distinct, gather, read_file, validate_name
+from outbox.core.databases import (
+    Database,
+    check_distinct,
+    gather,
+    parse_entry,
+    read_file,
+    validate_name,
+)
 from outbox.core.databases import validate_schema as _validate_schema
 from outbox.core.errors import ConfigurationError
 from outbox.core.headers import validate_tenant_header
@@ -56,7 +63,9 @@ class Databases:
     idle_disconnect: float = 60.0
     #: The header naming a record's database (tenant); given, routing is on with one database too.
     route_header: str | None = None
-    #: When routing: the database (NAME) that stores what cannot be routed; None: the first.
+    #: When routing: the database that stores what cannot be routed, the NAME of one served or
+    #: a database of its own (`NAME[/SCHEMA]=URL`, `quarantine_database`). Required when the
+    #: consumer routes (`routed`): None is refused at start-up, not guessed.
     quarantine: str | None = None
 
     def __post_init__(self) -> None:
@@ -64,8 +73,16 @@ class Databases:
         check_fields(self, {"turns": "threads", "idle_disconnect": "seconds_or_zero"})
         if self.route_header is not None:
             validate_tenant_header(self.route_header)
-        if self.quarantine is not None:
+        if self.quarantine is not None and self.quarantine_database() is None:
             validate_name(self.quarantine)
+
+    def quarantine_database(self) -> Database | None:
+        """The quarantine database when it is one of its own (`quarantine` is an entry,
+        `NAME[/SCHEMA]=URL`): it stores only what cannot be routed and its NAME is no tenant.
+        None when `quarantine` names one of the databases served (or is not given)."""
+        if self.quarantine is None or not ("=" in self.quarantine or "://" in self.quarantine):
+            return None
+        return parse_entry(self.quarantine, self.schema, source="--quarantine-database")
 
     @classmethod
     def of(cls, *entries: str, schema: str = "outbox", file: str | None = None) -> Databases:

@@ -88,6 +88,8 @@ def test_fifty_tenants_through_one_set_of_daemons_killed_and_one_tenant_dropped(
             topic,
             "--group",
             f"g-{topic}",
+            "--quarantine-database",
+            tenants[0].name,
             *KAFKA_TEST,
         )
 

@@ -24,7 +24,7 @@ from outbox.pglog.log import upgrade as upgrade_log
 from outbox.pglog.log import wake_channel
 from outbox.pglog.publisher import PgLogPublisher
 from outbox.pglog.subscriber import PROTOCOL
-from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.inbox import insert_params
 from outbox.postgres.migrate import upgrade
 from outbox.postgres.queries import MAX_IDENTIFIER_BYTES, channel, queries, validate_schema
 from outbox.testing.plugin import DatabaseFactory

@@ -186,6 +186,8 @@ def test_tenants_get_a_database_each_in_a_databases_file_and_keep_keeps_them(
             if not line.startswith("#")
         ]
         assert [name for name, _ in entries] == ["tenant1", "tenant2"]
+        # A routing consumer is told where the records of no tenant go (it does not guess).
+        assert exports["OUTBOX_QUARANTINE_DATABASE"] == "tenant1"
         migrated = subprocess.run(
             [*OUTBOX, "migrate"],
             env=environment(exports),

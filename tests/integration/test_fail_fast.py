@@ -40,7 +40,7 @@ from outbox.core.ids import uuid7
 from outbox.core.lanes import lane_for
 from outbox.daemons.consumer import Consumer
 from outbox.memory import InMemoryTransport
-from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.inbox import insert_params
 from outbox.postgres.queries import channel, queries
 from outbox.testing.servers import Servers
 

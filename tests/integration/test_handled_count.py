@@ -15,7 +15,7 @@ from outbox.core.batches import InboxBatch
 from outbox.core.lanes import lane_for
 from outbox.kafka.subscriber import InboxRow
 from outbox.postgres import migrate
-from outbox.postgres.inbox_store import InboxStore, insert_params
+from outbox.postgres.inbox import InboxStore, insert_params
 from outbox.postgres.queries import channel, queries
 
 from .relay_helpers import count, handler_thread, wait_for

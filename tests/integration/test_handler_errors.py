@@ -14,7 +14,7 @@ from outbox import Backoff, Handlers, InboxMessage
 from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
-from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.inbox import insert_params
 from outbox.postgres.queries import channel, queries
 
 from .relay_helpers import count, handler_thread, wait_for

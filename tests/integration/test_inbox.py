@@ -20,7 +20,7 @@ from outbox.core.batches import InboxBatch
 from outbox.core.headers import to_json
 from outbox.core.lanes import lane_for
 from outbox.kafka.subscriber import InboxRow, foreign_id
-from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.inbox import insert_params
 from outbox.postgres.queries import channel, queries
 
 from . import inbox_app

@@ -21,7 +21,7 @@ from outbox.core.batches import InboxBatch
 from outbox.core.lanes import lane_for
 from outbox.kafka.subscriber import InboxRow
 from outbox.postgres import migrate
-from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.inbox import insert_params
 from outbox.postgres.queries import channel, queries, quote_ident
 from outbox.postgres.schema import metadata
 from outbox.testing.plugin import DatabaseFactory

@@ -673,7 +673,7 @@ def test_a_handled_message_is_counted_shown_and_never_requeued_or_purged(
     """A handled message has left consumer_queue (migration 0007): status counts it processed,
     show finds it in consumer_processed by message id and by row id, and requeue or purge by
     its id refuse it and change nothing."""
-    from outbox.postgres.inbox_store import InboxStore
+    from outbox.postgres.inbox import InboxStore
 
     from .test_inbox import put
 

@@ -126,7 +126,7 @@ def test_a_test_that_needs_a_broker_is_told_how_to_provide_one(
     # width, but whole where CI is set (pytest does not cut it there).
     errors = output.partition("short test summary info")[0]
     assert errors.count(f"To provide one, set {ENV_KAFKA_BOOTSTRAP}=host:port") == 2, output
-    assert "servers.py" not in output and "During handling" not in output, output
+    assert "testing/servers" not in output and "During handling" not in output, output
     result.stdout.fnmatch_lines(
         ["outbox.testing servers: PostgreSQL external at *; Kafka not started"]
     )

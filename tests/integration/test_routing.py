@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from outbox.core.databases import Database
+from outbox.core.errors import ConfigurationError
 from outbox.core.headers import TENANT_HEADER
 from outbox.daemons.consumer import Consumer, ConsumerConfig, Subscription
 from outbox.daemons.routing import Routing
@@ -61,7 +62,10 @@ def _committed(transport: InMemoryTransport) -> dict[int, int]:
 
 
 def _consumer(transport: InMemoryTransport, databases: list[Database], **routing: Any) -> Consumer:
-    # Built by hand: the test tunes the routing (its memory bound, its re-read interval).
+    # Built by hand: the test tunes the routing (its memory bound, its re-read interval). The
+    # quarantine database is named, as routing requires: the first one unless a test says.
+    if "dedicated" not in routing:
+        routing.setdefault("quarantine", databases[0].name)
     return Consumer(
         ConsumerConfig(batch_size=50, poll_timeout=0.05, connect_timeout=2),
         lambda: transport.subscriber([TOPIC], GROUP),
@@ -110,6 +114,48 @@ def test_each_record_lands_in_its_tenants_inbox_and_the_unroutable_are_quarantin
     assert errors[b"twice"].startswith("tenant header 'outbox-tenant' comes 2 times")
     assert (consumer.stored, consumer.quarantined) == (30, 4)
     assert any("quarantined" in r.getMessage() for r in caplog.records)
+
+
+def test_a_quarantine_database_of_its_own_stores_only_what_cannot_be_routed(
+    tenants: dict[str, str], outbox_database_factory: Callable[..., str]
+) -> None:
+    """`--quarantine-database quarantine=URL`: the records of no tenant are dead there, none in
+    a tenant's inbox; a record naming the quarantine database as its tenant is one of them."""
+    quarantine = Database("quarantine", outbox_database_factory(), "outbox")
+    transport = InMemoryTransport()
+    transport.create_topic(TOPIC, 3)
+    for n, tenant in enumerate(tenants):
+        _send(transport, tenant.encode(), f"{tenant}-{n}".encode(), b"k%d" % n)
+    _send(transport, None, b"no-header", b"x")
+    _send(transport, b"umbrella", b"unknown", b"y")
+    _send(transport, b"quarantine", b"not-a-tenant", b"z")
+    consumer = _consumer(transport, _databases(tenants), dedicated=quarantine)
+    assert consumer.database.name == "quarantine"  # readiness checks the quarantine database
+    with running(consumer):
+        wait_for(lambda: _committed(transport) == _end_offsets(transport), 30, "every commit")
+    for n, (tenant, url) in enumerate(tenants.items()):
+        assert _payloads(url) == [f"{tenant}-{n}".encode()]
+        assert _payloads(url, dead=True) == []
+    assert _payloads(quarantine.url) == []
+    errors = {bytes(r[0]): r[2] for r in _rows(quarantine.url) if r[1]}
+    assert errors == {
+        b"no-header": "no tenant header ('outbox-tenant')",
+        b"unknown": "unknown tenant 'umbrella'",
+        b"not-a-tenant": "unknown tenant 'quarantine'",
+    }
+    assert (consumer.stored, consumer.quarantined) == (3, 3)
+
+
+def test_a_quarantine_database_of_its_own_is_no_tenants() -> None:
+    tenants = [Database("acme", "postgresql://h/acme", "outbox")]
+    with pytest.raises(ConfigurationError, match="database name 'acme' is given twice"):
+        Routing(databases=tuple(tenants), dedicated=Database("acme", "postgresql://h/q", "o"))
+    with pytest.raises(ConfigurationError, match="a database of its own, not 'acme'"):
+        Routing(
+            databases=tuple(tenants),
+            quarantine="acme",
+            dedicated=Database("q", "postgresql://h/q", "outbox"),
+        )
 
 
 def test_a_failing_tenant_holds_back_only_itself_and_its_offsets(

@@ -13,7 +13,7 @@ from outbox import Backoff, Broker, Handlers, InboxMessage, Message
 from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
 from outbox.core.lanes import lane_for
-from outbox.postgres.inbox_store import insert_params
+from outbox.postgres.inbox import insert_params
 from outbox.postgres.queries import channel, queries
 from outbox.postgres.relay_stores import PostgresOutboxSession
 

@@ -2,7 +2,7 @@
 transports' suite in tests/transport/).
 
 `memory` is `outbox.testing.stores` (MemoryOutbox, MemoryInbox); `postgres` is PostgreSQL's
-adapters (outbox/postgres/: relay_stores, inbox_writer) in a fresh migrated database of the
+adapters (outbox/postgres/: relay_stores, inbox) in a fresh migrated database of the
 session's server, made as the daemons get them; `postgres-63` is the same in a schema whose name
 is PostgreSQL's longest (63 bytes: its wake-up channel and lock class are derived), for the
 tests that name it. PostgreSQL is the reference: where the two differ, the double is wrong
@@ -37,9 +37,9 @@ from outbox.ports import (
     RelayTarget,
 )
 from outbox.postgres import migrate
-from outbox.postgres.inbox_writer import PostgresInbox as PostgresInboxWriter
+from outbox.postgres.inbox import PostgresInbox, PostgresInboxWriter
 from outbox.postgres.queries import compose
-from outbox.postgres.relay_stores import PostgresInbox, PostgresOutbox
+from outbox.postgres.relay_stores import PostgresOutbox
 from outbox.testing.servers import create_database, drop_database
 from outbox.testing.stores import MemoryInbox, MemoryOutbox
 from outbox.testing.stores.relays import MemoryRelaySession

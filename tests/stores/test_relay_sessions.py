@@ -187,7 +187,8 @@ def test_a_lane_another_process_holds_is_not_ours(stores: StoresUnderTest, queue
                 f"""
                 import sys
                 from outbox.ports import RelayTarget
-                from outbox.postgres.relay_stores import PostgresInbox, PostgresOutbox
+                from outbox.postgres.inbox import PostgresInbox
+                from outbox.postgres.relay_stores import PostgresOutbox
                 make = PostgresOutbox if {kind!r} == "producer" else PostgresInbox
                 target = RelayTarget({stores.url!r}, {stores.schema!r}, {kind!r}, "child", 5.0,
                                      "store-test-child")

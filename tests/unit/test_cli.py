@@ -379,6 +379,7 @@ def test_a_routing_consumers_bad_settings_are_one_line_and_exit_1(
             ["--quarantine-database", "c"],
             "--quarantine-database 'c' is not one of the databases served (a, b)",
         ),
+        ([], "routing records by tenant needs --quarantine-database NAME"),  # not guessed
         (["--route-header", "content-type"], "tenant header name 'content-type' is not valid"),
         (
             ["--route-header", "outbox-message-id"],

@@ -1,16 +1,19 @@
 """The composition root (outbox/runtime/, decision 20): one settings object in, running parts out.
 
-Only the root imports both a daemon and an adapter, also indirectly (every import counted, in a
-function or under TYPE_CHECKING too); importing a daemon loads no driver; the daemons' configs
-hold tuning only, and a config or a daemon built the old way says where its settings went;
-`outbox run` takes every flag of the three daemons (bar the short list it renames); the flags
-reach the root through one function.
+That only the root imports both a daemon and an adapter (indirect imports counted) is an
+import-linter contract ([tool.importlinter] in pyproject.toml; tests/unit/test_import_contracts.py
+shows it breaks). Here what import-linter cannot see: importing outbox or a daemon loads no
+driver at run time (outbox.broker reaches psycopg, in functions); the daemons' configs hold
+tuning only, and a config or a daemon built the old way says where its settings went; `outbox
+run` takes every flag of the three daemons (bar the short list it renames); the flags reach the
+root through one function.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ import pytest
 from outbox.cli import build_parser
 from outbox.cli.command import RUN_RENAMED, main
 from outbox.cli.reference import walk
+from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError
 from outbox.runtime import (
     App,
@@ -30,72 +34,12 @@ from outbox.runtime import (
     TransportSettings,
 )
 from outbox.runtime.app import Supervised
-from tests.unit.test_layers import _graph
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The adapters: the transports' and the stores' packages, and their drivers.
 ADAPTERS = ("outbox.postgres", "outbox.kafka", "outbox.pglog")
 DRIVERS = ("psycopg", "confluent_kafka", "sqlalchemy")
-COMPOSITION_ROOT = "outbox.runtime"
-
-
-def _within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in packages)
-
-
-def _reach(graph: dict[str, set[str]], start: str, avoid: str = COMPOSITION_ROOT) -> set[str]:
-    """The modules `start` imports, directly or through others, not through `avoid`."""
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for target in graph.get(todo.pop(), ()):
-            if target not in seen and not _within(target, (avoid,)):
-                seen.add(target)
-                todo.append(target)
-    return seen
-
-
-def test_only_the_composition_root_imports_both_a_daemon_and_an_adapter() -> None:
-    graph = _graph()
-    both = []
-    for module in sorted(graph):
-        if _within(module, (COMPOSITION_ROOT, "outbox.daemons")):
-            continue
-        reached = _reach(graph, module)
-        daemons = sorted(m for m in reached if _within(m, ("outbox.daemons",)))
-        adapters = sorted(m for m in reached if _within(m, ADAPTERS))
-        if daemons and adapters:
-            both.append(f"{module} reaches {daemons[0]} and {adapters[0]}")
-    assert both == []
-    # The root does, which is the point: it is the one place that wires them.
-    root = _reach(graph, "outbox.runtime.app", avoid="outbox.nothing")
-    assert any(_within(m, ("outbox.daemons",)) for m in root)
-    assert any(_within(m, ADAPTERS) for m in root)
-
-
-@pytest.mark.parametrize(
-    ("sources", "targets", "why"),
-    [
-        (("outbox.cli", "outbox.broker"), ("outbox.daemons",), "the CLI asks the App"),
-        (("outbox.testing",), ("outbox.daemons",), "drain() and fixtures ask the App"),
-        (("outbox.transports",), ("outbox.daemons",), "only the App builds daemons"),
-        (("outbox.observability",), ADAPTERS, "probes come in through a port"),
-        (("outbox.daemons",), ADAPTERS, "daemons see ports"),
-    ],
-)
-def test_the_whiteboards_nevers_hold_through_indirect_imports(
-    sources: tuple[str, ...], targets: tuple[str, ...], why: str
-) -> None:
-    graph = _graph()
-    bad = [
-        f"{module} reaches {target} ({why})"
-        for module in sorted(graph)
-        if _within(module, sources)
-        for target in sorted(_reach(graph, module))
-        if _within(target, targets)
-    ]
-    assert bad == []
 
 
 @pytest.mark.parametrize(
@@ -265,7 +209,10 @@ def test_the_flags_reach_the_root_as_one_settings_object(
 
 def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() -> None:
     settings = Settings(
-        databases=Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+        databases=replace(
+            Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+            quarantine="globex",
+        ),
         transport=TransportSettings(kafka_bootstrap="k:9092"),
         group="g",
     )
@@ -279,7 +226,7 @@ def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() ->
     consumer = app.consumer()  # builds; connects to nothing
     assert consumer.routing is not None
     assert [d.name for d in consumer.routing.databases] == ["acme", "globex"]
-    assert consumer.database.name == "acme"  # the quarantine database by default
+    assert consumer.database.name == "globex"  # the quarantine database, as named
     with pytest.raises(ConfigurationError, match="several databases"):
         app.producer()
     one = App(Settings(databases=Databases.of("postgresql://h/app")), handlers)
@@ -359,9 +306,80 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
     OutboxRuntime(
         handlers,
         settings=Settings(
-            databases=Databases.of("a=postgresql://h/a", "b=postgresql://h/b"),
+            databases=replace(
+                Databases.of("a=postgresql://h/a", "b=postgresql://h/b"), quarantine="a"
+            ),
             transport=TransportSettings(kafka_bootstrap="k:9092"),
             group="g",
         ),
     )
     assert asked == ["kafka"]
+
+
+def test_a_quarantine_database_of_its_own_is_given_as_an_entry() -> None:
+    from outbox import Handlers
+    from outbox.cli.arguments import settings_of
+
+    handlers = Handlers()
+    handlers.handler("t")(lambda message, conn: None)
+    flags = ["consumer", "--topic", "t", "--group", "g", "--kafka-bootstrap", "k:9092"]
+    flags += ["--database-url", "acme=postgresql://h/acme", "--database-url", "b=postgresql://h/b"]
+    args = build_parser().parse_args([*flags, "--quarantine-database", "q/dead=postgresql://h/q"])
+    settings = settings_of(args)
+    assert settings.databases.quarantine_database() == Database("q", "postgresql://h/q", "dead")
+    consumer = App(settings, handlers).consumer()
+    assert consumer.routing is not None and consumer.routing.dedicated is not None
+    assert consumer.database.name == "q"  # where the unroutable go, and /readyz looks
+    assert [d.name for d in consumer.routing.databases] == ["acme", "b"]  # q is no tenant
+    named = settings_of(build_parser().parse_args([*flags, "--quarantine-database", "b"]))
+    assert named.databases.quarantine_database() is None
+    with pytest.raises(ConfigurationError, match=r"database name '' is not valid.*quarantine"):
+        Databases(quarantine="=postgresql://h/q")
+
+
+@pytest.mark.parametrize(
+    "databases",
+    [
+        Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+        replace(Databases.of("acme=postgresql://h/acme"), route_header="x-tenant"),
+    ],
+    ids=["several databases", "a route header"],
+)
+def test_routing_without_a_quarantine_database_is_refused_at_start_up_naming_the_flag(
+    databases: Databases,
+) -> None:
+    """No silent default: the records of no tenant went to the first tenant's database."""
+    from outbox import Handlers
+
+    handlers = Handlers()
+    handlers.handler("t")(lambda message, conn: None)
+    settings = Settings(
+        databases=databases, transport=TransportSettings(kafka_bootstrap="k:9092"), group="g"
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        OutboxRuntime(handlers, settings=settings)
+    said = str(refused.value)
+    assert said.startswith("routing records by tenant needs --quarantine-database NAME")
+    assert "(one of acme" in said and "\n" not in said
+    # The producer and the handler route nothing: several databases need no quarantine there.
+    assert App(settings, handlers).part("handler") is not None
+
+
+def test_run_and_consumer_without_a_quarantine_database_say_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Refused before any connection (nothing answers at these addresses), as the other
+    # settings of a routing consumer are: `outbox: error: ...`, exit 1.
+    monkeypatch.delenv("OUTBOX_QUARANTINE_DATABASE", raising=False)
+    (tmp_path / "svc_handlers.py").write_text(
+        "from outbox import Handlers\nh = Handlers()\nh.handler('t')(lambda m, c: None)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    two = ["--database-url", "acme=postgresql://nowhere/a", "--database-url", "b=postgresql://x/b"]
+    common = ["--group", "g", "--kafka-bootstrap", "nowhere:1", *two]
+    for argv in (["run", "svc_handlers:h", *common], ["consumer", "--topic", "t", *common]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("outbox: error: routing records by tenant")
+        assert "needs --quarantine-database NAME" in err
+        assert "(one of acme, b, or one of its own, NAME=URL)" in err

@@ -11,7 +11,7 @@ from typing import Any
 
 from outbox.core.batches import InboxBatch, Positions, quarantined_row
 from outbox.core.wire import decode_record
-from outbox.postgres.inbox_store import insert_params, quarantine_params
+from outbox.postgres.inbox import insert_params, quarantine_params
 
 ID = "0196f3a2-4b1c-7d2e-8f3a-9b4c5d6e7f80"
 VALUES: list[bytes | str | None] = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, NamedTuple
 
@@ -45,14 +46,28 @@ def refuse_awaitable(returned: object, spec: HandlerSpec) -> None:
 
 
 class Claim(NamedTuple):
-    """What a claiming transaction took (`Batches.claim_batch`)."""
+    """What a batch transaction's first statement took: by id (`Batches._try_batch`) or the
+    next rows of some lanes (`Batches._try_claim`)."""
 
     #: Rows taken, also those dropped as already handled.
     taken: int
-    #: The rows claimed, in id order (from `claim_batch`: those left to the caller).
+    #: The rows claimed, in id order (from `claim_batch`: those past `cut` go to the caller).
     rows: list[Pending]
-    #: How many of `rows` the claiming transaction handles.
+    #: How many of `rows` this transaction handles.
     cut: int
+    #: What each claimed row is made of, by row id: a row missing was handled meanwhile, or
+    #: is held by another process.
+    claimed: dict[int, Claimed]
+
+
+class _Again(Exception):
+    """Pipelined, a failure may surface after later callbacks ran: the transaction rolled back,
+    to run again unpipelined. `claim` is what its first statement took, None if that statement
+    is what failed."""
+
+    def __init__(self, claim: Claim | None) -> None:
+        super().__init__("again, unpipelined")
+        self.claim = claim
 
 
 class Batches:
@@ -83,8 +98,6 @@ class Batches:
         self.retired = False
         self._sync: HandlerSession | None = None
         self._unordered = handlers.unordered_topics
-        #: What the last claiming transaction took.
-        self._claim = Claim(0, [], 0)
 
     def session(self) -> HandlerSession:
         """The sync session, opened when first needed (again after it broke)."""
@@ -128,9 +141,7 @@ class Batches:
         transaction of its own (an async callback's, or one that overran its lease), which are
         left, with the rows after them, to the caller. A failure splits the batch as in
         `handle_batches`. The rows taken, and those left."""
-        self._claim = Claim(0, [], 0)
-        failure = self._try_batch(None, lanes=lanes, limit=limit)
-        claim = self._claim
+        claim, failure = self._try_claim(lanes, limit, pipelined=self.handlers.pipeline)
         if failure is not None:
             pending = self._after_failure(claim.rows[: claim.cut], failure, failed_keys)
             self.handle_batches(pending, failed_keys)
@@ -175,40 +186,63 @@ class Batches:
         self.note_failure(row, spec, failed_keys)
         return [r for r in pending[index + 1 :] if not self.blocked(r, failed_keys)]
 
-    def _try_batch(
-        self,
-        rows: list[Pending] | None,
-        *,
-        pipelined: bool | None = None,
-        lanes: list[int] | None = None,
-        limit: int = 0,
-    ) -> Failure | None:
-        """Run one batch transaction; on a callback failure return where and why, rolled back.
-
-        The batch is `rows`, claimed by id, or (`rows` None) the rows that the transaction's
-        first statement fetches and claims from `lanes` (recorded in `_claim`).
+    def _try_batch(self, rows: list[Pending], *, pipelined: bool | None = None) -> Failure | None:
+        """The by-id path: claim `rows` and handle them in one transaction; on a callback
+        failure return where and why, rolled back.
 
         Pipelined (`Handlers(pipeline=True)`), a failed statement may surface after later
         callbacks ran, so any failure rolls the batch back and runs it again unpipelined, which
         names the failing message exactly.
         """
         if pipelined is None:
-            pipelined = self.handlers.pipeline and (rows is None or len(rows) > 1)
+            pipelined = self.handlers.pipeline and len(rows) > 1
+
+        def by_id(execute: Any) -> Claim:
+            claimed = self.store.claim_many(execute, [row.id for row in rows])
+            return Claim(len(rows), rows, len(rows), claimed)
+
+        try:
+            return self._transaction(by_id, pipelined)[1]
+        except _Again:
+            return self._try_batch(rows, pipelined=False)
+
+    def _try_claim(
+        self, lanes: list[int], limit: int, *, pipelined: bool
+    ) -> tuple[Claim, Failure | None]:
+        """The claim path: one transaction whose first statement fetches and claims up to
+        `limit` rows of `lanes`, and handles those before the cut (`_cut`); what it took, and
+        where and why a callback failed, rolled back. Pipelined, a failure runs the claimed
+        rows again unpipelined, by id (or, if the claim is what failed, the claim)."""
+
+        def next_rows(execute: Any) -> Claim:
+            batch = self.store.claim_next(execute, lanes, limit, self._unordered)
+            return Claim(batch.taken, batch.rows, self._cut(batch.rows), batch.claimed)
+
+        try:
+            return self._transaction(next_rows, pipelined)
+        except _Again as again:
+            if again.claim is None:
+                return self._try_claim(lanes, limit, pipelined=False)
+            claim = again.claim
+            return claim, self._try_batch(claim.rows[: claim.cut], pipelined=False)
+
+    def _transaction(
+        self, claim: Callable[[Any], Claim], pipelined: bool
+    ) -> tuple[Claim, Failure | None]:
+        """One batch transaction: `claim` (its first statement, given the transaction's
+        `execute`) takes the rows, the callbacks of the first `cut` of them run, and their rows
+        are marked done, all committed together. What `claim` took, and on a callback failure
+        where and why, rolled back; `_Again` when pipelined and it must run again unpipelined.
+        """
         tx = self.session()
         self.backend_pid = tx.backend_pid
         handled: list[tuple[str, float]] = []  # (topic, seconds) of each callback
         failure: Failure | None = None
+        taken: Claim | None = None
         try:
             with tx.transaction(pipelined=pipelined) as (execute, handle):
-                if rows is None:
-                    assert lanes is not None
-                    batch = self.store.claim_next(execute, lanes, limit, self._unordered)
-                    claimed = batch.claimed
-                    cut = self._cut(batch.rows)
-                    self._claim = Claim(batch.taken, batch.rows, cut)
-                    rows = batch.rows[:cut]
-                else:
-                    claimed = self.store.claim_many(execute, [row.id for row in rows])
+                taken = claim(execute)
+                rows, claimed = taken.rows[: taken.cut], taken.claimed
                 done: list[int] = []
                 dead: list[FailedAttempt] = []
                 index = 0
@@ -273,21 +307,24 @@ class Batches:
                 failpoint("handler.before_commit")
         except RollBack:
             if pipelined:
-                return self._try_batch(rows, pipelined=False, lanes=lanes, limit=limit)
-            return failure
+                raise _Again(taken) from None
+            assert taken is not None  # a callback failed: the claim answered
+            return taken, failure
         except self.errors as exc:
             if failure is not None:
-                return self._lost_in_callback(failure)
+                assert taken is not None
+                return taken, self._lost_in_callback(failure)
             if pipelined and not tx.broken:
                 # A statement failed, late: again unpipelined (the claim too if it was that).
-                return self._try_batch(rows, pipelined=False, lanes=lanes, limit=limit)
+                raise _Again(taken) from exc
             raise_lost(exc)
         except self.disconnects as exc:
             if failure is not None:
-                return self._lost_in_callback(failure)
+                assert taken is not None
+                return taken, self._lost_in_callback(failure)
             raise_lost(exc)
         self.outcomes.count_handled(handled)
-        return None
+        return taken, None
 
     def _call_batch(
         self,

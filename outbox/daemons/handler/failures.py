@@ -16,16 +16,12 @@ worker's own work that retrying cannot fix is no attempt either: it stops the da
 from __future__ import annotations
 
 import traceback
-from typing import Any, NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn
 
-from outbox.core.codecs import type_name
-from outbox.core.envelope import InboxMessage
-from outbox.core.errors import Misused, PermanentFailure, RetryLater, SerializationError
+from outbox.core.errors import Misused, PermanentFailure, RetryLater
 from outbox.core.handlers import HandlerSpec
-from outbox.core.headers import from_json
-from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending, Undecodable
 from outbox.core.retriable import retriable
-from outbox.core.serializers import Serializer, read_payload
 from outbox.core.text import first_line, storable
 
 __all__ = [
@@ -34,19 +30,12 @@ __all__ = [
     "Misused",
     "RollBack",
     "Undecodable",
-    "decode",
     "described",
     "error_text",
     "failed_attempt",
     "raise_lost",
     "unregistered",
 ]
-
-
-class Undecodable(Exception):
-    """A message's payload cannot be decoded as its content type, or is not valid for its
-    handler's payload type: no attempt can succeed, so the message is dead at once (not
-    retried); the decoder's or validator's error is the cause, and in the text."""
 
 
 class RollBack(Exception):
@@ -82,39 +71,6 @@ class Failure(NamedTuple):
     claimed: Claimed | None
     error: BaseException
     size: int = 1
-
-
-def decode(
-    claimed: Claimed, serializer: Serializer, payload_type: type[Any] | None = None
-) -> InboxMessage[Any]:
-    """The message a callback receives for a claimed row; `Undecodable` if its payload is not
-    its content type, or (given a `payload_type`) does not validate as one."""
-    payload = bytes(claimed.payload)
-    try:
-        decoded = read_payload(payload_type, payload, claimed.content_type, serializer)
-    except SerializationError as exc:  # not of its content type
-        raise Undecodable(
-            f"cannot decode the payload as {claimed.content_type!r}: {first_line(exc)}"
-        ) from exc
-    except Exception as exc:  # PayloadInvalid; anything a model's own validator raises
-        raise Undecodable(
-            f"the payload of topic {claimed.topic!r} is not a valid "
-            f"{type_name(payload_type)}: {exc}"
-        ) from exc
-    return InboxMessage(
-        id=claimed.message_id,
-        topic=claimed.topic,
-        key=bytes(claimed.key) if claimed.key is not None else None,
-        payload=decoded,
-        raw_payload=payload,
-        content_type=claimed.content_type,
-        headers=from_json(claimed.headers) if claimed.headers is not None else {},
-        attempt=claimed.attempts + 1,
-        created_at=claimed.created_at,
-        received_at=claimed.received_at,
-        partition=claimed.partition,
-        offset=claimed.offset,
-    )
 
 
 def described(exc: BaseException) -> str:

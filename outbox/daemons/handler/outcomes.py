@@ -12,8 +12,8 @@ from typing import Any
 
 from outbox.core.envelope import InboxMessage
 from outbox.core.handlers import Handlers, HandlerSpec
-from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending
-from outbox.daemons.handler.failures import decode, described, failed_attempt, unregistered
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending, decode
+from outbox.daemons.handler.failures import described, failed_attempt, unregistered
 from outbox.observability.metrics import HandlerTally, HandlerTallyBook
 
 log = logging.getLogger("outbox.handler")

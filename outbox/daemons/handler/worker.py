@@ -235,7 +235,7 @@ class Worker(Batches):
             if not calling or self.retired:
                 raise_lost(exc)
             error = exc
-        except BaseException as exc:  # any callback error (see Batches._try_batch)
+        except BaseException as exc:  # any callback error (see Batches._transaction)
             error = exc
         else:
             self.outcomes.count_handled([(row.topic, time.monotonic() - self.started)])

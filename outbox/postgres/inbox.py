@@ -1,28 +1,59 @@
-"""The inbox's statements on `consumer_queue` and `consumer_processed` (the inbox store).
+"""The inbox on PostgreSQL (`consumer_queue` and `consumer_processed`): its statements and the
+ports the Consumer and the Handler reach it through, in one module.
 
-For the Consumer: insert and quarantine, turning the core batches a transport delivers into the
-bind parameters of `inbox_insert` and `inbox_quarantine` (no transport knows them); a message
-id pending in `consumer_queue` or handled within the dedup window (`consumer_processed`) is
-stored no more. For the Handler: fetch what is due, claim, mark done (the row leaves
-`consumer_queue`, its id is recorded in `consumer_processed`), record a failure, forget the
-handled ids past the dedup window, and end a transaction that overran its lease.
+`InboxStore` holds the statements. For the Consumer: insert and quarantine, turning the core
+batches a transport delivers into the bind parameters of `inbox_insert` and `inbox_quarantine`
+(no transport knows them); a message id pending in `consumer_queue` or handled within the dedup
+window (`consumer_processed`) is stored no more. For the Handler: fetch what is due, claim, mark
+done (the row leaves `consumer_queue`, its id is recorded in `consumer_processed`), record a
+failure, forget the handled ids past the dedup window, and end a transaction that overran its
+lease.
 
-The Handler's transactions are those of `outbox.postgres.sessions` (psycopg or SQLAlchemy, sync
-or async): their statements run through the session's `execute`; the Handler's control loop
-passes its own psycopg connection.
+`PostgresInboxWriter` (`outbox.ports.InboxWriter`) gives the Consumer its sessions,
+`PostgresInboxWriterSession`: one autocommit psycopg connection each, where each statement runs
+in a pipeline, so it is sent at once and commits on its own while the caller does its
+`meanwhile` work. `PostgresInbox` (`outbox.ports.InboxDatabaseFactory`) gives the Handler its
+control session, `PostgresInboxSession`, and its workers' transactions: those of
+`outbox.postgres.sessions` (psycopg or SQLAlchemy, sync or async), whose statements run through
+the session's `execute`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
+
+import psycopg
 
 from outbox.core.batches import InboxBatch, Quarantined
 from outbox.core.inbox_rows import Claimed, ClaimedBatch, FailedAttempt, Pending
-from outbox.postgres.connection import Connection
+from outbox.ports import RelayTarget
+from outbox.postgres.connection import Connection, check_database, connect
+from outbox.postgres.lanes import Lanes
+from outbox.postgres.migrate import check_schema
 from outbox.postgres.queries import channel, queries
-from outbox.postgres.sessions import AsyncExecute, Execute, fetch_one
+from outbox.postgres.relay_stores import PostgresRelaySession, RelayDatabase
+from outbox.postgres.sessions import (
+    AsyncExecute,
+    AsyncSession,
+    Execute,
+    Session,
+    disconnects,
+    fetch_one,
+    open_async_session,
+    open_session,
+)
+
+__all__ = [
+    "InboxStore",
+    "PostgresInbox",
+    "PostgresInboxSession",
+    "PostgresInboxWriter",
+    "PostgresInboxWriterSession",
+    "insert_params",
+    "quarantine_params",
+]
 
 
 def insert_params(batch: InboxBatch, wake_channel: str) -> dict[str, Any]:
@@ -173,3 +204,134 @@ class InboxStore:
 
 def _counts(row: Any, column: int) -> Counter[str]:
     return Counter[str](row[column] if row and row[column] else {})
+
+
+# -- the Consumer's sessions ---------------------------------------------------------------
+
+#: The Consumer's connections, as pg_stat_activity shows them.
+APPLICATION_NAME = "outbox-consumer"
+
+
+class PostgresInboxWriterSession:
+    """An `InboxWriterSession` on one psycopg connection (autocommit)."""
+
+    def __init__(self, conn: Connection, store: InboxStore) -> None:
+        self.conn = conn
+        self.store = store
+
+    @property
+    def usable(self) -> bool:
+        return not (self.conn.closed or self.conn.broken)
+
+    def insert(
+        self, batch: InboxBatch, meanwhile: Callable[[], None] | None = None
+    ) -> Counter[str]:
+        # In a pipeline the statement is sent at once, and committed when the pipeline ends,
+        # after `meanwhile`.
+        with self.conn.pipeline():
+            result = self.store.insert(self.conn, batch)
+            if meanwhile is not None:
+                meanwhile()
+        return result()
+
+    def quarantine(self, records: Sequence[Quarantined]) -> Counter[str]:
+        with self.conn.pipeline():
+            result = self.store.quarantine(self.conn, records)
+        return result()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresInboxWriter:
+    """The `InboxWriter` of `consumer_queue` in schema `schema` of the database at `url`."""
+
+    def __init__(self, url: str, schema: str, *, connect_timeout: float) -> None:
+        self.url = url
+        self.schema = schema
+        self.connect_timeout = connect_timeout
+        self.store = InboxStore(schema)
+
+    def _connect(self) -> Connection:
+        return connect(self.url, timeout=self.connect_timeout, application_name=APPLICATION_NAME)
+
+    def connect(self, *, checked: bool = False) -> PostgresInboxWriterSession:
+        conn = self._connect()
+        if checked:
+            try:
+                check_schema(conn, self.schema)
+            except BaseException:
+                conn.close()
+                raise
+        return PostgresInboxWriterSession(conn, self.store)
+
+    def check(
+        self,
+        *,
+        wait: float = 0.0,
+        stopping: Callable[[], bool] = lambda: False,
+        attempt: Callable[[], None] = lambda: None,
+    ) -> None:
+        def open_connection() -> Connection:
+            attempt()
+            return self._connect()
+
+        check_database(open_connection, self.schema, wait=wait, stopping=stopping)
+
+
+# -- the Handler's control session and workers' transactions ------------------------------
+
+
+class PostgresInboxSession(PostgresRelaySession):
+    """The Handler's control session on `consumer_queue`."""
+
+    def __init__(self, conn: Connection, lanes: Lanes, store: InboxStore) -> None:
+        super().__init__(conn, lanes)
+        self.store = store
+
+    def fetch(self, lanes: list[int], limit: int, unordered: list[str]) -> list[Pending]:
+        return self.store.fetch(self.conn, lanes, limit, unordered)
+
+    def next_due(self, lanes: list[int]) -> float | None:
+        return self.store.next_due(self.conn, lanes)
+
+    def forget_processed(self, window: float, limit: int) -> int:
+        return self.store.forget_processed(self.conn, window, limit)
+
+    def recent_topics(self, limit: int) -> dict[str, int]:
+        return self.store.recent_topics(self.conn, limit)
+
+    def attempts(self, row_id: int) -> int:
+        return self.store.attempts(self.conn, row_id)
+
+    def terminate(self, backend_pid: int) -> None:
+        self.store.terminate(self.conn, backend_pid)
+
+    def fail(self, failed: FailedAttempt) -> None:
+        self.store.fail(self.conn.execute, failed)
+
+
+class PostgresInbox(RelayDatabase):
+    """The Handler's `consumer_queue` and its workers' sessions (an
+    `outbox.ports.InboxDatabaseFactory`)."""
+
+    #: What psycopg raises for a failed statement or a lost connection.
+    errors: tuple[type[Exception], ...] = (psycopg.Error,)
+
+    def __init__(
+        self, target: RelayTarget, worker_application_name: str = "outbox-handler"
+    ) -> None:
+        super().__init__(target)
+        self.store = InboxStore(target.schema)
+        self.work = self.store
+        self.disconnects = disconnects()
+        self._worker_application_name = worker_application_name
+
+    def connect(self) -> PostgresInboxSession:
+        return PostgresInboxSession(self._connect(), self.lanes, self.store)
+
+    def open_session(self, library: Literal["psycopg", "sqlalchemy"]) -> Session:
+        return open_session(library, self.database_url, self._worker_application_name)
+
+    async def open_async_session(self, library: Literal["psycopg", "sqlalchemy"]) -> AsyncSession:
+        return await open_async_session(library, self.database_url, self._worker_application_name)
