@@ -254,7 +254,7 @@ def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
             # Every database joined (and, parked, left again: a relay notices that it has
             # been idle long enough at its next look, up to a poll interval later; then its
             # own looks grow apart for about a minute: the steady state is measured).
-            time.sleep(8.0 + (2 * float(poll) + SETTLE if idle != "0" else 0.0))
+            time.sleep(8.0 + (2 * float(poll) + SETTLE if idle != "0" else 12.0))
             before = [_cpu_seconds(p.pid) for p in processes]
             sessions = _sessions(ctx.admin_url)
             peak = 0
