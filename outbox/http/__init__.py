@@ -12,6 +12,8 @@ missing extra is one line (`require_extra`).
 from __future__ import annotations
 
 import importlib.util
+import signal
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from outbox.core.errors import ConfigurationError
@@ -66,7 +68,17 @@ def serve(settings: Settings, config: ServeConfig) -> None:
     import uvicorn
 
     app = build(settings, config)
-    server = uvicorn.Server(
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which after a graceful stop on SIGTERM exits 0 as the daemons do
+        (uvicorn raises the signal again once stopped, which makes the exit status -15)."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    server = Server(
         uvicorn.Config(
             app,
             host=config.host,
