@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from outbox import __version__
+from outbox.core.redact import redact_text
+from outbox.core.text import first_line
 from outbox.http.service import Outgoing, Refused, Service
 from outbox.http.tokens import find
 
@@ -88,6 +90,35 @@ class AckIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cursor: UUID
+
+
+class LeaseIn(BaseModel):
+    """Inbox rows to lease."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topics: list[str] = Field(min_length=1)
+    max: int = Field(10, ge=1, le=1000)
+    wait_ms: int = Field(0, ge=0)
+    lease_ms: int = Field(30_000, ge=1, le=3_600_000)
+
+
+class InboxAckIn(BaseModel):
+    """Inbox rows handled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[int] = Field(min_length=1, max_length=10_000)
+
+
+class NackIn(BaseModel):
+    """An inbox row whose handling failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    error: str = Field(min_length=1)
+    retry_after_ms: int | None = Field(None, ge=0, le=86_400_000)
 
 
 class Problem(BaseModel):
@@ -155,6 +186,12 @@ def create_app(service: Service) -> FastAPI:
     async def refused(request: Request, exc: Refused) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def unforeseen(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        said = redact_text(f"unexpected {type(exc).__name__}: {first_line(exc)}")
+        return JSONResponse({"error": said}, status_code=500)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -320,6 +357,46 @@ def create_app(service: Service) -> FastAPI:
         """Acknowledge the records of a cursor: the subscription's position moves past them."""
         await run(lambda: service.ack(topic, name, str(body.cursor)))
         return {"acked": True}
+
+    # -- inbox work for handlers in other languages ----------------------------------------------
+
+    @app.post("/v1/inbox/lease", dependencies=consume, tags=["inbox"])
+    async def lease_inbox(
+        body: LeaseIn,
+        database: Annotated[str | None, Query(description="the inbox's NAME")] = None,
+    ) -> Response:
+        """Lease the next rows of the topics, one per key at a time; 204 when none came."""
+        deadline = time.monotonic() + min(body.wait_ms / 1000, config.max_wait)
+        while True:
+            rows = await run(
+                lambda: service.lease(body.topics, body.max, body.lease_ms / 1000, database)
+            )
+            if rows:
+                handed["inbox_leased"] += len(rows)
+                return JSONResponse({"messages": rows})
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Response(status_code=204)
+            await asyncio.sleep(min(POLL_INTERVAL, left))
+
+    @app.post("/v1/inbox/ack", dependencies=consume, tags=["inbox"])
+    async def ack_inbox(
+        body: InboxAckIn,
+        database: Annotated[str | None, Query(description="the inbox's NAME")] = None,
+    ) -> dict[str, Any]:
+        """Mark rows handled; `unknown`: ids that were not pending (handled, dead or none)."""
+        unknown = await run(lambda: service.ack_inbox(body.ids, database))
+        return {"acked": len(body.ids) - len(unknown), "unknown": unknown}
+
+    @app.post("/v1/inbox/nack", dependencies=consume, tags=["inbox"])
+    async def nack_inbox(
+        body: NackIn,
+        database: Annotated[str | None, Query(description="the inbox's NAME")] = None,
+    ) -> dict[str, Any]:
+        """A failed attempt: retried after retry_after_ms (else the topic's backoff), or dead
+        once the topic's max attempts are spent."""
+        retry_after = None if body.retry_after_ms is None else body.retry_after_ms / 1000
+        return await run(lambda: service.nack_inbox(body.id, body.error, retry_after, database))
 
     return app
 

@@ -24,9 +24,11 @@ from outbox.core.errors import (
     SchemaNotMigrated,
     SchemaTooNew,
 )
-from outbox.core.headers import CONTENT_TYPE, MESSAGE_ID, TENANT_HEADER
-from outbox.core.text import first_line
-from outbox.core.topics import Topic
+from outbox.core.handlers import DEFAULT_BACKOFF
+from outbox.core.headers import CONTENT_TYPE, MESSAGE_ID, TENANT_HEADER, from_json
+from outbox.core.retry import Backoff
+from outbox.core.text import first_line, storable
+from outbox.core.topics import Topic, validate_topic
 from outbox.http.config import ServeConfig
 from outbox.http.pool import Busy, Pool
 from outbox.pglog.log import TopicExists, UnknownTopic, decode_headers
@@ -39,11 +41,15 @@ from outbox.pglog.subscriptions import (
     UnknownSubscription,
 )
 from outbox.postgres.connection import Connection, unavailable
+from outbox.postgres.inbox_leases import InboxLeases, LeasedRow
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.published import Published
 from outbox.runtime.settings import Settings
 
 log = logging.getLogger("outbox.serve")
+
+#: Attempts of an inbox row whose topic no handler of the registry takes (as `Handlers`).
+DEFAULT_ATTEMPTS = 5
 
 T = TypeVar("T")
 
@@ -92,6 +98,7 @@ class Service:
             for d in self.databases.values()
         }
         self._published = {d.schema: Published(d.schema) for d in self.databases.values()}
+        self._inbox = {d.schema: InboxLeases(d.schema) for d in self.databases.values()}
         self.transport = transports.get(settings.transport.name)
         self.log_pool: Pool | None = None
         self.subscriptions: Subscriptions | None = None
@@ -99,6 +106,7 @@ class Service:
             self.log_pool = Pool(settings.transport.log_url, config.pool_size, "outbox-serve")
             self.subscriptions = Subscriptions(settings.transport.log_schema)
         self.typed: dict[str, Topic[Any]] = typed_topics(config.registry)
+        self.retries: dict[str, tuple[int, Backoff]] = retry_policies(config.registry)
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -227,6 +235,53 @@ class Service:
                 )
             )
         return messages
+
+    # -- inbox work ------------------------------------------------------------------------------
+
+    def lease(
+        self, topics: Sequence[str], limit: int, lease: float, database: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Lease up to `limit` pending rows of `topics` in the inbox `database` picks."""
+        with _answers():
+            for topic in topics:
+                validate_topic(topic)
+        target = self.database(database)
+        inbox = self._inbox[target.schema]
+        with _answers(), self._pools[target.name].connection() as conn, conn.transaction():
+            rows = inbox.lease(conn, topics, limit, lease)
+        return [inbox_json(row) for row in rows]
+
+    def ack_inbox(self, ids: Sequence[int], database: str | None = None) -> list[int]:
+        """Mark `ids` handled; the ids that were not (unknown, handled already, or dead)."""
+        target = self.database(database)
+        inbox = self._inbox[target.schema]
+        with _answers(), self._pools[target.name].connection() as conn, conn.transaction():
+            return inbox.ack(conn, ids)
+
+    def nack_inbox(
+        self, row_id: int, error: str, retry_after: float | None, database: str | None = None
+    ) -> dict[str, Any]:
+        """Fail the attempt of `row_id` under its topic's retry policy (the registry's handler
+        of the topic, else the Handler's defaults): retried later, or dead."""
+        target = self.database(database)
+        inbox = self._inbox[target.schema]
+        with _answers(), self._pools[target.name].connection() as conn, conn.transaction():
+            found = inbox.attempts(conn, row_id)
+            if found is None:
+                raise Refused(404, f"no pending row {row_id} in the inbox of {target.name}")
+            max_attempts, backoff = self.retries.get(found[0], (DEFAULT_ATTEMPTS, DEFAULT_BACKOFF))
+            done = inbox.nack(
+                conn,
+                row_id,
+                storable(error),
+                max_attempts=max_attempts,
+                backoff=backoff,
+                retry_after=retry_after,
+            )
+        if done is None:
+            raise Refused(404, f"no pending row {row_id} in the inbox of {target.name}")
+        dead, delay = done
+        return {"id": row_id, "dead": dead, "retry_after_ms": None if dead else round(delay * 1000)}
 
     # -- topics and subscriptions ---------------------------------------------------------------
 
@@ -365,6 +420,36 @@ def typed_topics(registry: str | None) -> dict[str, Topic[Any]]:
             found[spec.declared.name] = spec.declared
     for topic in service.sent:
         found[topic.name] = topic
+    return found
+
+
+def retry_policies(registry: str | None) -> dict[str, tuple[int, Backoff]]:
+    """The retry policy (max attempts, backoff) of each topic the registry's handlers take."""
+    if registry is None:
+        return {}
+    from outbox.asyncapi import load_service
+
+    return {
+        spec.topic: (spec.max_attempts, spec.backoff) for spec in load_service(registry).receivers
+    }
+
+
+def inbox_json(row: LeasedRow) -> dict[str, Any]:
+    """A leased inbox row as `/v1/inbox/lease` answers it."""
+    headers = {
+        name: value if isinstance(value, str) else value.decode("utf-8", "replace")
+        for name, value in from_json(row.headers or {}).items()
+    }
+    found: dict[str, Any] = {
+        "id": row.id,
+        "message_id": str(row.message_id),
+        "topic": row.topic,
+        "attempt": row.attempt,
+        "created_at": row.created_at.isoformat(),
+        "headers": headers,
+    }
+    found.update(_value("key", row.key, "text"))
+    found.update(_value("payload", row.payload, row.content_type.lower()))
     return found
 
 

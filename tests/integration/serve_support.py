@@ -54,6 +54,8 @@ class Server:
                 status, text = answer.status, answer.read()
         except urllib.error.HTTPError as error:
             status, text = error.code, error.read()
+        if status >= 500 and not text.startswith(b"{"):
+            raise AssertionError(f"{status} {text!r}: {self.daemon.output()}")
         return status, json.loads(text) if text.strip() else None
 
 
