@@ -329,6 +329,7 @@ def create_app(service: Service) -> FastAPI:
         responses={204: {"description": "no record within wait_ms"}},
     )
     async def next_records(
+        request: Request,
         topic: str,
         name: str,
         max: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -348,7 +349,7 @@ def create_app(service: Service) -> FastAPI:
                 handed["handed_out"] += len(records)
                 return JSONResponse({"records": records, "cursor": cursor})
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or await request.is_disconnected():
                 return Response(status_code=204)
             await asyncio.sleep(min(POLL_INTERVAL, left))
 

@@ -397,7 +397,7 @@ def _status(exc: BaseException) -> int | None:
         return 409
     if isinstance(exc, Busy | SchemaNotMigrated | SchemaTooNew | psycopg.OperationalError):
         return 503
-    if isinstance(exc, OutboxError):
+    if isinstance(exc, OutboxError | psycopg.DataError):
         return 422
     return None
 

@@ -183,6 +183,7 @@ class Subscriptions:
         records; with `auto_ack` the position moves past them at once (no lease remains).
         UnknownSubscription."""
         group = self._require(conn, topic, name)
+        conn.execute(self.sql["sub_positions"], {"group_id": group})
         cursor = str(uuid.uuid4())
         records: list[LogRecord] = []
         for partition_id, partition, _position, _end in conn.execute(

@@ -45,6 +45,18 @@ WHERE id = (SELECT s.group_id FROM {schema}.log_subscriptions s
             WHERE t.name = %(topic)s AND s.name = %(name)s)
 RETURNING id;
 
+-- name: sub_positions
+-- A position at 0 in each partition of the subscription's topic it has none in (partitions
+-- added after it was made), so that retention keeps their records for it too.
+INSERT INTO {schema}.log_group_offsets (group_id, partition_id, next_offset)
+SELECT s.group_id, p.id, 0
+FROM {schema}.log_subscriptions s
+JOIN {schema}.log_partitions p ON p.topic_id = s.topic_id
+WHERE s.group_id = %(group_id)s
+  AND NOT EXISTS (SELECT 1 FROM {schema}.log_group_offsets o
+                  WHERE o.group_id = s.group_id AND o.partition_id = p.id)
+ON CONFLICT (group_id, partition_id) DO NOTHING;
+
 -- name: sub_candidates
 -- The partitions of a subscription with records past its position and no live lease, in a
 -- random order (so that clients spread over them): (partition id, partition, position, end).
