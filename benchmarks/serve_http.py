@@ -290,7 +290,7 @@ def latency(ctx: Context, url: str, log_url: str) -> list[Result]:
             SCENARIO,
             f"publish -> pull latency, {rate}/s",
             metrics,
-            notes="HTTP publish -> Producer -> log -> next?ack=auto (50 ms looks); floor: the "
+            notes="HTTP publish -> Producer -> log -> next?ack=auto (woken by the appends); floor: the "
             "log's bare round trip at the same rate",
             samples=samples,
         ),

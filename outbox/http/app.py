@@ -7,8 +7,10 @@ missing choice, 401/403 tokens, 404, 408 a body sent too slowly, 409, 413 a body
 """
 
 import asyncio
+import contextlib
 import json
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -38,8 +40,11 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-#: Seconds between two looks at a subscription while a long poll waits.
+#: Seconds between two looks at the inbox while a long poll waits.
 POLL_INTERVAL = 0.05
+#: Longest wait of a subscription's long poll between two looks: a wake-up from the log's
+#: appends (LISTEN/NOTIFY) normally ends it first; this covers one missed while reconnecting.
+WAKE_FALLBACK = 0.5
 #: Seconds between two passes forgetting message ids older than the idempotency window.
 FORGET_INTERVAL = 300.0
 
@@ -141,13 +146,23 @@ def create_app(service: Service) -> FastAPI:
     counts: Counter[tuple[str, str, int]] = Counter()
     handed: Counter[str] = Counter()
 
+    bell = Bell()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         task = asyncio.create_task(_forget_old_ids(service))
+        bell.start(asyncio.get_running_loop())
+        stop = threading.Event()
+        listener = threading.Thread(
+            target=_listen, args=(service, bell, stop), name="outbox-serve-wakeups", daemon=True
+        )
+        listener.start()
         try:
             yield
         finally:
             task.cancel()
+            stop.set()
+            await anyio.to_thread.run_sync(lambda: listener.join(5))
             await anyio.to_thread.run_sync(service.close)
 
     app = FastAPI(
@@ -342,6 +357,7 @@ def create_app(service: Service) -> FastAPI:
         lease = config.lease if lease_ms is None else lease_ms / 1000
         deadline = time.monotonic() + min(wait_ms / 1000, config.max_wait)
         while True:
+            rung = bell.current()  # taken before the look: an append meanwhile rings it
             records, cursor = await run(
                 lambda: service.next(topic, name, max, lease, ack == "auto")
             )
@@ -351,7 +367,8 @@ def create_app(service: Service) -> FastAPI:
             left = deadline - time.monotonic()
             if left <= 0 or await request.is_disconnected():
                 return Response(status_code=204)
-            await asyncio.sleep(min(POLL_INTERVAL, left))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rung.wait(), min(WAKE_FALLBACK, left))
 
     @app.post(base + "/ack", dependencies=consume, tags=["subscriptions"])
     async def ack_records(topic: str, name: str, body: AckIn) -> dict[str, Any]:
@@ -406,6 +423,54 @@ def _said(error: Any) -> str:
     where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
     message = str(error.get("msg", "invalid"))
     return f"{where}: {message}" if where else message
+
+
+class Bell:
+    """Rung from the listener thread on each append to the log; a long poll waits on the event
+    it took before its look, so that an append between the look and the wait is not missed."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def current(self) -> asyncio.Event:
+        return self._event
+
+    def ring_soon(self) -> None:
+        """Ring from another thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._ring)
+
+    def _ring(self) -> None:
+        rung, self._event = self._event, asyncio.Event()
+        rung.set()
+
+
+def _listen(service: Service, bell: Bell, stop: threading.Event) -> None:
+    """The listener thread: ring `bell` on each append to the log, reconnecting after a failure
+    (the long polls look every WAKE_FALLBACK seconds meanwhile)."""
+    while not stop.is_set():
+        try:
+            wakeups = service.wakeups()
+        except Exception as exc:
+            log.warning("listening for the log's appends failed: %s", redact_text(first_line(exc)))
+            stop.wait(1.0)
+            continue
+        if wakeups is None:
+            return
+        try:
+            while not stop.is_set():
+                if wakeups.wait(0.5):
+                    bell.ring_soon()
+        except Exception as exc:
+            log.warning("listening for the log's appends failed: %s", redact_text(first_line(exc)))
+            stop.wait(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                wakeups.close()
 
 
 async def _forget_old_ids(service: Service) -> None:

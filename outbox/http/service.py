@@ -39,6 +39,7 @@ from outbox.pglog.subscriptions import (
     SubscriptionExists,
     Subscriptions,
     UnknownSubscription,
+    Wakeups,
 )
 from outbox.postgres.connection import Connection, unavailable
 from outbox.postgres.inbox_leases import InboxLeases, LeasedRow
@@ -149,6 +150,12 @@ class Service:
             except (OutboxError, psycopg.Error) as exc:
                 found[name] = first_line(exc)
         return found
+
+    def wakeups(self) -> Wakeups | None:
+        """A session listening for the log's appends (None on another transport)."""
+        if self.log_pool is None:
+            return None
+        return Wakeups(self.settings.transport.log_url, self.settings.transport.log_schema)
 
     def close(self) -> None:
         """Close every idle connection."""

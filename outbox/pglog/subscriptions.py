@@ -13,9 +13,13 @@ the caller commits (docs/decisions/0023).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+import psycopg
+from psycopg import sql as psql
 
 from outbox.core.errors import OutboxError
 from outbox.core.topics import validate_topic
@@ -28,7 +32,9 @@ from outbox.pglog.log import (
     UnknownTopic,
     check_partitions,
     queries,
+    wake_channel,
 )
+from outbox.postgres.connection import connect, notified
 
 __all__ = [
     "Lag",
@@ -37,6 +43,7 @@ __all__ = [
     "SubscriptionExists",
     "Subscriptions",
     "UnknownSubscription",
+    "Wakeups",
     "subscription_group",
 ]
 
@@ -243,3 +250,27 @@ class Subscriptions:
 
 def _bytes(value: Any) -> bytes | None:
     return None if value is None else bytes(value)
+
+
+class Wakeups:
+    """One session of the log that LISTENs for appends on behalf of a server's long polls:
+    registered in `log_listeners` so that every append NOTIFYs while it lives (a killed
+    server's row is dropped by the next one). `wait` returns when a notification came, or
+    after `timeout` seconds. Not thread-safe: one thread waits."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.sql = queries(schema)
+        self.conn = connect(url, timeout=10, application_name="outbox-serve-wakeups")
+        self.conn.execute(self.sql["sub_listeners_forget_dead"])
+        self.conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(wake_channel(schema))))
+        self.conn.execute(self.sql["sub_listener_register"])
+
+    def wait(self, timeout: float) -> bool:
+        """Whether an append was notified within `timeout` seconds (others pending taken too)."""
+        return notified(self.conn, timeout)
+
+    def close(self) -> None:
+        """Unregister and close (a closed connection's row is dropped by the next server)."""
+        with contextlib.suppress(psycopg.Error):  # gone: the next server forgets its row
+            self.conn.execute(self.sql["sub_listener_unregister"])
+        self.conn.close()

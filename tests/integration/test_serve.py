@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -246,3 +248,39 @@ def raw_request(port: int, header: str, body: bytes) -> tuple[int, bytes]:
                 answer += chunk
     status_line, _, rest = answer.partition(b"\r\n")
     return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def test_a_long_poll_is_woken_by_an_append_and_a_killed_servers_listener_is_forgotten(
+    outbox_database_url: str, outbox_log_url: str
+) -> None:
+    PgLog(outbox_log_url).create_topic("woken", partitions=2)
+    with serving(outbox_database_url, outbox_log_url) as server:
+        assert server.call("PUT", "/v1/topics/woken/subscriptions/s", {})[0] == 201
+        waited = []
+        for n in range(5):
+            appended: list[float] = []
+
+            def later(n: int = n, appended: list[float] = appended) -> None:
+                time.sleep(0.2)
+                publish_to_log(outbox_log_url, "woken", [f"w{n}"])
+                appended.append(time.monotonic())
+
+            thread = threading.Thread(target=later)
+            thread.start()
+            status, found = server.call(
+                "GET", "/v1/topics/woken/subscriptions/s/next?ack=auto&wait_ms=5000"
+            )
+            thread.join()
+            assert status == 200 and [r["payload"] for r in found["records"]] == [f"w{n}"]
+            waited.append(time.monotonic() - appended[0])
+        # Without the wake-up each would wait for the next look, 0.3 s after the append.
+        assert sorted(waited)[2] < 0.15, waited
+        with psycopg.connect(outbox_log_url) as conn:
+            listeners = conn.execute("SELECT count(*) FROM outbox_log.log_listeners").fetchone()
+        assert listeners == (1,)
+        server.daemon.process.kill()
+        server.daemon.process.wait(10)
+    with serving(outbox_database_url, outbox_log_url):
+        with psycopg.connect(outbox_log_url) as conn:
+            rows = conn.execute("SELECT backend_pid FROM outbox_log.log_listeners").fetchall()
+        assert len(rows) == 1  # the killed server's row was dropped, this one's is there

@@ -150,3 +150,24 @@ LEFT JOIN {schema}.log_group_offsets o ON o.group_id = s.group_id AND o.partitio
 WHERE t.name = %(topic)s
 GROUP BY s.name
 ORDER BY s.name;
+
+-- name: sub_listeners_forget_dead
+-- Listeners whose session is gone (a server killed) leave their row behind: drop it, so that
+-- it does not make every append NOTIFY (as log_members_forget_dead).
+DELETE FROM {schema}.log_listeners l
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_stat_activity a
+    WHERE a.pid = l.backend_pid
+      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (a.backend_start = l.backend_start OR a.backend_start IS NULL
+           OR l.backend_start IS NULL)
+);
+
+-- name: sub_listener_register
+-- This session listens for appends: publishers NOTIFY while its row is here.
+INSERT INTO {schema}.log_listeners (backend_pid, backend_start)
+SELECT pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
+ON CONFLICT (backend_pid) DO UPDATE SET backend_start = EXCLUDED.backend_start, since = now();
+
+-- name: sub_listener_unregister
+DELETE FROM {schema}.log_listeners WHERE backend_pid = pg_backend_pid();

@@ -7,7 +7,8 @@ A subscription is a consumer group of the log (`log_groups`, its position in
 A client's `next` leases a partition (`log_subscription_leases`): no other client reads it
 until the lease is acknowledged (the position moves to `next_offset`) or runs out (the same
 records are handed out again), so each record goes to one client at a time, in order per
-partition.
+partition. `log_listeners` names the sessions of the servers whose long polls wait for appends:
+while one is there, every append wakes them (LISTEN/NOTIFY).
 
 Revision ID: log0005
 Revises: log0004
@@ -49,10 +50,19 @@ def upgrade(schema: str) -> None:
     op.execute(
         f"CREATE INDEX log_subscription_leases_cursor ON {s}.log_subscription_leases (cursor)"
     )
+    # The sessions of `outbox serve` listening for appends (its long polls wait on them):
+    # while one is here, every append NOTIFYs, as while a member naps (log_append).
+    op.execute(f"""
+        CREATE TABLE {s}.log_listeners (
+            backend_pid    int PRIMARY KEY,
+            backend_start  timestamptz,
+            since          timestamptz NOT NULL DEFAULT now()
+        )""")
 
 
 def downgrade(schema: str) -> None:
     s = '"' + schema + '"'
+    op.execute(f"DROP TABLE {s}.log_listeners")
     op.execute(f"DROP TABLE {s}.log_subscription_leases")
     # The groups of the subscriptions stay: their positions still hold back retention until
     # `outbox log-topics` (or PgLog.forget_group) forgets them.
