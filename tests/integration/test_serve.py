@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -284,3 +285,46 @@ def test_a_long_poll_is_woken_by_an_append_and_a_killed_servers_listener_is_forg
         with psycopg.connect(outbox_log_url) as conn:
             rows = conn.execute("SELECT backend_pid FROM outbox_log.log_listeners").fetchall()
         assert len(rows) == 1  # the killed server's row was dropped, this one's is there
+
+
+def test_each_bad_subscription_request_is_answered_and_changes_nothing(
+    server: Server, outbox_log_url: str
+) -> None:
+    PgLog(outbox_log_url).create_topic("subs", partitions=1)
+    base = "/v1/topics/subs/subscriptions"
+    cases: list[tuple[str, str, object, int, str]] = [
+        ("PUT", f"{base}/bad%20name", {}, 422, "bad name"),
+        ("PUT", f"{base}/s", {"start": "middle"}, 422, "start"),
+        ("PUT", f"{base}/s", {"start": "latest", "extra": 1}, 422, "extra"),
+        ("PUT", "/v1/topics/none/subscriptions/s", {}, 404, "none"),
+        ("GET", f"{base}/s/next?max=0", None, 422, "max"),
+        ("GET", f"{base}/s/next?max=1001", None, 422, "max"),
+        ("GET", f"{base}/s/next?wait_ms=-1", None, 422, "wait_ms"),
+        ("GET", f"{base}/s/next?ack=sometimes", None, 422, "ack"),
+        ("GET", f"{base}/s/next", None, 404, "no subscription 's'"),
+        ("POST", f"{base}/s/ack", {"cursor": "nope"}, 422, "cursor"),
+        ("POST", f"{base}/s/ack", {"cursor": str(uuid.uuid4())}, 404, "no subscription"),
+        ("DELETE", f"{base}/s", None, 404, "no subscription"),
+        ("GET", f"{base}/s", None, 404, "no subscription"),
+    ]
+    for method, path, body, status, said in cases:
+        answer, found = server.call(method, path, body)
+        assert (answer, said in found["error"]) == (status, True), (method, path, found)
+    with psycopg.connect(outbox_log_url) as conn:
+        groups = conn.execute("SELECT count(*) FROM outbox_log.log_groups").fetchone()
+    assert groups == (0,)
+
+
+def test_a_publish_goes_to_the_outbox_its_database_names(
+    outbox_database_factory: Any, outbox_log_url: str
+) -> None:
+    one, two = outbox_database_factory(), outbox_database_factory()
+    with serving(one, outbox_log_url, "--database-url", f"two={two}") as server:
+        status, found = server.call("POST", "/v1/topics/t/messages", {"payload": 1})
+        assert status == 400 and "?database=NAME" in found["error"]
+        for name in ("two", "two", "t_" + one.rsplit("/t_", 1)[1]):
+            assert (
+                server.call("POST", f"/v1/topics/t/messages?database={name}", {"payload": 1})[0]
+                == 201
+            )
+    assert count(one) == 1 and count(two) == 2
