@@ -167,11 +167,15 @@ class Service:
     def forget_old_ids(self) -> int:
         """Forget, in every database, the message ids older than the idempotency window."""
         forgotten = 0
+        batch = 10_000
         for name, database in self.databases.items():
-            with self._pools[name].connection() as conn:
-                forgotten += self._published[database.schema].forget(
-                    conn, self.config.idempotency_window
-                )
+            published = self._published[database.schema]
+            while True:  # in bounded statements, until a pass finds fewer than a batch
+                with self._pools[name].connection() as conn:
+                    n = published.forget(conn, self.config.idempotency_window, batch)
+                forgotten += n
+                if n < batch:
+                    break
         return forgotten
 
     # -- publish --------------------------------------------------------------------------------

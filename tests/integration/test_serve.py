@@ -328,3 +328,23 @@ def test_a_publish_goes_to_the_outbox_its_database_names(
                 == 201
             )
     assert count(one) == 1 and count(two) == 2
+
+
+def test_ids_older_than_the_window_are_forgotten_in_batches(outbox_database_url: str) -> None:
+    from outbox.postgres.published import Published
+
+    published = Published("outbox")
+    ids = [uuid.uuid4() for _ in range(5)]
+    with psycopg.connect(outbox_database_url, autocommit=True) as conn:
+        with conn.transaction():
+            assert published.claim(conn, ids) == set(ids)
+            assert published.claim(conn, ids[:2]) == set()
+        conn.execute(
+            "UPDATE outbox.http_published SET published_at = now() - interval '2 hours' "
+            "WHERE message_id = ANY(%s)",
+            (ids[:3],),
+        )
+        assert published.forget(conn, 3600, batch=2) == 2
+        assert published.forget(conn, 3600, batch=2) == 1
+        assert published.forget(conn, 3600, batch=2) == 0
+        assert published.claim(conn, ids) == set(ids[:3])  # forgotten: accepted again

@@ -87,3 +87,14 @@ def test_a_missing_serve_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyP
     assert str(raised.value).startswith(
         "outbox serve needs the serve extra: pip install 'pg-kafka-outbox[serve]'"
     )
+
+
+def test_the_tokens_file_comes_from_its_variable_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"# ok\npublish {SECRET}\n\nconsume\n")
+    monkeypatch.setenv("OUTBOX_SERVE_TOKENS_FILE", str(path))
+    code = main(["serve", "--database-url", "postgresql://u@127.0.0.1:1/db"])
+    err = capsys.readouterr().err
+    assert code == 1 and "line 4: expected `SCOPE[,SCOPE] TOKEN`" in err and SECRET not in err
