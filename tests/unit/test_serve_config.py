@@ -98,3 +98,20 @@ def test_the_tokens_file_comes_from_its_variable_too(
     code = main(["serve", "--database-url", "postgresql://u@127.0.0.1:1/db"])
     err = capsys.readouterr().err
     assert code == 1 and "line 4: expected `SCOPE[,SCOPE] TOKEN`" in err and SECRET not in err
+
+
+def test_outbox_serve_without_its_extra_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "uvicorn" else real(name, *args),
+    )
+    assert main(["serve", "--database-url", "postgresql://u@127.0.0.1:1/db"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "outbox: error: outbox serve needs the serve extra: pip install 'pg-kafka-outbox[serve]'"
+    )
+    assert len(err.strip().splitlines()) == 1
