@@ -224,17 +224,9 @@ def create_app(service: Service) -> FastAPI:
         said = "; ".join(_said(e) for e in errors[:5])
         return JSONResponse({"error": f"{said}; nothing was stored"}, status_code=422)
 
-    @app.middleware("http")
-    async def count(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        answer = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "other")
-        counts[(request.method, path, answer.status_code)] += 1
-        return answer
-
+    # The last added is the outermost: every answer is counted, the bounds' own too.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, timeout=config.body_timeout)
+    app.add_middleware(Counted, counts=counts)
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -481,6 +473,37 @@ async def _forget_old_ids(service: Service) -> None:
         except Exception as exc:  # the next pass tries again
             log.warning("forgetting old message ids failed: %s", exc)
         await asyncio.sleep(FORGET_INTERVAL)
+
+
+class Counted:
+    """Counts the answers by method, route and status (`/metrics`), as plain ASGI middleware
+    (Starlette's BaseHTTPMiddleware costs a task and a stream per request)."""
+
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        *,
+        counts: Counter[tuple[str, str, int]],
+    ) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            route = scope.get("route")
+            self.counts[(scope["method"], getattr(route, "path", "other"), status[0])] += 1
 
 
 # -- bounds -----------------------------------------------------------------------------------

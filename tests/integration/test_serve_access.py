@@ -59,6 +59,7 @@ def test_tokens_and_their_scopes_guard_every_resource(
             metrics = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
         assert 'route="/v1/topics/{topic}/messages",status="201"} 1' in metrics
         assert 'outbox_serve_messages_total{what="published"} 1' in metrics
+        assert 'route="/v1/topics",status="401"} 2' in metrics
         server.daemon.terminate()
         assert server.daemon.wait(30) == 0  # SIGTERM: stops cleanly
         output = server.daemon.output()
