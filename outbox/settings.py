@@ -51,6 +51,9 @@ CONSOLE_TOKEN = "OUTBOX_CONSOLE_TOKEN"
 CONSOLE_READ_ONLY = "OUTBOX_CONSOLE_READ_ONLY"
 CONSOLE_REFRESH = "OUTBOX_CONSOLE_REFRESH"
 CONSOLE_ASYNCAPI = "OUTBOX_CONSOLE_ASYNCAPI"
+SERVE_HOST = "OUTBOX_SERVE_HOST"
+SERVE_PORT = "OUTBOX_SERVE_PORT"
+SERVE_TOKENS_FILE = "OUTBOX_SERVE_TOKENS_FILE"
 
 # -- logs, metrics and health of the commands and daemons (`outbox.observability`) ----------
 LOG_LEVEL = "OUTBOX_LOG_LEVEL"
@@ -99,7 +102,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "a file of databases, one `[NAME[/SCHEMA]=]URL` per line, served besides those of "
         "`--database-url`; re-read while the daemons run; the default of `--databases-file`",
         "`outbox producer`, `outbox handler`, `outbox consumer`, `outbox run`, `outbox migrate`, "
-        "`outbox status`, `outbox console`",
+        "`outbox status`, `outbox console`, `outbox serve`",
     ),
     EnvironmentVariable(
         SCHEMA,
@@ -212,28 +215,45 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "`outbox console`",
     ),
     EnvironmentVariable(
+        SERVE_HOST,
+        "address `outbox serve` binds; the default of `--host` (else 127.0.0.1; another address "
+        "needs a tokens file)",
+        "`outbox serve`",
+    ),
+    EnvironmentVariable(
+        SERVE_PORT, "port of `outbox serve`; the default of `--port` (else 8480)", "`outbox serve`"
+    ),
+    EnvironmentVariable(
+        SERVE_TOKENS_FILE,
+        "file of the bearer tokens `outbox serve` accepts, one `SCOPE[,SCOPE] TOKEN` a line "
+        "(scopes publish, consume, admin); the default of `--tokens-file`",
+        "`outbox serve`",
+    ),
+    EnvironmentVariable(
         TRANSPORT,
         "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
         "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
-        "`outbox asyncapi`",
+        "`outbox asyncapi`, `outbox serve`",
     ),
     EnvironmentVariable(
         LOG_URL,
         "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
         "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, "
-        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`",
+        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`, "
+        "`outbox serve`",
     ),
     EnvironmentVariable(
         LOG_SCHEMA,
         "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
         "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, "
-        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`",
+        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`, "
+        "`outbox serve`",
     ),
     EnvironmentVariable(
         LOG_PARTITIONS,
         "partitions of a log topic created on first publish; the default of `--log-partitions` "
-        "(else 8)",
-        "`outbox producer`, `outbox run`",
+        "(else 8), and of one `outbox serve` creates without a count",
+        "`outbox producer`, `outbox run`, `outbox serve`",
     ),
     EnvironmentVariable(
         LOG_RETENTION,

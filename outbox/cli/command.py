@@ -240,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dev_command(commands)
 
+    from outbox.cli.serve import add_serve_command
+
+    add_serve_command(commands)
+
     demo = commands.add_parser(
         "demo",
         help="say where the two-service demo runs: a source checkout (./run demo)",
@@ -597,6 +601,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.cli.asyncapi import run_asyncapi
 
             return run_asyncapi(args)
+        if args.command == "serve":
+            from outbox.cli.serve import run_serve
+
+            return run_serve(args)
         if args.command == "dev":
             from outbox.cli.dev import run_dev
 
