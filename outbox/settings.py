@@ -36,6 +36,8 @@ QUARANTINE_DATABASE = "OUTBOX_QUARANTINE_DATABASE"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
+#: Modules that register transports of their own (outbox.transports.register), comma-separated.
+TRANSPORT_MODULES = "OUTBOX_TRANSPORT_MODULES"
 LOG_URL = "OUTBOX_LOG_URL"
 LOG_SCHEMA = "OUTBOX_LOG_SCHEMA"
 LOG_PARTITIONS = "OUTBOX_LOG_PARTITIONS"
@@ -214,6 +216,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
         "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
         "`outbox asyncapi`",
+    ),
+    EnvironmentVariable(
+        TRANSPORT_MODULES,
+        "comma-separated modules imported before a transport is chosen, each registering a "
+        "transport of its own (`outbox.transports.register`); `--transport` then takes its name",
+        "every command that takes `--transport`, and `App`, `OutboxRuntime` and `drain`",
     ),
     EnvironmentVariable(
         LOG_URL,

@@ -69,7 +69,6 @@ from outbox.cli.arguments import (
     add_database,
     add_databases,
     add_groups,
-    add_kafka,
     add_log,
     add_transport,
     databases_of,
@@ -91,7 +90,7 @@ from outbox.postgres.queries import validate_schema
 
 if TYPE_CHECKING:
     from outbox.pglog.log import TopicInfo
-    from outbox.transports import Transport, TransportSettings
+    from outbox.transports import Transport
 
 # The same variables as outbox.cli (not imported from there: outbox.cli imports this module).
 
@@ -177,8 +176,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
         help=f"with several databases: seconds each may take to answer, after which it is shown "
         f"as not answering; up to {STATUS_CONCURRENCY} are read at the same time",
     )
-    add_kafka(status)
-    add_transport(status)
+    add_transport(status, "reader")
     add_groups(status, every="of the Kafka cluster, or of the log with --transport postgres")
     status.add_argument("--json", action="store_true", help="print one JSON document")
     status.add_argument(
@@ -635,8 +633,9 @@ def _status(args: argparse.Namespace) -> int:
     max_lag = None if args.max_lag is None or not args.check else int(args.max_lag)
     # The lag comes from the transport the consumers read: Kafka, or the PostgreSQL log.
     transport = transports.get(args.transport, what="--transport")
-    where = transport_of(args)
+    where = transports.options(transport_of(args))
     endpoint = transport.endpoint(where)
+    remember_secrets(transport.secrets(where))
     if max_lag is not None and not endpoint:
         raise ConfigurationError(transport.max_lag_needs)
     databases = databases_of(args)
@@ -766,12 +765,11 @@ def _known(group: GroupLag) -> GroupLag:
     return group
 
 
-def _read_lag(
-    transport: Transport, found: TransportSettings, groups: Sequence[str]
-) -> list[GroupLag]:
-    """The lag of `groups` (every group when empty) read from `transport`."""
+def _read_lag(transport: Transport[Any], found: Any, groups: Sequence[str]) -> list[GroupLag]:
+    """The lag of `groups` (every group when empty) read from `transport` with its options
+    `found`."""
     transport.check(found, 0.0)  # the log: one line when unreachable or not migrated
-    reader = transport.lag_reader(found)
+    reader = transport.lag_reader(found, 10.0)
     try:
         return reader.lag(groups or None)
     except psycopg.Error as exc:  # the log's database

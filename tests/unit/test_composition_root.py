@@ -30,6 +30,7 @@ from outbox.runtime import (
     TransportSettings,
 )
 from outbox.runtime.app import Supervised
+from outbox.transports import settings_of
 from tests.unit.test_layers import _graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +199,7 @@ def test_a_renamed_flag_given_to_run_is_one_line_naming_the_new_ones(
 def test_the_flags_reach_the_root_as_one_settings_object(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from outbox.cli.arguments import settings_of
+    from outbox.cli import arguments
 
     monkeypatch.setenv("OUTBOX_KAFKA_CONFIG_SASL_USERNAME", "from-env")
     monkeypatch.setenv("OUTBOX_GROUP", "billing")
@@ -240,7 +241,7 @@ def test_the_flags_reach_the_root_as_one_settings_object(
             "8081",
         ]
     )
-    settings = settings_of(args)
+    settings = arguments.settings_of(args)
     databases = settings.databases
     assert [(d.name, d.schema) for d in databases.fixed] == [
         ("acme", "outbox"),
@@ -251,12 +252,12 @@ def test_the_flags_reach_the_root_as_one_settings_object(
     assert (databases.route_header, databases.quarantine) == ("x-tenant", "globex")
     assert databases.several and databases.routed
     transport = settings.transport
-    assert (transport.name, transport.kafka_bootstrap, transport.start) == (
+    assert (transport.name, transport.options.bootstrap, transport.start) == (
         "kafka",
         "k:9092",
         "latest",
     )
-    assert transport.kafka_config == {"linger.ms": "7", "sasl.username": "from-env"}
+    assert transport.options.config == {"linger.ms": "7", "sasl.username": "from-env"}
     assert settings.group == "billing"
     assert (settings.producer.batch_size, settings.consumer.batch_size) == (10, 20)
     assert (settings.handler.batch_size, settings.handler.concurrency) == (30, 5)
@@ -266,7 +267,7 @@ def test_the_flags_reach_the_root_as_one_settings_object(
 def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() -> None:
     settings = Settings(
         databases=Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
-        transport=TransportSettings(kafka_bootstrap="k:9092"),
+        transport=settings_of("kafka", kafka_bootstrap="k:9092"),
         group="g",
     )
     from outbox import Handlers
@@ -309,7 +310,7 @@ def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() ->
                 group="g",
                 transport=TransportSettings(name="nats"),
             ),
-            "--transport must be one of kafka, postgres, got 'nats'",
+            "--transport must be one of kafka, postgres, memory, got 'nats'",
         ),
     ],
 )
@@ -330,7 +331,7 @@ def test_the_runtime_takes_settings_or_the_keywords_of_one_database_not_both() -
     handlers.handler("t")(lambda message, conn: None)
     settings = Settings(
         databases=Databases.of("postgresql://h/d"),
-        transport=TransportSettings(kafka_bootstrap="k:9092"),
+        transport=settings_of("kafka", kafka_bootstrap="k:9092"),
         group="g",
     )
     with pytest.raises(ConfigurationError, match="not both"):
@@ -349,10 +350,11 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
     asked: list[str] = []
     registered = transports.get
 
-    def counted(name: str, **kwargs: object) -> transports.Transport:
+    def counted(name: str, **kwargs: object) -> transports.Transport[object]:
         asked.append(name)
         return registered(name, **kwargs)  # type: ignore[arg-type]
 
+    where = settings_of("kafka", kafka_bootstrap="k:9092")  # the flags', parsed before
     monkeypatch.setattr(transports, "get", counted)
     handlers = Handlers()
     handlers.handler("t")(lambda message, conn: None)
@@ -360,7 +362,7 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
         handlers,
         settings=Settings(
             databases=Databases.of("a=postgresql://h/a", "b=postgresql://h/b"),
-            transport=TransportSettings(kafka_bootstrap="k:9092"),
+            transport=where,
             group="g",
         ),
     )
