@@ -1,6 +1,6 @@
 """How the operator tools show what `outbox.postgres.operations` returns: shared by the
-`outbox` command (outbox/cli/operator.py) and the console (outbox/console/), which is below the
-CLI and so cannot import it.
+`outbox` command (outbox/cli/status.py, dead_letters.py) and the console (outbox/console/),
+which is below the CLI and so cannot import it.
 
 Nothing here reads a database or prints. Times are shown in UTC; ages are short (`4m05s`);
 bytes (keys, payloads, headers) are text when they are printable UTF-8, else hex.
@@ -116,7 +116,7 @@ def count_json(count: ops.Count) -> dict[str, Any]:
 
 def status_json(status: ops.Status) -> dict[str, Any]:
     """The document of `outbox status --json` without the lag and the check (whose shape the
-    docstring of outbox/cli/operator.py gives); the console serves it too."""
+    docstring of outbox/cli/status.py gives); the console serves it too."""
     queues: dict[str, Any] = {}
     for q in status.queues:
         queues[q.queue] = {

@@ -333,7 +333,7 @@ def test_the_statement_guard_sees_statements_and_not_prose(tmp_path: Path) -> No
 
 def test_one_module_is_called_operations() -> None:
     # outbox/postgres/operations.py (the operator operations over SQL); the CLI's commands are
-    # outbox/cli/operator.py.
+    # outbox/cli/operator.py and its command groups (status.py, dead_letters.py, log_admin.py).
     found = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("operations.py"))
     assert found == ["outbox/postgres/operations.py"]
 
