@@ -36,6 +36,18 @@ def when(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def process_state(process: ops.Process, taken_at: datetime) -> str:
+    """What a registered process is doing: busy, sleeping, gone (its session is), or parked
+    (idle for --idle-disconnect seconds) since when and for how long."""
+    if process.parked_since is not None:
+        since = process.parked_since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        parked_for = max(0.0, (taken_at - process.parked_since).total_seconds())
+        return f"parked since {since} ({age(parked_for)})"
+    if not process.alive:
+        return "gone"
+    return "sleeping" if process.sleeping else "busy"
+
+
 def age(seconds: float | None) -> str:
     """A short age: 12s, 4m05s, 3h02m, 2d04h; `-` for None."""
     if seconds is None:
@@ -151,6 +163,8 @@ def status_json(status: ops.Status) -> dict[str, Any]:
                 "alive": p.alive,
                 "seconds_since_update": round(p.since_update, 3),
                 "lanes": p.lanes,
+                "parked": p.parked,
+                "parked_since": timestamp(p.parked_since),
             }
             for p in status.processes
         ],

@@ -305,8 +305,13 @@ class RelaySession(Protocol):
         """Register the relay as live and start receiving its queue's wake-ups."""
         ...
 
-    def leave(self) -> None:
-        """Unregister the relay (its lanes go with the session)."""
+    def leave(self, parked: bool = False) -> None:
+        """Unregister the relay (its lanes go with the session); `parked`: it parks (idle,
+        `--idle-disconnect`), listed as parked but counted by no relay sharing lanes."""
+        ...
+
+    def parked_seen(self) -> None:
+        """A parked relay's look (on a short-lived session): it is still there."""
         ...
 
     def set_sleeping(self, sleeping: bool) -> None:

@@ -15,7 +15,9 @@ added):
      "processes": [{"relay_id": "host:4242:ab12cd34", "queue": "producer", "host": "host",
                     "pid": 4242, "backend_pid": 123,
                     "sleeping": false, "alive": true, "seconds_since_update": 1.5,
-                    "lanes": 64}],
+                    "lanes": 64, "parked": false, "parked_since": null}],
+     (a parked process, idle for --idle-disconnect seconds with no session of its own:
+      "parked": true, "parked_since": "<ISO 8601>", "alive": true, "lanes": 0)
      "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}]}
 
 With --kafka-bootstrap (or --transport postgres and --log-url: the groups of the PostgreSQL
@@ -491,7 +493,11 @@ def _status_text(status: ops.Status) -> list[str]:
     if not status.processes:
         lines.append("processes: none registered in relay_state")
     else:
-        lines.append(f"processes: {len(status.processes)} registered in relay_state")
+        parked = sum(p.parked for p in status.processes)
+        lines.append(
+            f"processes: {len(status.processes)} registered in relay_state"
+            + (f" ({parked} parked: idle, holding no connection)" if parked else "")
+        )
         body = [
             [
                 _safe(p.relay_id),
@@ -499,7 +505,7 @@ def _status_text(status: ops.Status) -> list[str]:
                 "-" if p.pid is None else str(p.pid),
                 _safe(p.queue),
                 str(p.backend_pid),
-                ("sleeping" if p.sleeping else "busy") if p.alive else "gone",
+                fmt.process_state(p, status.taken_at),
                 str(p.lanes),
                 fmt.age(p.since_update),
             ]

@@ -46,6 +46,8 @@ log = logging.getLogger("outbox.relay")
 IDLE_POLLS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 #: The shortest sleep of an idle relay (seconds), even for a retry due in less.
 MIN_WAIT = 0.001
+#: Seconds between a parked relay's "still there" (its row is forgotten after 10 minutes unseen).
+PARKED_SEEN = 60.0
 
 Row = TypeVar("Row")
 #: The relay's session on its queue (`outbox.ports`: OutboxSession, InboxSession).
@@ -109,6 +111,7 @@ class LaneRelay(Generic[Row, S]):
         self.idle_disconnect: float | None = None
         #: Whether the relay is parked: no connection, looking for rows every poll interval.
         self.parked = False
+        self._parked_seen = time.monotonic()
         self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
@@ -198,13 +201,28 @@ class LaneRelay(Generic[Row, S]):
                 self.lanes.clear()
                 delay = self.outage.failed(exc)  # raises what retrying cannot fix
                 self.outage.pause(delay, self._stop, self.heartbeat.beat)
+        if self.parked:
+            self._leave_parked()
 
     def _rows_waiting(self) -> bool:
-        """A parked relay's look, on a connection of its own that it closes."""
+        """A parked relay's look, on a connection of its own that it closes; every
+        `PARKED_SEEN` seconds it also says it is still there (its parked row is kept)."""
         with self.connect() as conn:
+            if time.monotonic() - self._parked_seen >= PARKED_SEEN:
+                conn.parked_seen()
+                self._parked_seen = time.monotonic()
             waiting = self.peek(conn)
         self.outage.recovered()
         return waiting
+
+    def _leave_parked(self) -> None:
+        """A relay stopped while parked: its parked row goes (best effort: one left behind is
+        forgotten once it is not seen for a while)."""
+        try:
+            with self.connect() as conn:
+                conn.leave()
+        except Exception as exc:
+            log.debug("%s could not unregister its parked row: %s", self.kind, exc)
 
     def shared_turns(self) -> list[Turns]:
         """The turns this relay shares with the relays of other databases."""
@@ -281,13 +299,14 @@ class LaneRelay(Generic[Row, S]):
                     and time.monotonic() - idle_since >= self.idle_disconnect
                 ):
                     self.parked = True  # serve_forever looks for rows without a connection
+                    self._parked_seen = time.monotonic()
                     log.debug("%s idle for %.0fs: parked", self.kind, self.idle_disconnect)
                     return
                 self._wait(conn, self._idle_timeout(conn, idle_step))
                 idle_step += 1
         finally:
             if not conn.closed:
-                conn.leave()
+                conn.leave(self.parked)  # a parked relay stays listed, as parked
             if self.parked:
                 self.lanes.clear()
 
