@@ -19,6 +19,7 @@ import pytest
 
 from outbox import Broker, transports
 from outbox.console import ConsoleConfig, Database, serve
+from tests.transport.conftest import register_test_transport
 
 from . import inbox_app
 from .relay_helpers import Daemon, count, wait_for
@@ -29,10 +30,12 @@ MODULE = "tests.transport.files_log"
 
 @pytest.fixture
 def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The files log's directory; the module that registers it named for every process."""
+    """The files log's directory; the module that registers it named for every process (and
+    registered in this one for the test only)."""
     directory = tmp_path / "files-log"
     directory.mkdir()
     monkeypatch.setenv("OUTBOX_TRANSPORT_MODULES", MODULE)
+    register_test_transport(monkeypatch)
     return directory
 
 
