@@ -144,8 +144,9 @@ class TransportSettings:
     """The transport of a process: the registered transport's `name` (`--transport`), its
     `options` (that transport's options object, parsed from its flags by its entry; None: its
     defaults), where a new consumer group starts (`start`, `--start`; None: at the earliest
-    record), and the endpoint flags of other transports that were given (`unused`: warned
-    about at start, they are not used). Only the transport's entry reads its options."""
+    record), and the endpoint flags (with their variables) of other transports that were
+    given (`unused`: warned about at start, they are not used). Only the transport's entry
+    reads its options."""
 
     name: str = "kafka"
     options: Any = None

@@ -135,7 +135,9 @@ def settings_of(
     given = {**(values or {}), **more}
     entry = get(name, what="--transport", hint=f" (from {env.TRANSPORT}?)")
     unused = tuple(
-        other.endpoint_flag
+        f"{other.endpoint_flag} (or {other.endpoint_env})"
+        if other.endpoint_env
+        else other.endpoint_flag
         for other in entries()
         if other is not entry and other.endpoint_dest and given.get(other.endpoint_dest)
     )

@@ -56,7 +56,8 @@ def test_a_transport_reads_its_own_endpoint_from_its_own_options() -> None:
     assert transports.LOG.endpoint(log.options) == "postgresql://u:secret@h/log"
     assert "secret" not in transports.LOG.shown(transports.LOG.endpoint(log.options))
     # The other transport's endpoint, given, is remembered to be warned about.
-    assert kafka.unused == ("--log-url",) and log.unused == ("--kafka-bootstrap",)
+    assert kafka.unused == ("--log-url (or OUTBOX_LOG_URL)",)
+    assert log.unused == ("--kafka-bootstrap (or OUTBOX_KAFKA_BOOTSTRAP)",)
 
 
 def test_a_transport_declares_which_of_its_settings_are_secret() -> None:
