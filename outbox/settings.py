@@ -36,6 +36,8 @@ QUARANTINE_DATABASE = "OUTBOX_QUARANTINE_DATABASE"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
+#: Modules that register transports of their own (outbox.transports.register), comma-separated.
+TRANSPORT_MODULES = "OUTBOX_TRANSPORT_MODULES"
 LOG_URL = "OUTBOX_LOG_URL"
 LOG_SCHEMA = "OUTBOX_LOG_SCHEMA"
 LOG_PARTITIONS = "OUTBOX_LOG_PARTITIONS"
@@ -88,7 +90,8 @@ DAEMONS = "`outbox producer`, `outbox consumer`, `outbox handler`, `outbox run`"
 #: The commands that take `--kafka-config`.
 KAFKA_COMMANDS = (
     "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
-    "`outbox asyncapi`, `outbox spark consumer`, `outbox spark audit`, `outbox spark replay`"
+    "`outbox asyncapi`, `outbox serve`, `outbox spark consumer`, `outbox spark audit`, "
+    "`outbox spark replay`"
 )
 
 ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
@@ -113,7 +116,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
         "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
-        "`outbox asyncapi`, `outbox spark consumer`, `outbox spark audit`, "
+        "`outbox asyncapi`, `outbox serve`, `outbox spark consumer`, `outbox spark audit`, "
         "`outbox spark replay`",
     ),
     EnvironmentVariable(
@@ -234,6 +237,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
         "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
         "`outbox asyncapi`, `outbox serve`",
+    ),
+    EnvironmentVariable(
+        TRANSPORT_MODULES,
+        "comma-separated modules imported before a transport is chosen, each registering a "
+        "transport of its own (`outbox.transports.register`); `--transport` then takes its name",
+        "every command that takes `--transport`, and `App`, `OutboxRuntime` and `drain`",
     ),
     EnvironmentVariable(
         LOG_URL,

@@ -23,7 +23,7 @@ def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "docs/http.md.",
     )
     add_databases(serve)
-    add_transport(serve)
+    add_transport(serve, "reader")
     serve.add_argument(
         "--log-partitions",
         type=flag_type("count", settings.LOG_PARTITIONS),

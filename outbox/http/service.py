@@ -41,6 +41,7 @@ from outbox.pglog.subscriptions import (
     UnknownSubscription,
     Wakeups,
 )
+from outbox.pglog.transport import LogOptions
 from outbox.postgres.connection import Connection, unavailable
 from outbox.postgres.inbox_leases import InboxLeases, LeasedRow
 from outbox.postgres.migrate import check_schema
@@ -103,9 +104,12 @@ class Service:
         self.transport = transports.get(settings.transport.name)
         self.log_pool: Pool | None = None
         self.subscriptions: Subscriptions | None = None
-        if self.transport is transports.LOG:
-            self.log_pool = Pool(settings.transport.log_url, config.pool_size, "outbox-serve")
-            self.subscriptions = Subscriptions(settings.transport.log_schema)
+        #: Where the log is, on the log transport (topics and subscriptions are the log's).
+        self.log = LogOptions()
+        if isinstance(settings.transport.options, LogOptions):
+            self.log = settings.transport.options
+            self.log_pool = Pool(self.log.url, config.pool_size, "outbox-serve")
+            self.subscriptions = Subscriptions(self.log.schema)
         self.typed: dict[str, Topic[Any]] = typed_topics(config.registry)
         self.retries: dict[str, tuple[int, Backoff]] = retry_policies(config.registry)
 
@@ -123,7 +127,7 @@ class Service:
         if self.log_pool is not None:
             try:
                 with self.log_pool.connection() as conn:
-                    check_log_schema(conn, self.settings.transport.log_schema)
+                    check_log_schema(conn, self.log.schema)
             except psycopg.OperationalError as exc:
                 raise unavailable(exc, "the log database") from None
 
@@ -139,7 +143,7 @@ class Service:
                 (
                     "log",
                     self.log_pool,
-                    _checker(check_log_schema, self.settings.transport.log_schema),
+                    _checker(check_log_schema, self.log.schema),
                 )
             )
         for name, pool, check in targets:
@@ -155,7 +159,7 @@ class Service:
         """A session listening for the log's appends (None on another transport)."""
         if self.log_pool is None:
             return None
-        return Wakeups(self.settings.transport.log_url, self.settings.transport.log_schema)
+        return Wakeups(self.log.url, self.log.schema)
 
     def close(self) -> None:
         """Close every idle connection."""
@@ -313,7 +317,7 @@ class Service:
 
     def create_topic(self, name: str, partitions: int | None) -> dict[str, Any]:
         """Create topic `name` (409 if it exists)."""
-        count = self.settings.transport.log_partitions if partitions is None else partitions
+        count = self.log.partitions if partitions is None else partitions
         self._log(lambda s, conn: s.create_topic(conn, name, count))
         return {"name": name, "partitions": count}
 

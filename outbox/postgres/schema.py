@@ -151,5 +151,7 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
         #: With backend_pid, the relay's session exactly (a pid may be reused).
         Column("backend_start", DateTime(timezone=True)),
+        #: Since when the relay is parked (idle, --idle-disconnect): listed, holding nothing.
+        Column("parked_at", DateTime(timezone=True)),
     )
     return md
