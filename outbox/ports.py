@@ -247,6 +247,12 @@ class OutboxSession(RelaySession, Protocol):
         """Seconds until a retrying row of `lanes` may be fetched, or None."""
         ...
 
+    def promote(self, lanes: list[int], limit: int) -> tuple[int, float | None]:
+        """Move up to `limit` messages of `lanes` whose due time came (sent with `deliver_at`
+        or `delay`) among the rows `fetch` reads, in due-time order: how many, and the seconds
+        until the next one of `lanes` falls due (None when none waits; negative: due)."""
+        ...
+
     def delete(self, ids: Sequence[int]) -> None:
         """Forget delivered rows."""
         ...

@@ -82,6 +82,14 @@ class OutboxStore:
         row = conn.execute(self.sql["producer_next_retry"], {"lanes": lanes}).fetchone()
         return float(row[0]) if row and row[0] is not None else None
 
+    def promote(self, conn: Connection, lanes: list[int], limit: int) -> tuple[int, float | None]:
+        """Move up to `limit` scheduled rows of `lanes` that fell due into `producer_queue`:
+        how many, and the seconds until the next one falls due (None: none waits)."""
+        params = {"lanes": lanes, "limit": limit}
+        row = conn.execute(self.sql["producer_promote"], params).fetchone()
+        assert row is not None
+        return int(row[0]), None if row[1] is None else float(row[1])
+
     def delete(self, conn: Connection, ids: Sequence[int]) -> None:
         """Forget delivered rows."""
         conn.execute(self.sql["producer_delete"], {"ids": Ids(ids)})

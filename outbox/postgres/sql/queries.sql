@@ -287,6 +287,48 @@ WHERE q.attempts > 0 AND q.dead_at IS NULL AND q.lane = ANY(%(lanes)s)
         AND e.id < q.id
   );
 
+-- name: producer_promote
+-- Move the scheduled messages of the owned lanes that fell due (producer_scheduled, migration
+-- 0008) into producer_queue, at most `limit`, in due-time order (send order for the same due
+-- time): each gets a new id there, so it joins its key's rows behind every one already
+-- waiting, and ahead of every one sent later; a key in retry holds it as any other row
+-- (decision 21). It keeps its created_at (when it was sent). SKIP LOCKED: a row a caller's
+-- `cancel` holds is left to that transaction. An id that a row of producer_queue took
+-- meanwhile (a send without a due time under the same message id) is not moved twice: the
+-- inbox would drop it as a redelivery anyway. Returns the rows moved and the seconds until
+-- the next one of the lanes falls due (NULL when none waits; negative: due already, left by
+-- the limit). With a limit of 0 it moves nothing: the look of a parked relay.
+WITH due AS (
+    SELECT id
+    FROM {schema}.producer_scheduled
+    WHERE deliver_at <= now() AND lane = ANY(%(lanes)s)
+    ORDER BY deliver_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    -- By id, looked up: a join with `due` read the whole table (the plans test).
+    DELETE FROM {schema}.producer_scheduled s
+    WHERE s.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING s.id, s.message_id, s.topic, s.key, s.payload, s.headers, s.content_type,
+              s.lane, s.created_at, s.deliver_at
+), inserted AS (
+    INSERT INTO {schema}.producer_queue
+        (message_id, topic, key, payload, headers, content_type, lane, created_at)
+    SELECT message_id, topic, key, payload, headers, content_type, lane, created_at
+    FROM moved
+    ORDER BY deliver_at, id
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved),
+       EXTRACT(EPOCH FROM (
+           SELECT s.deliver_at
+           FROM {schema}.producer_scheduled s
+           WHERE s.lane = ANY(%(lanes)s) AND s.id NOT IN (SELECT id FROM due)
+           ORDER BY s.deliver_at, s.id
+           LIMIT 1
+       ) - now());
+
 -- name: producer_delete
 -- The ids come as one bigint[] in text form (OutboxStore's Ids: built in one join).
 DELETE FROM {schema}.producer_queue WHERE id = ANY(CAST(%(ids)t AS bigint[]));
