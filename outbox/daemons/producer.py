@@ -278,6 +278,8 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
             return
         limit = self.config.batch_size
         moved, due = conn.promote(lanes, limit)
+        if moved:
+            failpoint("producer.after_promote")
         self.promoted += moved
         self._promote_lanes = lanes
         if moved >= limit:
