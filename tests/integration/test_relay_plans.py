@@ -314,5 +314,15 @@ def test_messages_due_later_are_not_read_by_the_fetch_nor_by_the_move_of_due_one
     # The due rows and the first later one, not the 20,000 due later.
     assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in reads) <= 100, reads
     assert nodes[0]["Actual Rows"] == 1
+    # Its one sort (of the rows moved) costs 10^10 with sorts off: past jit_above_cost, JIT
+    # compiled the statement at every execution, 0.4 s each (the relay's session has none).
+    with relay_session.transaction():
+        row = relay_session.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql["producer_promote"],
+            {"lanes": lanes, "limit": BATCH},
+            prepare=False,
+        ).fetchone()
+        raise psycopg.Rollback()
+    assert row is not None and "JIT" not in row[0][0], row[0][0].get("JIT")
     moved, due = OutboxStore("outbox").promote(relay_session, lanes, BATCH)
     assert moved == 10 and due is not None and 3500 < due <= 3600

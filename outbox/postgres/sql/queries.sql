@@ -306,7 +306,8 @@ WITH due AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), moved AS (
-    -- By id, looked up: a join with `due` read the whole table (the plans test).
+    -- By id, looked up: a join with `due`, or `IN` its query, read the whole table when the
+    -- statistics said it was small (the plans test).
     DELETE FROM {schema}.producer_scheduled s
     WHERE s.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING s.id, s.message_id, s.topic, s.key, s.payload, s.headers, s.content_type,
