@@ -66,7 +66,8 @@ def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
     shown = ", ".join(str(m) for m in message_ids[:5])
     more = f" and {len(message_ids) - 5} more" if len(message_ids) > 5 else ""
     return DuplicateMessageId(
-        f"message id {shown}{more} is already in producer_queue (sent and not yet relayed): "
+        f"message id {shown}{more} is already in producer_queue or producer_scheduled (sent "
+        "and not yet relayed): "
         "each message needs an id of its own; nothing of this send was written"
     )
 

@@ -17,7 +17,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from outbox import Broker, InvalidDueTime, Message, Topic
+from outbox import Broker, DuplicateMessageId, InvalidDueTime, Message, Topic
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.testing import sent
 
@@ -113,9 +113,10 @@ def test_send_many_mixes_due_times_and_a_taken_id_writes_nothing(
         )
     assert _queued(url) == {ids[0]}
     assert set(_scheduled(url)) == {ids[1], ids[2]}
-    # An id a scheduled message has is refused, in either table, and the batch writes nothing.
+    # An id a waiting message has is refused, in either table, and the batch writes nothing
+    # (the DuplicateMessageId of a send without a due time).
     with psycopg.connect(url) as conn, conn.transaction():
-        with pytest.raises(Exception, match="already in producer_queue"):
+        with pytest.raises(DuplicateMessageId, match="in producer_queue or producer_scheduled"):
             broker.send_many(
                 conn,
                 [
@@ -123,7 +124,7 @@ def test_send_many_mixes_due_times_and_a_taken_id_writes_nothing(
                     Message("later.t", b"dup", message_id=ids[1], delay=timedelta(hours=2)),
                 ],
             )
-        with pytest.raises(Exception, match="already in producer_queue"):
+        with pytest.raises(DuplicateMessageId, match="in producer_queue or producer_scheduled"):
             broker.send(conn, "later.t", b"dup", message_id=ids[0], delay=timedelta(hours=1))
     assert len(_scheduled(url)) == 2 and len(_queued(url)) == 1
 
