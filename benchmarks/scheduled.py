@@ -1,11 +1,12 @@
 """(delayed) Messages due later (decision 21): what they cost the relay of the messages due now,
 and how late the relay takes them.
 
-`relay with due-later rows`: the same backlog of messages due now (100 B, 1,000 keys) drained
-by one `outbox producer`, once with `producer_scheduled` empty (the floor) and once with
-1,000,000 messages due in an hour in it (a tenth in `--quick`); the figure is "msg/s after 1st"
-as in (b), and the ratio figure / floor has the target >= 0.9. The empty run also stands beside
-the bare relay loop over the same backlog, as (b) does.
+`relay with due-later rows`: a backlog of 200,000 messages due now (100 B, 1,000 keys; a tenth
+in `--quick`) drained by one `outbox producer`, in a database whose `producer_scheduled` is
+empty (the floor) and in one holding 1,000,000 messages due in an hour (a tenth in `--quick`),
+three rounds with the two in turn (the order alternating), each figure the median of its
+rounds; "msg/s after 1st" as in (b), and the ratio figure / floor has the target >= 0.9. The
+empty one also stands beside the bare relay loop over the same backlog, as (b) does.
 
 `lateness at 1,000 due/s`: one `outbox producer` already running and idle; messages are written
 ahead with `deliver_at` one millisecond apart (1,000 fall due each second, 10 s of them; 3 s
@@ -19,7 +20,9 @@ flush, delete, sleep a millisecond when nothing is due.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import statistics
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -72,16 +75,19 @@ def _schedule_later(url: str, count: int) -> float:
             )
             conn.commit()
     vacuum_analyze(url, "outbox.producer_scheduled")
+    # The load's WAL written out now, not by a checkpoint during the first timed drain (its
+    # round ran at a third of the others' rate without this).
+    with (
+        psycopg.connect(url, autocommit=True) as conn,
+        contextlib.suppress(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("CHECKPOINT")
     return time.perf_counter() - started
 
 
-def _drain(ctx: Context, messages: int, scheduled: int) -> tuple[float, float]:
-    """One producer drains a fresh backlog of `messages` beside `scheduled` rows due later:
-    (msg/s after the first batch, msg/s bare relay loop over a backlog alike or NaN)."""
-    url = ctx.new_database()
-    topic = ctx.new_topic("delayed", partitions=3)
-    if scheduled:
-        _schedule_later(url, scheduled)
+def _drain(ctx: Context, url: str, topic: str, messages: int) -> tuple[float, float]:
+    """One producer drains a fresh backlog of `messages` written to `url`'s producer_queue
+    (beside whatever producer_scheduled holds): (msg/s after the first batch, seconds)."""
     send_backlog(url, topic, messages, b"x" * 100)
     vacuum_analyze(url, "outbox.producer_queue")
     min_id = "SELECT min(id) FROM outbox.producer_queue"
@@ -107,36 +113,52 @@ def _drain(ctx: Context, messages: int, scheduled: int) -> tuple[float, float]:
             )
         finally:
             stop_all(daemons)
-        left = scalar(conn, "SELECT count(*) FROM outbox.producer_scheduled")
-    if left != scheduled:
-        raise RuntimeError(f"{scheduled - left} messages due in an hour were relayed")
     return (messages / (seconds - startup) if seconds > startup else math.nan), seconds
 
 
 def relay(ctx: Context) -> list[Result]:
+    """Rounds of the two databases in turn (one empty producer_scheduled, one holding the rows
+    due later; the order alternates): each figure is the median of its rounds, so that the
+    load of a shared machine, which moves from one minute to the next, falls on both."""
     messages = ctx.scale(200_000, 5_000, quick=20_000)
     scheduled = ctx.scale(1_000_000, 10_000, quick=100_000)
+    rounds = 1 if ctx.smoke else 3
     bare_url = ctx.new_database()
     bare_topic = ctx.new_topic("delayed-floor", partitions=3)
     send_backlog(bare_url, bare_topic, messages, b"x" * 100)
     vacuum_analyze(bare_url, "outbox.producer_queue")
     bare = relay_floor(bare_url, ctx.bootstrap, bare_topic)
-    empty, empty_s = _drain(ctx, messages, 0)
-    later, later_s = _drain(ctx, messages, scheduled)
-    common = {"messages": messages}
+    empty_url, later_url = ctx.new_database(), ctx.new_database()
+    _schedule_later(later_url, scheduled)
+    topic = ctx.new_topic("delayed", partitions=3)
+    rates: dict[str, list[float]] = {empty_url: [], later_url: []}
+    for n in range(rounds):
+        for url in (empty_url, later_url) if n % 2 == 0 else (later_url, empty_url):
+            rates[url].append(_drain(ctx, url, topic, messages)[0])
+    with psycopg.connect(later_url) as conn:
+        left = scalar(conn, "SELECT count(*) FROM outbox.producer_scheduled")
+    if left != scheduled:
+        raise RuntimeError(f"{scheduled - left} messages due in an hour were relayed")
+    empty, later = statistics.median(rates[empty_url]), statistics.median(rates[later_url])
+    per_round = ", ".join(
+        f"{b / a:.2f}" for a, b in zip(rates[empty_url], rates[later_url], strict=True)
+    )
+    common = {"messages": messages, "rounds": rounds}
     return [
         Result(
             RELAY,
             "producer_scheduled empty",
-            against_floor({**common, "scheduled": 0, "seconds": empty_s}, empty, bare),
-            notes="figure: msg/s after 1st; floor: the bare relay loop over the same backlog",
+            against_floor({**common, "scheduled": 0}, empty, bare),
+            notes="figure: median msg/s after 1st; floor: the bare relay loop over the same "
+            "backlog",
         ),
         Result(
             RELAY,
             f"{scheduled:,} due in an hour",
-            against_floor({**common, "scheduled": scheduled, "seconds": later_s}, later, empty),
-            notes="figure: msg/s after 1st; floor: the same relay with producer_scheduled "
-            "empty (row above); target ratio >= 0.9",
+            against_floor({**common, "scheduled": scheduled}, later, empty),
+            notes="figure: median msg/s after 1st; floor: the same relay with "
+            f"producer_scheduled empty (row above), rounds in turn; ratio per round {per_round}; "
+            "target ratio >= 0.9",
         ),
     ]
 
@@ -279,6 +301,7 @@ def lateness(ctx: Context) -> Result:
         "p50 ms": figure["p50"],
         "p99 ms": figure["p99"],
         "max ms": figure["max"],
+        "% over 50 ms": 100 * sum(1 for x in late if x > 50) / len(late),
         "floor p50 ms": floor["p50"],
     }
     return Result(
