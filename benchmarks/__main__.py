@@ -32,6 +32,7 @@ SCENARIOS = {
     "spark": "benchmarks.spark_inbox",
     "transports": "benchmarks.transports",
     "http": "benchmarks.serve_http",
+    "delayed": "benchmarks.scheduled",
 }
 
 

@@ -195,7 +195,34 @@ def _log_latency(rows: Sequence[Row]) -> Row | None:
     )
 
 
-#: Issue 26's targets, in its order.
+def _due_later(rows: Sequence[Row]) -> Row | None:
+    """The delayed scenario's relay row with rows due later in producer_scheduled."""
+    return next(
+        (r for r in _of("delayed. relay", rows) if _get(r, "scheduled") > 0),
+        None,
+    )
+
+
+def _judge_due_later(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+    """>= 0.9 of the same relay's rate with producer_scheduled empty, beside a million."""
+    ratio, scheduled = _get(row, "ratio"), _get(row, "scheduled")
+    text = f"{ratio:.2f} of the empty table's rate beside {scheduled:,.0f} due later"
+    if not ratio >= 0.9:
+        return MISSED, text
+    return (MET if scheduled >= MILLION else SMALLER), text
+
+
+def _lateness(rows: Sequence[Row]) -> Row | None:
+    return next(iter(_of("delayed. lateness", rows)), None)
+
+
+def _judge_lateness(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+    p50, p99 = _get(row, "p50 ms"), _get(row, "p99 ms")
+    text = f"p50 {p50:.1f} ms, p99 {p99:.1f} ms (floor p99 {_get(row, 'floor'):.1f})"
+    return (MET if p99 < 50 else MISSED), text
+
+
+#: Issue 26's targets, in its order, then issue 34's (messages due later).
 TARGETS: tuple[Target, ...] = (
     Target(
         "whole path, one-INSERT per-message handler >= 12,000 msg/s",
@@ -233,6 +260,18 @@ TARGETS: tuple[Target, ...] = (
         "a",
         _send,
         _judge_send,
+    ),
+    Target(
+        "relay beside 1,000,000 due later >= 0.9 of its rate beside none",
+        "delayed",
+        _due_later,
+        _judge_due_later,
+    ),
+    Target(
+        "lateness (relayed - due) p99 < 50 ms at 1,000 due/s",
+        "delayed",
+        _lateness,
+        _judge_lateness,
     ),
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, overload
 from uuid import UUID
 
@@ -13,6 +14,7 @@ from outbox.core.envelope import DEFAULT_MAX_MESSAGE_BYTES, OutgoingMessage, com
 from outbox.core.errors import ConfigurationError, InvalidHeaders, OutboxError
 from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.numbers import check
+from outbox.core.schedule import Due, due
 from outbox.core.serializers import JsonSerializer, Serializer
 from outbox.core.topics import Topic
 
@@ -33,6 +35,9 @@ class Message:
     message_id: UUID | str | None = None
     correlation_id: UUID | str | None = None
     tenant: str | None = None
+    #: When it is due (an aware datetime), or `delay` after the send: see `Broker.send`.
+    deliver_at: datetime | None = None
+    delay: timedelta | None = None
 
 
 class Broker:
@@ -153,8 +158,12 @@ class Broker:
             )
         return {**(context or {}), name: chosen}
 
-    def _compose_many(self, messages: Iterable[Message]) -> list[OutgoingMessage]:
+    def _compose_many(
+        self, messages: Iterable[Message]
+    ) -> tuple[list[OutgoingMessage], list[Due | None] | None]:
+        """The messages composed, and their due times (None when none has one)."""
         result = []
+        dues: list[Due | None] = []
         for index, m in enumerate(messages):
             if not isinstance(m, Message):
                 raise OutboxError(
@@ -172,12 +181,13 @@ class Broker:
                         m.tenant,
                     )
                 )
+                dues.append(due(m.deliver_at, m.delay))
             except OutboxError as exc:
                 raise type(exc)(f"send_many item {index}: {exc}") from exc
         ids = [m.message_id for m in result]
         if len(set(ids)) != len(ids):
             raise OutboxError("send_many was given the same message_id twice")
-        return result
+        return result, dues if any(d is not None for d in dues) else None
 
     @overload
     def send(
@@ -191,6 +201,8 @@ class Broker:
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
         tenant: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> UUID: ...
 
     @overload
@@ -205,6 +217,8 @@ class Broker:
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
         tenant: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> UUID: ...
 
     def send(
@@ -218,6 +232,8 @@ class Broker:
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
         tenant: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> UUID:
         """Write one message in `tx`'s transaction and return its id.
 
@@ -237,16 +253,37 @@ class Broker:
 
         `tenant` (else the broker's) names the tenant whose inbox receives the message (see
         `Broker`); an invalid one raises `InvalidHeaders` before anything is written.
+
+        `deliver_at` (an aware datetime, stored as given) or `delay` (a timedelta from the
+        database's clock when the statement runs, never the client's) makes the message due
+        later: it waits, out of the relay's way, until then, and `cancel` can take it back
+        meanwhile. One or the other; a naive datetime, a negative delay or both raise
+        `InvalidDueTime` before anything is written. A zero delay, or a `deliver_at` that is
+        already past, means now (docs/delayed-delivery.md).
         """
+        when = due(deliver_at, delay)
         message = self._compose(topic, payload, key, headers, message_id, correlation_id, tenant)
-        self._writer.write(tx, [message])
+        self._writer.write(tx, [message], None if when is None else [when])
         return message.message_id
 
     def send_many(self, tx: object, messages: Iterable[Message]) -> list[UUID]:
-        """Write a batch of messages in one statement; all are checked before any is written."""
-        batch = self._compose_many(messages)
-        self._writer.write(tx, batch)
+        """Write a batch of messages in one statement; all are checked before any is written.
+        Each `Message` may have its own `deliver_at` or `delay`."""
+        batch, dues = self._compose_many(messages)
+        self._writer.write(tx, batch, dues)
         return [m.message_id for m in batch]
+
+    def cancel(self, tx: object, message_id: UUID | str) -> bool:
+        """Take back a message sent with a due time that has not left, in `tx`'s transaction
+        (never committed here): True when it was still scheduled (it is deleted: once `tx`
+        commits it never leaves); False when it has left, or is due and handed to the relay
+        (which may be sending it right now), or never existed. A message sent without a due
+        time cannot be taken back. The handles are those of `send`."""
+        return self._writer.cancel(tx, _message_id(message_id))
+
+    async def cancel_async(self, tx: object, message_id: UUID | str) -> bool:
+        """`cancel` for asynchronous transaction handles."""
+        return await self._writer.cancel_async(tx, _message_id(message_id))
 
     @overload
     async def send_async(
@@ -260,6 +297,8 @@ class Broker:
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
         tenant: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> UUID: ...
 
     @overload
@@ -274,6 +313,8 @@ class Broker:
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
         tenant: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> UUID: ...
 
     async def send_async(
@@ -287,17 +328,32 @@ class Broker:
         message_id: UUID | str | None = None,
         correlation_id: UUID | str | None = None,
         tenant: str | None = None,
+        deliver_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> UUID:
         """`send` for psycopg `AsyncConnection` and SQLAlchemy `AsyncConnection`/`AsyncSession`."""
+        when = due(deliver_at, delay)
         message = self._compose(topic, payload, key, headers, message_id, correlation_id, tenant)
-        await self._writer.write_async(tx, [message])
+        await self._writer.write_async(tx, [message], None if when is None else [when])
         return message.message_id
 
     async def send_many_async(self, tx: object, messages: Iterable[Message]) -> list[UUID]:
         """`send_many` for asynchronous transaction handles."""
-        batch = self._compose_many(messages)
-        await self._writer.write_async(tx, batch)
+        batch, dues = self._compose_many(messages)
+        await self._writer.write_async(tx, batch, dues)
         return [m.message_id for m in batch]
+
+
+def _message_id(message_id: object) -> UUID:
+    """`message_id` as a UUID, else `OutboxError` saying what it is."""
+    if isinstance(message_id, UUID):
+        return message_id
+    if isinstance(message_id, str):
+        try:
+            return UUID(message_id)
+        except ValueError:
+            pass
+    raise OutboxError(f"message_id {message_id!r} is not a UUID (the id send returned)")
 
 
 def _tenant(tenant: object, error: type[OutboxError]) -> str:

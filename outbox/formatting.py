@@ -8,6 +8,7 @@ bytes (keys, payloads, headers) are text when they are printable UTF-8, else hex
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,6 +127,24 @@ def count_json(count: ops.Count) -> dict[str, Any]:
     return {"count": count.rows, "oldest_age_seconds": oldest}
 
 
+def scheduled_json(scheduled: Sequence[ops.Scheduled]) -> dict[str, Any]:
+    """The messages due later, per topic and in all, of `outbox status --json`."""
+    return {
+        "topics": {
+            s.topic: {
+                "rows": s.rows,
+                "overdue": s.overdue,
+                "next_due_at": timestamp(s.next_due_at),
+                "next_due_in_seconds": round(s.next_due_in, 3),
+            }
+            for s in scheduled
+        },
+        "rows": sum(s.rows for s in scheduled),
+        "overdue": sum(s.overdue for s in scheduled),
+        "next_due_at": (timestamp(min(s.next_due_at for s in scheduled)) if scheduled else None),
+    }
+
+
 def status_json(status: ops.Status) -> dict[str, Any]:
     """The document of `outbox status --json` without the lag and the check (whose shape the
     docstring of outbox/cli/status.py gives); the console serves it too."""
@@ -152,6 +171,7 @@ def status_json(status: ops.Status) -> dict[str, Any]:
         "schema": status.schema,
         "taken_at": timestamp(status.taken_at),
         "queues": queues,
+        "scheduled": scheduled_json(status.scheduled),
         "processes": [
             {
                 "relay_id": p.relay_id,

@@ -81,6 +81,12 @@ class Subscriber(Protocol):
         ...
 
 
+#: A probe's look at a queue (`DatabaseProbe.queue_stats`): waiting rows, the oldest one's age,
+#: dead rows (the producer's; else None), and for the producer's queue the messages due later,
+#: the overdue ones and how late the most overdue is (seconds).
+QueueStats = tuple[int, float, int | None] | tuple[int, float, int | None, int, int, float]
+
+
 @dataclass(frozen=True, slots=True)
 class TransportProbe:
     """How a daemon checks that its transport is reachable: `check(timeout)` raises an
@@ -232,11 +238,12 @@ class DatabaseProbe(Protocol):
         `OutboxError` saying why not, in one line."""
         ...
 
-    def queue_stats(self, queue: str, timeout: float) -> tuple[int, float, int | None] | None:
+    def queue_stats(self, queue: str, timeout: float) -> QueueStats | None:
         """The rows of `queue` (`producer_queue`, `consumer_queue`) waiting, not dead and not
         processed; the age in seconds of the oldest (0 when none waits); for the producer's
-        queue, the dead rows kept (None otherwise). None when the queue cannot be read yet; an
-        `OutboxError` when the database cannot be reached."""
+        queue, the dead rows kept (None otherwise), and may add the messages due later, those
+        of them overdue and the seconds the most overdue is late. None when the queue cannot
+        be read yet; an `OutboxError` when the database cannot be reached."""
         ...
 
     def close(self) -> None:
@@ -392,6 +399,12 @@ class OutboxSession(RelaySession, Protocol):
 
     def next_due(self, lanes: list[int]) -> float | None:
         """Seconds until a retrying row of `lanes` may be fetched, or None."""
+        ...
+
+    def promote(self, lanes: list[int], limit: int) -> tuple[int, float | None]:
+        """Move up to `limit` messages of `lanes` whose due time came (sent with `deliver_at`
+        or `delay`) among the rows `fetch` reads, in due-time order: how many, and the seconds
+        until the next one of `lanes` falls due (None when none waits; negative: due)."""
         ...
 
     def delete(self, ids: Sequence[int]) -> None:

@@ -332,8 +332,9 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
     EnvironmentVariable(
         FAILPOINT,
         "`name[@n]`: the daemon SIGKILLs itself the n-th time it reaches the named point "
-        "(producer.before_produce, producer.after_produce, consumer.after_insert, "
-        "handler.before_commit). For fault-injection tests only; never set it in production",
+        "(producer.before_produce, producer.after_produce, producer.after_promote, "
+        "consumer.after_insert, handler.before_commit). For fault-injection tests only; never "
+        "set it in production",
         "the daemons (`outbox.daemons.failpoints`)",
     ),
     EnvironmentVariable(

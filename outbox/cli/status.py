@@ -18,7 +18,13 @@ added):
                     "lanes": 64, "parked": false, "parked_since": null}],
      (a parked process, idle for --idle-disconnect seconds with no session of its own:
       "parked": true, "parked_since": "<ISO 8601>", "alive": true, "lanes": 0)
-     "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}]}
+     "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}],
+     "scheduled": {"topics": {"<topic>": {"rows": N, "overdue": N,
+                              "next_due_at": "<ISO 8601>", "next_due_in_seconds": <float>}},
+                   "rows": N, "overdue": N, "next_due_at": "<ISO 8601>" or null}}
+
+(scheduled: the messages sent with a due time that is still to come, per topic; overdue: due
+but not yet taken by a relay, and next_due_in_seconds negative then.)
 
 With --kafka-bootstrap (or --transport postgres and --log-url: the groups of the PostgreSQL
 log), "lag": [{"group": "...", "total": N, "topics": {"<topic>": N},
@@ -489,6 +495,7 @@ def _status_text(status: ops.Status) -> list[str]:
         ]
         body.append(["TOTAL", *(_count_cell(q.totals[s]) for s in q.states)])
         lines.extend(_table(["TOPIC", *(s.upper() for s in q.states)], body, indent="  "))
+    lines.extend(_scheduled_text(status))
     lines.append("")
     if not status.processes:
         lines.append("processes: none registered in relay_state")
@@ -519,3 +526,27 @@ def _status_text(status: ops.Status) -> list[str]:
         body = [[str(c.backend_pid), _safe(c.state), fmt.age(c.age)] for c in status.claims]
         lines.extend(_table(["BACKEND PID", "STATE", "AGE"], body, indent="  "))
     return lines
+
+
+def _scheduled_text(status: ops.Status) -> list[str]:
+    """The messages due later (producer_scheduled), per topic: how many, how many overdue,
+    and the next due time."""
+    if not status.scheduled:
+        return ["", "producer_scheduled: none due later"]
+    rows = sum(s.rows for s in status.scheduled)
+    first = min(status.scheduled, key=lambda s: s.next_due_in)
+    lines = [
+        "",
+        f"producer_scheduled: {rows} due later, next at {fmt.when(first.next_due_at)} "
+        f"({_due_in(first.next_due_in)}); overdue: due, not yet taken by a relay",
+    ]
+    body = [
+        [_safe(s.topic), str(s.rows), str(s.overdue) if s.overdue else "-", _due_in(s.next_due_in)]
+        for s in status.scheduled
+    ]
+    lines.extend(_table(["TOPIC", "SCHEDULED", "OVERDUE", "NEXT DUE"], body, indent="  "))
+    return lines
+
+
+def _due_in(seconds: float) -> str:
+    return f"in {fmt.age(seconds)}" if seconds > 0 else f"{fmt.age(-seconds)} overdue"

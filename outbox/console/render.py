@@ -75,7 +75,36 @@ def queues(status: ops.Status) -> str:
             f"<h3>{esc(q.table)} <small>rows (age of the oldest by {esc(q.age_column)})</small>"
             f"</h3>" + _table(["topic", *q.states], rows, "queue")
         )
+    parts.append(scheduled(status))
     return "".join(parts)
+
+
+def scheduled(status: ops.Status) -> str:
+    """The messages due later (producer_scheduled) per topic: how many, how many overdue (due,
+    not yet taken by a relay), and when the next is due."""
+    title = "<h3>producer_scheduled <small>messages due later</small></h3>"
+    if not status.scheduled:
+        return title + '<p class="none">None due later.</p>'
+
+    def due_in(seconds: float) -> str:
+        if seconds > 0:
+            return esc(f"in {age(seconds)}")
+        return f'<span class="n bad">{esc(age(-seconds))} overdue</span>'
+
+    rows = [
+        [
+            esc(cut(s.topic, NAME_CHARS)),
+            f'<span class="n">{s.rows}</span>',
+            f'<span class="n bad">{s.overdue}</span>'
+            if s.overdue
+            else '<span class="zero">-</span>',
+            f"{esc(when(s.next_due_at))} ({due_in(s.next_due_in)})",
+        ]
+        for s in status.scheduled[:MAX_TABLE_ROWS]
+    ]
+    if len(status.scheduled) > MAX_TABLE_ROWS:
+        rows.append([_more(len(status.scheduled) - MAX_TABLE_ROWS, "topics"), "", "", ""])
+    return title + _table(["topic", "scheduled", "overdue", "next due"], rows, "queue")
 
 
 def _more(count: int, what: str) -> str:

@@ -32,6 +32,11 @@ class DuplicateMessageId(OutboxError, ValueError):
     and the caller's transaction can go on."""
 
 
+class InvalidDueTime(OutboxError, ValueError):
+    """A `deliver_at` or `delay` that cannot say when a message is due: naive, negative, both
+    given, or out of range. Nothing was written."""
+
+
 class UnsupportedTransaction(OutboxError, TypeError):
     """`tx` is not a connection or session that outbox can write with."""
 

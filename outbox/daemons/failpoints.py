@@ -2,8 +2,8 @@
 
 `OUTBOX_FAILPOINT=name` (or `name@n`, the n-th time the point is reached) makes the process
 SIGKILL itself at that point. Unset, `failpoint()` is a dictionary-free string comparison.
-Points: producer.before_produce, producer.after_produce, consumer.after_insert,
-handler.before_commit.
+Points: producer.before_produce, producer.after_produce, producer.after_promote (messages that
+fell due moved into producer_queue), consumer.after_insert, handler.before_commit.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ POINTS = frozenset(
     {
         "producer.before_produce",
         "producer.after_produce",
+        "producer.after_promote",
         "consumer.after_insert",
         "handler.before_commit",
     }

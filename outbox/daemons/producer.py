@@ -202,6 +202,12 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
         #: Rows the next fetch asks for (see BUSY_BATCH_FACTOR).
         self._limit = config.batch_size
         self._fetched: tuple[list[int], list[OutgoingRecord]] | None = None
+        #: When (`time.monotonic()`) to next move the scheduled rows of the lanes that fell due
+        #: into the queue (`_promote`), and the lanes it was computed for.
+        self._promote_at = 0.0
+        self._promote_lanes: list[int] = []
+        #: Scheduled messages moved into the queue when they fell due.
+        self.promoted = 0
         #: Counters for tests and logs: rows relayed, failed deliveries, rows marked dead.
         self.relayed = 0
         self.failed = 0
@@ -258,10 +264,42 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
         # A new connection: a batch fetched on the previous one may have been sent meanwhile
         # by the relay that held the lanes while this one was away.
         self._next = self._fetched = None
+        self._promote_at = 0.0
         super()._serve(conn)
+
+    def _promote(self, conn: OutboxSession, lanes: list[int]) -> int:
+        """Move the scheduled messages of `lanes` that fell due into the queue, when one can
+        have (decision 21): at the due time of the earliest the last look saw, at least every
+        poll interval (a message scheduled since, due sooner, is seen then: its send does not
+        wake the relay), at once after a full move or when the lanes changed. A message moved
+        now is fetched by the next look."""
+        now = time.monotonic()
+        if now < self._promote_at and lanes == self._promote_lanes:
+            return 0
+        limit = self.config.batch_size
+        moved, due = conn.promote(lanes, limit)
+        if moved:
+            failpoint("producer.after_promote")
+        self.promoted += moved
+        self._promote_lanes = lanes
+        if moved >= limit:
+            self._promote_at = now
+        elif due is None:
+            self._promote_at = now + self.poll_interval
+        else:
+            self._promote_at = now + min(self.poll_interval, max(due, 0.0))
+        return moved
+
+    def wake_in(self) -> float | None:
+        return self._promote_at - time.monotonic() if self.lanes else None
 
     def fetch(self, conn: OutboxSession, lanes: list[int]) -> list[OutgoingRecord]:
         fetched, self._fetched = self._fetched, None
+        if self._promote(conn, lanes):
+            # A batch fetched during the previous one was read before these rows were moved:
+            # fetch again, or they would wait for the next look (up to a poll interval when
+            # nothing else falls due: benchmarks' delayed lateness, max 1 s).
+            fetched = None
         if fetched is not None and fetched[0] == lanes:
             return one_topic_per_key(fetched[1])  # fetched during the previous batch
         limit = self._limit
@@ -276,7 +314,10 @@ class Producer(LaneRelay[OutgoingRecord, OutboxSession]):
         return turns
 
     def peek(self, conn: OutboxSession) -> bool:
-        return conn.fetch(list(range(LANES)), 1, []).fetchone() is not None
+        if conn.fetch(list(range(LANES)), 1, []).fetchone() is not None:
+            return True
+        due = conn.promote(list(range(LANES)), 0)[1]  # moves nothing: the lanes are not ours
+        return due is not None and due <= 0
 
     def _resize(self, fetched: int, limit: int) -> None:
         """The next fetch's size: doubled after a full batch, `batch_size` after a short one."""

@@ -164,6 +164,11 @@ class LaneRelay(Generic[Row, S]):
         asks `next_due` again only after this grew or it took lanes."""
         return 0
 
+    def wake_in(self) -> float | None:
+        """Seconds until the relay wants to look again whatever else it waits for (a message
+        of its lanes that falls due then), or None."""
+        return None
+
     def fetched_all(self) -> bool:
         """Whether the last `fetch` took every row it could see (it came back short), so that
         a look right after processing them could only find rows committed since. Only then,
@@ -376,6 +381,9 @@ class LaneRelay(Generic[Row, S]):
             self._due_unknown = due is not None
             if due is not None and due > 0:
                 timeout = min(timeout, max(due, MIN_WAIT))
+        wake = self.wake_in()
+        if wake is not None:
+            timeout = min(timeout, max(wake, MIN_WAIT))
         return timeout
 
     def _wait(self, conn: S, timeout: float) -> None:

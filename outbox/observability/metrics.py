@@ -114,6 +114,30 @@ METRICS: tuple[MetricInfo, ...] = (
         ("producer",),
     ),
     MetricInfo(
+        "outbox_scheduled_messages",
+        "gauge",
+        (),
+        "messages sent with a due time still to come, waiting in producer_scheduled, refreshed "
+        "periodically with the queue depth",
+        ("producer",),
+    ),
+    MetricInfo(
+        "outbox_scheduled_overdue_messages",
+        "gauge",
+        (),
+        "scheduled messages due but not yet taken into producer_queue by a relay (none runs, or "
+        "it is behind), refreshed periodically",
+        ("producer",),
+    ),
+    MetricInfo(
+        "outbox_scheduled_overdue_seconds",
+        "gauge",
+        (),
+        "seconds the most overdue scheduled message is past its due time (0 when none is), "
+        "refreshed periodically",
+        ("producer",),
+    ),
+    MetricInfo(
         "outbox_producer_batch_size",
         "histogram",
         (),
@@ -276,10 +300,18 @@ class Metrics:
         """One Handler batch: what its workers did."""
 
     def queue_stats(
-        self, queue: str, depth: int, oldest_age: float, dead: int | None = None
+        self,
+        queue: str,
+        depth: int,
+        oldest_age: float,
+        dead: int | None = None,
+        scheduled: int | None = None,
+        overdue: int | None = None,
+        overdue_age: float | None = None,
     ) -> None:
         """The periodic look at a queue table: waiting rows, the oldest one's age, and (the
-        producer's) dead rows."""
+        producer's) dead rows, messages due later, the overdue ones and how late the most
+        overdue is."""
 
     def serve(self, host: str, port: int) -> int:
         """Start serving /metrics; return the bound port. The base class has nothing to serve."""
@@ -362,6 +394,9 @@ class PrometheusMetrics(Metrics):
                 registry, prometheus, "outbox_producer_delivery_seconds", SECONDS_BUCKETS
             )
             self._dead = _gauge(registry, prometheus, "outbox_producer_dead_rows")
+            self._scheduled = _gauge(registry, prometheus, "outbox_scheduled_messages")
+            self._overdue = _gauge(registry, prometheus, "outbox_scheduled_overdue_messages")
+            self._overdue_age = _gauge(registry, prometheus, "outbox_scheduled_overdue_seconds")
         elif kind == "consumer":
             self._counts = _counters(
                 registry, prometheus, "outbox_consumer", "messages_received",
@@ -440,12 +475,23 @@ class PrometheusMetrics(Metrics):
                 histogram.observe(seconds)
 
     def queue_stats(
-        self, queue: str, depth: int, oldest_age: float, dead: int | None = None
+        self,
+        queue: str,
+        depth: int,
+        oldest_age: float,
+        dead: int | None = None,
+        scheduled: int | None = None,
+        overdue: int | None = None,
+        overdue_age: float | None = None,
     ) -> None:
         self._child(self._depth, queue).set(depth)
         self._child(self._oldest, queue).set(oldest_age)
         if dead is not None and self.kind == "producer":
             self._child(self._dead).set(dead)
+        if scheduled is not None and self.kind == "producer":
+            self._child(self._scheduled).set(scheduled)
+            self._child(self._overdue).set(overdue or 0)
+            self._child(self._overdue_age).set(overdue_age or 0.0)
 
     def serve(self, host: str, port: int) -> int:
         try:

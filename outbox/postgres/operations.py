@@ -107,6 +107,19 @@ class QueueStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Scheduled:
+    """Messages of one topic due later (`producer_scheduled`): how many, how many of them are
+    due but not yet taken by a relay, and the next due time (the seconds until it: negative
+    when overdue)."""
+
+    topic: str
+    rows: int
+    overdue: int
+    next_due_at: datetime
+    next_due_in: float
+
+
+@dataclass(frozen=True, slots=True)
 class Process:
     """A relay or handler process registered in `relay_state`."""
 
@@ -168,6 +181,8 @@ class Status:
     queues: tuple[QueueStatus, ...]
     processes: tuple[Process, ...]
     claims: tuple[Claim, ...] = ()
+    #: Messages due later, per topic in name order (decision 21).
+    scheduled: tuple[Scheduled, ...] = ()
 
 
 def _queue_status(queue: Queue, rows: list[tuple[Any, ...]]) -> QueueStatus:
@@ -223,8 +238,19 @@ def status(conn: psycopg.Connection[Any], schema: str) -> Status:
             Claim(backend_pid=int(pid), state=str(state), age=float(age))
             for pid, state, age in cur.execute(sql["ops_status_claims"]).fetchall()
         )
+        scheduled = tuple(
+            Scheduled(str(topic), int(rows), int(overdue), at, float(due_in))
+            for topic, rows, overdue, at, due_in in cur.execute(
+                sql["ops_status_scheduled"]
+            ).fetchall()
+        )
     return Status(
-        schema=schema, taken_at=now_row[0], queues=queues, processes=processes, claims=claims
+        schema=schema,
+        taken_at=now_row[0],
+        queues=queues,
+        processes=processes,
+        claims=claims,
+        scheduled=scheduled,
     )
 
 

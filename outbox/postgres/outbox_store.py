@@ -56,8 +56,10 @@ class OutboxStore:
     #: backlog; and plan each execution with its arrays as constants, which PostgreSQL hashes
     #: or looks up, instead of a generic plan made for an empty table that compares every row
     #: with every id of a batch. Not `enable_seqscan = off`: it made the relay's catalog
-    #: queries (dead relays, lane locks) take 100 ms and delayed messages by as much.
-    planner_settings = ("enable_sort = off", "plan_cache_mode = force_custom_plan")
+    #: queries (dead relays, lane locks) take 100 ms and delayed messages by as much. No JIT:
+    #: a sort the plan cannot do without (`producer_promote`'s, of the rows it moves) costs
+    #: 10^10 with sorts off, past `jit_above_cost`, and compiling took 0.4 s per execution.
+    planner_settings = ("enable_sort = off", "plan_cache_mode = force_custom_plan", "jit = off")
 
     def __init__(self, schema: str) -> None:
         self.sql = queries(schema)
@@ -81,6 +83,14 @@ class OutboxStore:
         """Seconds until a retrying row of `lanes` may be fetched, or None."""
         row = conn.execute(self.sql["producer_next_retry"], {"lanes": lanes}).fetchone()
         return float(row[0]) if row and row[0] is not None else None
+
+    def promote(self, conn: Connection, lanes: list[int], limit: int) -> tuple[int, float | None]:
+        """Move up to `limit` scheduled rows of `lanes` that fell due into `producer_queue`:
+        how many, and the seconds until the next one falls due (None: none waits)."""
+        params = {"lanes": lanes, "limit": limit}
+        row = conn.execute(self.sql["producer_promote"], params).fetchone()
+        assert row is not None
+        return int(row[0]), None if row[1] is None else float(row[1])
 
     def delete(self, conn: Connection, ids: Sequence[int]) -> None:
         """Forget delivered rows."""

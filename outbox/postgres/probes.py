@@ -10,6 +10,7 @@ from outbox.core.databases import Database
 from outbox.core.errors import DatabaseUnavailable
 from outbox.core.redact import redact_text
 from outbox.core.text import first_line
+from outbox.ports import QueueStats
 from outbox.postgres.connection import Connection, connect
 from outbox.postgres.queries import queries
 
@@ -43,10 +44,11 @@ class PostgresProbe:
             self.close()
             raise DatabaseUnavailable(redact_text(first_line(exc))) from None
 
-    def queue_stats(self, queue: str, timeout: float) -> tuple[int, float, int | None] | None:
+    def queue_stats(self, queue: str, timeout: float) -> QueueStats | None:
         """The rows of `queue` waiting, the age in seconds of the oldest (0 when none waits)
         and, for the producer's queue, the dead rows kept in producer_dead (None for a queue
-        without that count)."""
+        without that count), then the messages due later (producer_scheduled), the overdue
+        ones and how late the most overdue is."""
         try:
             row = self._connection(timeout).execute(self._sql[f"obs_{queue}_stats"]).fetchone()
         except psycopg.Error as exc:
@@ -55,6 +57,8 @@ class PostgresProbe:
         if row is None:
             return None
         dead = int(row[2]) if len(row) > 2 else None
+        if len(row) > 5:
+            return int(row[0]), float(row[1]), dead, int(row[3]), int(row[4]), float(row[5])
         return int(row[0]), float(row[1]), dead
 
     def close(self) -> None:

@@ -110,6 +110,9 @@ class PostgresOutboxSession(PostgresRelaySession):
     def next_due(self, lanes: list[int]) -> float | None:
         return self.store.next_due(self.conn, lanes)
 
+    def promote(self, lanes: list[int], limit: int) -> tuple[int, float | None]:
+        return self.store.promote(self.conn, lanes, limit)
+
     def delete(self, ids: Sequence[int]) -> None:
         self.store.delete(self.conn, ids)
 

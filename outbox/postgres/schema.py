@@ -25,6 +25,7 @@ PRODUCER_QUEUE = "producer_queue"
 CONSUMER_QUEUE = "consumer_queue"
 RELAY_STATE = "relay_state"
 PRODUCER_DEAD = "producer_dead"
+PRODUCER_SCHEDULED = "producer_scheduled"
 CONSUMER_PROCESSED = "consumer_processed"
 HTTP_PUBLISHED = "http_published"
 
@@ -62,6 +63,23 @@ def metadata(schema: str = "outbox") -> MetaData:
         producer.c.key,
         postgresql_where=text("attempts > 0 AND dead_at IS NULL"),
     )
+    # Messages sent with a due time, until the relay moves them to producer_queue when they
+    # fall due (migration 0011, decision 21): the relay's fetch never reads them.
+    scheduled = Table(
+        PRODUCER_SCHEDULED,
+        md,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("message_id", Uuid, nullable=False, unique=True),
+        Column("topic", Text, nullable=False),
+        Column("key", LargeBinary),
+        Column("payload", LargeBinary, nullable=False),
+        Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+        Column("content_type", Text, nullable=False),
+        Column("lane", SmallInteger, nullable=False),
+        Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+        Column("deliver_at", DateTime(timezone=True), nullable=False),
+    )
+    Index("producer_scheduled_due", scheduled.c.deliver_at, scheduled.c.id)
     # Rows of producer_queue that can never be delivered, moved out of the relay's way
     # (migration 0004); requeue moves them back with their id.
     Table(

@@ -17,6 +17,7 @@ import psycopg
 from outbox.core.envelope import OutgoingMessage
 from outbox.core.errors import DuplicateMessageId, SchemaNotMigrated
 from outbox.core.headers import to_json
+from outbox.core.schedule import Due
 from outbox.core.text import first_line
 from outbox.postgres import sessions
 from outbox.postgres.queries import channel, queries
@@ -34,6 +35,16 @@ def send_params(messages: Sequence[OutgoingMessage], channel: str) -> dict[str, 
         "lanes": [m.lane for m in messages],
         "channel": channel,
     }
+
+
+def send_later_params(
+    messages: Sequence[OutgoingMessage], dues: Sequence[Due | None], channel: str
+) -> dict[str, Any]:
+    """Bind parameters of the `send_later` statement: `send`'s and each message's due time."""
+    params = send_params(messages, channel)
+    params["deliver_ats"] = [None if d is None else d.at for d in dues]
+    params["delays"] = [None if d is None else d.delay for d in dues]
+    return params
 
 
 def send_one_params(message: OutgoingMessage, channel: str) -> dict[str, Any]:
@@ -55,7 +66,8 @@ def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
     shown = ", ".join(str(m) for m in message_ids[:5])
     more = f" and {len(message_ids) - 5} more" if len(message_ids) > 5 else ""
     return DuplicateMessageId(
-        f"message id {shown}{more} is already in producer_queue (sent and not yet relayed): "
+        f"message id {shown}{more} is already in producer_queue or producer_scheduled (sent "
+        "and not yet relayed): "
         "each message needs an id of its own; nothing of this send was written"
     )
 
@@ -78,14 +90,22 @@ class Writer:
         self._send_generated = sql["send_generated"]
         self._send_one_generated = sql["send_one_generated"]
         self._undo = sql["send_undo"]
+        self._send_later, self._later_undo = sql["send_later"], sql["send_later_undo"]
+        self._cancel = sql["cancel"]
         self._channel = channel(schema, "producer_queue")
 
-    def write(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
-        """Insert `messages` (one statement) with the caller's sync handle `tx`."""
+    def write(
+        self,
+        tx: object,
+        messages: Sequence[OutgoingMessage],
+        dues: Sequence[Due | None] | None = None,
+    ) -> None:
+        """Insert `messages` (one statement) with the caller's sync handle `tx`; each due at
+        its `dues` entry (None: now)."""
         if not messages:
             return
         run = sessions.executor(tx)
-        sql, params = self._statement(messages)
+        sql, params, undo = self._statement(messages, dues)
         try:
             row = run(sql, params).fetchone()
         except Exception as exc:
@@ -99,15 +119,20 @@ class Writer:
         if refused is not None:
             ours, error = refused
             if ours:
-                run(self._undo, {"message_ids": ours})
+                run(undo, {"message_ids": ours})
             raise error
 
-    async def write_async(self, tx: object, messages: Sequence[OutgoingMessage]) -> None:
+    async def write_async(
+        self,
+        tx: object,
+        messages: Sequence[OutgoingMessage],
+        dues: Sequence[Due | None] | None = None,
+    ) -> None:
         """`write` with the caller's async handle."""
         if not messages:
             return
         run = await sessions.async_executor(tx)
-        sql, params = self._statement(messages)
+        sql, params, undo = self._statement(messages, dues)
         try:
             row = await sessions.fetch_one(await run(sql, params))
         except Exception as exc:
@@ -119,18 +144,49 @@ class Writer:
         if refused is not None:
             ours, error = refused
             if ours:
-                await run(self._undo, {"message_ids": ours})
+                await run(undo, {"message_ids": ours})
             raise error
 
-    def _statement(self, messages: Sequence[OutgoingMessage]) -> tuple[str, dict[str, Any]]:
-        """`send_one` for one message (plain VALUES), `send` for a batch; their `_generated`
-        forms, without the conflict check, when `compose` generated every id."""
+    def cancel(self, tx: object, message_id: Any) -> bool:
+        """Delete the scheduled message `message_id` in `tx`'s transaction: whether it was
+        there (then it never leaves)."""
+        try:
+            row = sessions.executor(tx)(self._cancel, {"message_id": message_id}).fetchone()
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
+        return bool(row[0])
+
+    async def cancel_async(self, tx: object, message_id: Any) -> bool:
+        """`cancel` with the caller's async handle."""
+        run = await sessions.async_executor(tx)
+        try:
+            row = await sessions.fetch_one(await run(self._cancel, {"message_id": message_id}))
+        except Exception as exc:
+            missing = self._not_migrated(exc)
+            if missing is None:
+                raise
+            raise missing from exc
+        return bool(row[0])
+
+    def _statement(
+        self, messages: Sequence[OutgoingMessage], dues: Sequence[Due | None] | None = None
+    ) -> tuple[str, dict[str, Any], str]:
+        """The statement, its parameters and the statement undoing a refused batch:
+        `send_later` when a message has a due time; else `send_one` for one message (plain
+        VALUES), `send` for a batch, and their `_generated` forms, without the conflict check,
+        when `compose` generated every id."""
+        if dues is not None and any(d is not None for d in dues):
+            params = send_later_params(messages, dues, self._channel)
+            return self._send_later, params, self._later_undo
         generated = all(m.id_generated for m in messages)
         if len(messages) == 1:
             sql = self._send_one_generated if generated else self._send_one
-            return sql, send_one_params(messages[0], self._channel)
+            return sql, send_one_params(messages[0], self._channel), self._undo
         sql = self._send_generated if generated else self._send
-        return sql, send_params(messages, self._channel)
+        return sql, send_params(messages, self._channel), self._undo
 
     @staticmethod
     def _refused(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 from uuid import UUID
@@ -62,6 +63,9 @@ class SentMessage(Generic[P]):
     raw_payload: bytes
     content_type: str
     headers: dict[str, str | bytes]
+    #: When the message is due, for one sent with `deliver_at` or `delay` (the database's
+    #: time); None for one due at once.
+    deliver_at: datetime | None = None
     _payload: Any = field(default=None, repr=False)
     _error: str | None = field(default=None, repr=False)
 
@@ -120,8 +124,10 @@ class Sent(Generic[P]):
         self._schema = validate_schema(schema)
         self._sql = queries(self._schema)
         self._table = f"{quote_ident(self._schema)}.producer_queue"
+        self._scheduled = f"{quote_ident(self._schema)}.producer_scheduled"
         self._serializer = serializer
-        self._mark: int | None = None
+        #: Where the sequences of producer_queue and producer_scheduled stood.
+        self._mark: tuple[int, int] | None = None
         self._messages: list[SentMessage[P]] | None = None
 
     # -- the block ----------------------------------------------------------------------------
@@ -131,7 +137,7 @@ class Sent(Generic[P]):
             raise UnsupportedTransaction(
                 f"{type(self._handle).__name__} is asynchronous: use `async with sent(...)`"
             )
-        self._mark = _first_value(_read(self._handle, self._sql["sent_mark"], self._params()))
+        self._mark = _marks(_read(self._handle, self._sql["sent_mark"], self._params()))
         return self
 
     def __exit__(
@@ -145,7 +151,7 @@ class Sent(Generic[P]):
 
     async def __aenter__(self) -> Sent[P]:
         rows = await _read_async(self._handle, self._sql["sent_mark"], self._params())
-        self._mark = _first_value(rows)
+        self._mark = _marks(rows)
         return self
 
     async def __aexit__(
@@ -158,12 +164,18 @@ class Sent(Generic[P]):
             self._keep(await _read_async(self._handle, self._sql["sent_rows"], self._params()))
 
     def _params(self) -> dict[str, Any]:
-        return {"table": self._table, "after": self._mark}
+        after, after_scheduled = self._mark or (None, None)
+        return {
+            "table": self._table,
+            "scheduled": self._scheduled,
+            "after": after,
+            "after_scheduled": after_scheduled,
+        }
 
     def _keep(self, rows: list[tuple[Any, ...]]) -> None:
         wanted = _by_name(self._topics)
         messages: list[SentMessage[P]] = []
-        for message_id, topic, key, payload, headers, content_type in rows:
+        for message_id, topic, key, payload, headers, content_type, deliver_at in rows:
             if wanted is not None and topic not in wanted:
                 continue
             declared = wanted.get(topic) if wanted is not None else None
@@ -178,6 +190,7 @@ class Sent(Generic[P]):
                     raw_payload=raw,
                     content_type=content_type,
                     headers=from_json(stored),
+                    deliver_at=deliver_at,
                     _payload=value,
                     _error=error,
                 )
@@ -334,8 +347,8 @@ def _head(raw: bytes, limit: int = 60) -> str:
     return shown + ("…" if len(raw) > limit else "")
 
 
-def _first_value(rows: list[tuple[Any, ...]]) -> int:
-    return int(rows[0][0])
+def _marks(rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+    return int(rows[0][0]), int(rows[0][1])
 
 
 # -- reading through the caller's handle ------------------------------------------------------

@@ -28,6 +28,7 @@ SCENARIOS = {
     "w": "w. whole path, three daemons at once",
     "transports": "transports: Kafka (Tansu) and the PostgreSQL log side by side",
     "http": "http. outbox serve",
+    "delayed": "delayed. relay with due-later rows",
 }
 
 

@@ -92,6 +92,7 @@ def test_fresh_upgrade_matches_the_declared_schema(
         "alembic_version",
         "producer_queue",
         "producer_dead",
+        "producer_scheduled",
         "consumer_queue",
         "consumer_processed",
         "relay_state",

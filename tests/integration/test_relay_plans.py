@@ -247,3 +247,82 @@ def test_the_consumer_insert_probes_the_handled_ids_not_all_of_them(
         assert scan["Node Type"] != "Seq Scan", scan
         read = scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0)
         assert read <= 4, scan
+
+
+SCHEDULED = 20_000
+
+
+def _schedule(conn: psycopg.Connection[Any], count: int, delay: Any, prefix: str) -> None:
+    with conn.transaction():
+        Broker().send_many(
+            conn,
+            [
+                Message("plans.later", {"i": i}, key=f"{prefix}{i}", delay=delay)
+                for i in range(count)
+            ],
+        )
+
+
+def test_messages_due_later_are_not_read_by_the_fetch_nor_by_the_move_of_due_ones(
+    relay_session: psycopg.Connection[Any],
+) -> None:
+    """Many messages due later (decision 21): the relay's fetch reads `producer_queue`, where
+    they are not, as without them; the move of the due ones (`producer_promote`) reads the
+    index of due times from its start and stops after the due rows and the next later one,
+    with the table's statistics still saying it is empty; the rows it moves then leave
+    through the fetch like any other."""
+    from datetime import timedelta
+
+    _schedule(relay_session, SCHEDULED, timedelta(hours=1), "later")
+    _schedule(relay_session, 10, timedelta(microseconds=1), "due")  # due a microsecond later
+    _fill(relay_session, BATCH, "now")
+    row = relay_session.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = 'outbox.producer_scheduled'::regclass"
+    ).fetchone()
+    assert row is not None and row[0] <= 1, "the statistics should still say empty"
+    lanes = list(range(LANES))
+
+    fetch = _explain(
+        relay_session, sql["producer_fetch"], {"lanes": lanes, "limit": BATCH, "exclude": Ids([])}
+    )
+    assert not [n for n in fetch if n.get("Relation Name") == "producer_scheduled"], fetch
+    scans = [n for n in fetch if n.get("Alias") == "q"]
+    assert scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0) <= BATCH + 10
+
+    with relay_session.transaction():
+        nodes = _explain(relay_session, sql["producer_promote"], {"lanes": lanes, "limit": BATCH})
+        raise psycopg.Rollback()
+    shown = [
+        (
+            n["Node Type"],
+            n.get("Relation Name"),
+            n.get("Index Name"),
+            n.get("Actual Rows"),
+            n.get("Rows Removed by Filter"),
+        )
+        for n in nodes
+    ]
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], "\n".join(map(str, shown))
+    # The one sort is of the rows moved (into due-time order, for their new ids).
+    assert all(n["Actual Rows"] <= 10 for n in nodes if n["Node Type"] == "Sort"), shown
+    reads = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "producer_scheduled" and "Scan" in n["Node Type"]
+    ]
+    assert reads and all(n["Node Type"] != "Seq Scan" for n in reads), "\n".join(map(str, shown))
+    # The due rows and the first later one, not the 20,000 due later.
+    assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in reads) <= 100, reads
+    assert nodes[0]["Actual Rows"] == 1
+    # Its one sort (of the rows moved) costs 10^10 with sorts off: past jit_above_cost, JIT
+    # compiled the statement at every execution, 0.4 s each (the relay's session has none).
+    with relay_session.transaction():
+        row = relay_session.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql["producer_promote"],
+            {"lanes": lanes, "limit": BATCH},
+            prepare=False,
+        ).fetchone()
+        raise psycopg.Rollback()
+    assert row is not None and "JIT" not in row[0][0], row[0][0].get("JIT")
+    moved, due = OutboxStore("outbox").promote(relay_session, lanes, BATCH)
+    assert moved == 10 and due is not None and 3500 < due <= 3600

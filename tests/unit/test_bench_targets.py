@@ -15,7 +15,7 @@ def _row(scenario: str, variant: str, **metrics: float) -> dict[str, Any]:
 
 def test_an_empty_run_has_every_target_not_run() -> None:
     verdicts = targets.judge([])
-    assert len(verdicts) == len(targets.TARGETS) == 7
+    assert len(verdicts) == len(targets.TARGETS) == 9
     assert {v.verdict for v in verdicts} == {targets.NOT_RUN}
 
 
@@ -146,4 +146,27 @@ def test_results_and_the_markdown_section() -> None:
     assert lines[0] == "## Targets"
     line = next(x for x in lines if x.startswith("| whole path, one-INSERT"))
     assert "| 13,000 msg/s | 26,000 | 0.50 | met | w. whole path: per message |" in line
-    assert sum("| not run |" in x for x in lines) == 6
+    assert sum("| not run |" in x for x in lines) == 8
+
+
+def test_due_later_rows_need_nine_tenths_and_a_million_and_lateness_a_p99_under_50_ms() -> None:
+    def relay(ratio: float, scheduled: int) -> dict[str, Any]:
+        return {
+            "scenario": "delayed. relay with due-later rows",
+            "variant": f"{scheduled:,} due in an hour",
+            "metrics": {"scheduled": scheduled, "ratio": ratio},
+        }
+
+    def late(p99: float) -> dict[str, Any]:
+        return {
+            "scenario": "delayed. lateness at 1,000 due/s",
+            "variant": "10,000 due, 1,000/s",
+            "metrics": {"p50 ms": 3.0, "p99 ms": p99, "floor": 2.0},
+        }
+
+    def verdicts(*rows: dict[str, Any]) -> list[str]:
+        return [v.verdict for v in targets.judge(rows)[-2:]]
+
+    assert verdicts(relay(0.95, 1_000_000), late(20)) == [targets.MET, targets.MET]
+    assert verdicts(relay(0.95, 100_000), late(60)) == [targets.SMALLER, targets.MISSED]
+    assert verdicts(relay(0.85, 1_000_000)) == [targets.MISSED, targets.NOT_RUN]

@@ -5,10 +5,17 @@
 -- name: obs_producer_queue_stats
 -- Rows waiting to be relayed (pending or retrying, not dead) and the age in seconds of the
 -- oldest, 0 when none waits; reads the partial index of waiting rows. Then the dead rows,
--- which producer_fail moved to producer_dead (a small table: an operator empties it).
+-- which producer_fail moved to producer_dead (a small table: an operator empties it). Then
+-- the messages due later (producer_scheduled, migration 0008): how many, how many are due but
+-- not yet taken by a relay (overdue), and how long past its due time the most overdue is (0
+-- when none is): the first and the last read the index of due times from its start only.
 SELECT count(*),
        COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(created_at))), 0)::float8,
-       (SELECT count(*) FROM {schema}.producer_dead)
+       (SELECT count(*) FROM {schema}.producer_dead),
+       (SELECT count(*) FROM {schema}.producer_scheduled),
+       (SELECT count(*) FROM {schema}.producer_scheduled WHERE deliver_at <= now()),
+       (SELECT COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(deliver_at))), 0)::float8
+        FROM {schema}.producer_scheduled)
 FROM {schema}.producer_queue
 WHERE dead_at IS NULL;
 

@@ -30,6 +30,18 @@ FROM (
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
+-- name: ops_status_scheduled
+-- Messages due later (producer_scheduled, migration 0008) per topic: how many, how many are
+-- due already but not yet moved to producer_queue by a relay (overdue: none runs, or it is
+-- behind), the next due time and the seconds until it (negative: overdue).
+SELECT topic, count(*) AS rows,
+       count(*) FILTER (WHERE deliver_at <= now()) AS overdue,
+       min(deliver_at) AS next_due_at,
+       EXTRACT(EPOCH FROM min(deliver_at) - now())::float8 AS next_due_in
+FROM {schema}.producer_scheduled
+GROUP BY topic
+ORDER BY topic;
+
 -- name: ops_status_consumer
 -- Per topic and state: rows and the age (seconds) of the oldest by received_at (processed
 -- messages: by processed_at, when they were handled).

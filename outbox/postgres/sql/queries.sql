@@ -90,6 +90,81 @@ SELECT count(*) AS inserted,
         LIMIT 1) IS NOT NULL AS notified
 FROM inserted;
 
+-- name: send_later
+-- A batch of which some messages have a due time (`Broker.send(..., deliver_at=, delay=)`;
+-- migration 0008, decision 21). A message's due time is its `deliver_at` as given, else now()
+-- plus its delay: the database's clock, never the client's. A message due later goes to
+-- producer_scheduled, where the relay's fetch never reads it, and wakes no relay (the relay
+-- looks at the next due time itself, at least every poll interval); one due now (no due time,
+-- or a deliver_at already past) goes to producer_queue and wakes a sleeping relay as `send`
+-- does. An id that a row of either table has is skipped, as `send` says, and the statement
+-- returns how many it inserted and, when that is not all of them, their ids, which the caller
+-- deletes again (`send_later_undo`) before raising DuplicateMessageId.
+WITH m AS (
+    SELECT r.message_id, r.topic, r.key, r.payload, r.headers, r.content_type, r.lane,
+           COALESCE(r.at, now() + r.delay) AS due
+    FROM unnest(
+        CAST(%(message_ids)s AS uuid[]),
+        CAST(%(topics)s AS text[]),
+        CAST(%(keys)s AS bytea[]),
+        CAST(%(payloads)s AS bytea[]),
+        CAST(%(headers)s AS jsonb[]),
+        CAST(%(content_types)s AS text[]),
+        CAST(%(lanes)s AS smallint[]),
+        CAST(%(deliver_ats)s AS timestamptz[]),
+        CAST(%(delays)s AS interval[])
+    ) AS r(message_id, topic, key, payload, headers, content_type, lane, at, delay)
+), now_rows AS (
+    INSERT INTO {schema}.producer_queue
+        (message_id, topic, key, payload, headers, content_type, lane)
+    SELECT message_id, topic, key, payload, headers, content_type, lane
+    FROM m
+    WHERE (m.due IS NULL OR m.due <= now())
+      AND NOT EXISTS (SELECT 1 FROM {schema}.producer_scheduled s
+                      WHERE s.message_id = m.message_id)
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
+), later_rows AS (
+    INSERT INTO {schema}.producer_scheduled
+        (message_id, topic, key, payload, headers, content_type, lane, deliver_at)
+    SELECT message_id, topic, key, payload, headers, content_type, lane, due
+    FROM m
+    WHERE m.due > now()
+      AND NOT EXISTS (SELECT 1 FROM {schema}.producer_queue q WHERE q.message_id = m.message_id)
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
+), ids AS (
+    SELECT message_id FROM now_rows UNION ALL SELECT message_id FROM later_rows
+)
+SELECT (SELECT count(*) FROM ids) AS inserted,
+       CASE WHEN (SELECT count(*) FROM ids) < cardinality(CAST(%(message_ids)s AS uuid[]))
+            THEN ARRAY(SELECT message_id FROM ids) END AS inserted_ids,
+       (SELECT pg_notify(%(channel)s, '')
+        FROM {schema}.relay_state
+        WHERE queue = 'producer' AND sleeping AND EXISTS (SELECT 1 FROM now_rows)
+        LIMIT 1) IS NOT NULL AS notified;
+
+-- name: send_later_undo
+-- The rows a `send_later` of which some ids were taken did insert, deleted again.
+WITH q AS (
+    DELETE FROM {schema}.producer_queue WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]))
+)
+DELETE FROM {schema}.producer_scheduled
+WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]));
+
+-- name: cancel
+-- Take back a message that has not left: delete it from producer_scheduled, in the caller's
+-- transaction. Only a message still scheduled can be taken back for sure: one in
+-- producer_queue (sent without a due time, or moved there when it fell due) may be on its way
+-- to the transport right now, since the relay does not lock the rows it sends; it is left
+-- alone and the statement says 0 (decision 21). A relay that moves the row at the same moment
+-- (`producer_promote`, SKIP LOCKED) either skips it, while this transaction holds it, or has
+-- moved it first: this DELETE then waits for it and deletes nothing.
+WITH gone AS (
+    DELETE FROM {schema}.producer_scheduled WHERE message_id = %(message_id)s RETURNING 1
+)
+SELECT count(*) FROM gone;
+
 -- name: send_undo
 -- The rows a `send` of which some ids were taken did insert: deleted again in the caller's
 -- transaction, so that the refused send wrote nothing.
@@ -229,6 +304,49 @@ WHERE q.attempts > 0 AND q.dead_at IS NULL AND q.lane = ANY(%(lanes)s)
       WHERE e.lane = q.lane AND e.key = q.key AND e.attempts > 0 AND e.dead_at IS NULL
         AND e.id < q.id
   );
+
+-- name: producer_promote
+-- Move the scheduled messages of the owned lanes that fell due (producer_scheduled, migration
+-- 0008) into producer_queue, at most `limit`, in due-time order (send order for the same due
+-- time): each gets a new id there, so it joins its key's rows behind every one already
+-- waiting, and ahead of every one sent later; a key in retry holds it as any other row
+-- (decision 21). It keeps its created_at (when it was sent). SKIP LOCKED: a row a caller's
+-- `cancel` holds is left to that transaction. An id that a row of producer_queue took
+-- meanwhile (a send without a due time under the same message id) is not moved twice: the
+-- inbox would drop it as a redelivery anyway. Returns the rows moved and the seconds until
+-- the next one of the lanes falls due (NULL when none waits; negative: due already, left by
+-- the limit). With a limit of 0 it moves nothing: the look of a parked relay.
+WITH due AS (
+    SELECT id
+    FROM {schema}.producer_scheduled
+    WHERE deliver_at <= now() AND lane = ANY(%(lanes)s)
+    ORDER BY deliver_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    -- By id, looked up: a join with `due`, or `IN` its query, read the whole table when the
+    -- statistics said it was small (the plans test).
+    DELETE FROM {schema}.producer_scheduled s
+    WHERE s.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING s.id, s.message_id, s.topic, s.key, s.payload, s.headers, s.content_type,
+              s.lane, s.created_at, s.deliver_at
+), inserted AS (
+    INSERT INTO {schema}.producer_queue
+        (message_id, topic, key, payload, headers, content_type, lane, created_at)
+    SELECT message_id, topic, key, payload, headers, content_type, lane, created_at
+    FROM moved
+    ORDER BY deliver_at, id
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved),
+       EXTRACT(EPOCH FROM (
+           SELECT s.deliver_at
+           FROM {schema}.producer_scheduled s
+           WHERE s.lane = ANY(%(lanes)s) AND s.id NOT IN (SELECT id FROM due)
+           ORDER BY s.deliver_at, s.id
+           LIMIT 1
+       ) - now());
 
 -- name: producer_delete
 -- The ids come as one bigint[] in text form (OutboxStore's Ids: built in one join).

@@ -245,6 +245,11 @@ class MemoryOutboxSession(MemoryRelaySession):
         self._live()
         return self.queue.next_due(lanes)
 
+    def promote(self, lanes: list[int], limit: int) -> tuple[int, float | None]:
+        """Nothing is ever scheduled in memory (`MemoryOutbox.send` has no due time)."""
+        self._live()
+        return 0, None
+
     def delete(self, ids: Sequence[int]) -> None:
         self._live()
         with self.queue.lock:
