@@ -476,3 +476,46 @@ def test_psql_sends_in_a_migrated_schema_of_its_own(
     assert [(str(m.id), m.payload, m.key, m.headers.get("x-origin")) for m in received] == [
         (sent, {"invoice": 1}, b"customer-9", "psql")
     ]
+
+
+# -- due later (migration 0012): as Broker.send(..., deliver_at=...) -------------------------
+
+SCHEDULED = "message_id, topic, key, payload, headers, content_type, lane, deliver_at"
+
+
+def test_a_send_due_later_waits_in_producer_scheduled_as_python_writes_it(
+    outbox_database_url: str,
+) -> None:
+    url = outbox_database_url
+    with psycopg.connect(url) as conn, conn.transaction():
+        due = conn.execute("SELECT now() + interval '1 hour'").fetchone()[0]  # type: ignore[index]
+        by_sql = conn.execute(
+            "SELECT outbox.send('later', %s, 'k', NULL, NULL, NULL, %s)",
+            (Jsonb({"n": 1}), due),
+        ).fetchone()[0]  # type: ignore[index]
+        by_python = broker.send(conn, "later", {"n": 1}, key="k", deliver_at=due)
+        past = conn.execute(
+            "SELECT outbox.send('later', %s, deliver_at => now() - interval '1 minute')",
+            (Jsonb({"n": 2}),),
+        ).fetchone()[0]  # type: ignore[index]
+    with psycopg.connect(url) as conn:
+        scheduled = {
+            r[0]: r[1:]
+            for r in conn.execute(f"SELECT {SCHEDULED} FROM outbox.producer_scheduled").fetchall()
+        }
+        queued = [r[0] for r in conn.execute("SELECT message_id FROM outbox.producer_queue")]
+    assert set(scheduled) == {by_sql, by_python}
+    assert scheduled[by_sql] == scheduled[by_python]  # the same row, the same due time
+    assert queued == [past]  # a due time already past means now
+    with psycopg.connect(url) as conn, conn.transaction():
+        assert broker.cancel(conn, by_sql) is True  # Python takes back what SQL scheduled
+    with psycopg.connect(url) as conn:
+        with pytest.raises(psycopg.errors.UniqueViolation) as refused:
+            conn.execute(
+                "SELECT outbox.send('later', '1', message_id => %s, deliver_at => %s)",
+                (by_python, due),
+            )
+    assert refused.value.diag.message_detail == "DuplicateMessageId"
+    with psycopg.connect(url) as conn:
+        left = conn.execute("SELECT message_id FROM outbox.producer_scheduled").fetchall()
+    assert left == [(by_python,)]  # the cancel committed; the duplicate wrote nothing
