@@ -20,6 +20,7 @@ from outbox import __version__, settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     Parser,
+    add_budget,
     add_databases,
     add_kafka,
     add_log,
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_databases(consumer)
     add_routing(consumer)
+    add_budget(consumer)
     add_kafka(consumer)
     add_transport(consumer)
     add_runtime(consumer)

@@ -29,6 +29,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, load_handlers
 from outbox.core.headers import TENANT_HEADER
 from outbox.core.redact import remember_secrets, secrets_of_settings, secrets_of_url
+from outbox.daemons.budget import Budget
 from outbox.daemons.consumer import Consumer, Subscription
 from outbox.daemons.handler.config import check_async_support
 from outbox.daemons.handler.runner import HandlerRunner
@@ -191,6 +192,7 @@ class App:
         self._transport: transports.Transport | None = None
         #: The in-memory stores and transport of `App.in_memory()` (None otherwise).
         self.memory: InMemory | None = None
+        self._budget: Budget | None = None
         found = settings.transport
         for database in settings.databases.fixed:
             remember_secrets(secrets_of_url(database.url))
@@ -364,6 +366,14 @@ class App:
             )
         return Subscription(group=group, topics=topics, handled=handled)
 
+    def budget(self) -> Budget | None:
+        """The process's connection budget, shared by every part this app makes (None: no
+        `max_connections`, or one database alone)."""
+        databases = self.settings.databases
+        if self._budget is None and databases.max_connections and databases.routed:
+            self._budget = Budget(databases.max_connections)
+        return self._budget
+
     def routing(self) -> Routing | None:
         """The consumer's routing over the databases (None: one database, no routing)."""
         databases = self.settings.databases
@@ -380,6 +390,7 @@ class App:
             fixed=databases.fixed,
             databases_file=databases.file,
             schema=databases.schema,
+            budget=self.budget(),
         )
 
     def consumer(self) -> Consumer:
@@ -396,7 +407,7 @@ class App:
         shown: dict[str, Any] = {"group": subscription.group, "topics": subscription.topics}
         if routing is not None:
             shown["routing"] = repr(routing)
-        return Consumer(
+        consumer = Consumer(
             self.settings.consumer,
             subscribers,
             probe,
@@ -406,6 +417,8 @@ class App:
             routing=routing,
             observer=self.observer("consumer", **shown),
         )
+        self._export_budget(consumer.observability)
+        return consumer
 
     def handler(self, database: Database | None = None) -> HandlerRunner:
         """The Handler of `database` (default: the one database of the settings)."""
@@ -448,6 +461,7 @@ class App:
             default_schema=databases.schema,
             activity=None if activity is None else activity(tuning.connect_timeout),
             watch_interval=tuning.poll_interval,
+            budget=self.budget(),
         )
 
     def _of_many(self) -> App:
@@ -463,6 +477,7 @@ class App:
             probe=self._probe,
         )
         quiet._transport = self._transport
+        quiet._budget = self.budget()
         return quiet
 
     def _producers(self) -> Supervised[Producer]:
@@ -505,7 +520,15 @@ class App:
             publishers,
         )
         holder.append(part)
+        self._export_budget(part.observability)
         return part
+
+    def _export_budget(self, observability: Observability) -> None:
+        """The budget and who holds it in `observability`'s metrics (/readyz has them from the
+        supervisor)."""
+        budget = self.budget()
+        if budget is not None and budget.size is not None:
+            observability.metrics.connection_budget(budget.size, budget.holders)
 
     def _handlers_part(self) -> Supervised[HandlerRunner]:
         """One Handler relay (and its workers) per database."""
@@ -516,7 +539,7 @@ class App:
             return quiet.handler(database)
 
         supervisor = self._supervisor("handler", make, lambda relay: relay.serve_database())
-        return Supervised(
+        part = Supervised(
             supervisor,
             Observability(
                 "handler",
@@ -529,3 +552,5 @@ class App:
             ),
             [lambda: check_async_support(handlers)],
         )
+        self._export_budget(part.observability)
+        return part
