@@ -165,3 +165,59 @@ def test_a_handler_over_ten_active_tenants_holds_at_most_its_budget(
         for key in range(4):
             ns = [b["n"] for b in bodies if b["n"] % 4 == key]
             assert ns == sorted(ns), f"{name} key k{key} out of order"
+
+
+def test_a_routing_consumer_over_ten_tenants_holds_at_most_its_budget(
+    outbox_database_factory: DatabaseFactory, outbox_admin_url: str
+) -> None:
+    """The consumer's connection per database is taken from the budget (3 here): records of
+    a database waiting for one wait in memory, idle databases give theirs back, all stored."""
+    from outbox.core.databases import Database
+    from outbox.core.headers import TENANT_HEADER
+    from outbox.daemons.budget import Budget
+    from outbox.daemons.consumer import Consumer, ConsumerConfig, Subscription
+    from outbox.daemons.routing import Routing
+    from outbox.postgres.inbox import APPLICATION_NAME
+    from outbox.runtime import postgres_stores
+    from outbox.testing.memory import InMemoryTransport
+
+    from .relay_helpers import running
+
+    tenants = {f"c{i}": outbox_database_factory() for i in range(TENANTS)}
+    transport = InMemoryTransport()
+    transport.create_topic("orders", 3)
+    for n in range(200):
+        tenant = f"c{n % TENANTS}"
+        transport.append("orders", b"k%d" % (n % 7), b"%d" % n, [(TENANT_HEADER, tenant.encode())])
+    budget = Budget(3)
+    consumer = Consumer(
+        ConsumerConfig(batch_size=20, poll_timeout=0.05, connect_timeout=5),
+        lambda: transport.subscriber(["orders"], "g"),
+        subscription=Subscription(group="g", topics=["orders"]),
+        inbox=postgres_stores().inboxes,
+        routing=Routing(
+            databases=tuple(Database(name, url, "outbox") for name, url in tenants.items()),
+            quarantine="c0",
+            budget=budget,
+        ),
+    )
+
+    def stored(url: str) -> list[int]:
+        with psycopg.connect(url) as conn:
+            rows = conn.execute(
+                "SELECT payload FROM outbox.consumer_queue ORDER BY source_partition, source_offset"
+            ).fetchall()
+        return [int(bytes(row[0])) for row in rows]
+
+    with (
+        _sampled(
+            outbox_admin_url, list(tenants.values()), APPLICATION_NAME.removeprefix("outbox-")
+        ) as samples,
+        running(consumer),
+    ):
+        for url in tenants.values():
+            wait_for(lambda url=url: len(stored(url)) == 20, 60, "every tenant stored", 0.1)
+    assert max(samples) <= 3 and budget.peak <= 3, (max(samples), budget.peak)
+    assert max(samples) >= 1
+    for index, url in enumerate(tenants.values()):
+        assert sorted(stored(url)) == list(range(index, 200, TENANTS))  # once each
