@@ -514,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("fairness", "idle", "scale"), default=None)
     parser.add_argument("--scale", default="10,100", help="the scale run's tenant counts")
     parser.add_argument("--budget", type=int, default=80, help="scale: --max-connections")
-    parser.add_argument("--flood", type=int, default=50_000, help="scale: the noisy tenant's")
+    parser.add_argument(
+        "--flood", type=int, default=50_000, help="scale: the noisy tenant's messages"
+    )
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="outbox-tenants-"))
     with start_servers(base) as servers:
