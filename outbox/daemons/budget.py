@@ -8,10 +8,11 @@ Contract (docs/how-to/many-databases.md, "A connection budget"):
   worker's session while holding its own: no deadlock), a parked relay's short look, a start-up
   check, the consumer's connection per database. Never more than `size` at once.
 - Short of connections, a database waits for one (first come, first served), it does not fail.
-  While one waits, the holder idle longest is asked to give its connections back (`should_yield`:
-  a relay parks, the consumer closes that database's connection); when none is idle, the one
-  that has held its connections longest gives them back after its batch in hand, once it held
-  them `FAIR_HOLD` seconds, and waits behind the others: busy databases take turns.
+  While some wait, the holders idle longest, one per waiter, are asked to give their
+  connections back (`should_yield`: a relay parks, the consumer closes that database's
+  connection); when none is idle, those that have held their connections longest give them back
+  after their batch in hand, once they held them `FAIR_HOLD` seconds, and wait behind the
+  others: busy databases take turns.
 - `holders()` says who holds what, for /readyz and the `outbox_connections` metric.
 """
 
@@ -160,19 +161,24 @@ class Budget:
             return len(self._waiting)
 
     def should_yield(self, holding: Holding) -> bool:
-        """Whether `holding` should give its connections back now: someone waits and it is the
-        holder idle longest, or, none being idle, the busy one holding longest, past
-        `FAIR_HOLD`."""
+        """Whether `holding` should give its connections back now: holders wait and it is among
+        the holders idle longest, one per waiter, or, none being idle, among the busy ones
+        holding longest, past `FAIR_HOLD`."""
         with self._cond:
             if not self._waiting or holding.count == 0:
                 return False
             waiters = {id(one) for one, _ in self._waiting}
             held = [one for one in self._holdings if one.count and id(one) not in waiters]
             idle = [one for one in held if one.idle_since is not None and not one.busy]
+            wanted = len(self._waiting)
             if idle:
-                return min(idle, key=lambda one: one.idle_since or 0.0) is holding
-            ready = [one for one in held if time.monotonic() - one.since >= FAIR_HOLD]
-            return bool(ready) and min(ready, key=lambda one: one.since) is holding
+                idle.sort(key=lambda one: one.idle_since or 0.0)
+                return any(one is holding for one in idle[:wanted])
+            now = time.monotonic()
+            ready = sorted(
+                (one for one in held if now - one.since >= FAIR_HOLD), key=lambda one: one.since
+            )
+            return any(one is holding for one in ready[:wanted])
 
     def holders(self) -> dict[str, int]:
         """Connections held now per database (summed over its holders)."""

@@ -409,8 +409,9 @@ class LaneRelay(Generic[Row, S]):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            # Short slices keep SIGTERM prompt; a notification ends the wait at once.
-            if conn.notified(min(remaining, 0.2)):
+            # Short slices keep SIGTERM prompt; a notification ends the wait at once, and so
+            # does another database waiting for this relay's connections (it parks then).
+            if conn.notified(min(remaining, 0.2)) or self._should_yield():
                 return
 
     def _rebalance(self, conn: S) -> None:

@@ -72,3 +72,23 @@ def test_the_holder_idle_longest_yields_then_the_busy_one_held_longest(
 
 def test_a_handler_runs_fewer_workers_than_the_budget() -> None:
     assert Budget(3).fits(4) == 3 and Budget(None).fits(4) == 4
+
+
+def test_as_many_idle_holders_yield_as_there_are_waiters() -> None:
+    budget = Budget(3)
+    holders = [budget.holding(f"h{i}", "handler") for i in range(3)]
+    for age, holding in zip((30, 20, 10), holders, strict=True):
+        assert budget.try_acquire(holding)
+        holding.idle_since = time.monotonic() - age
+    waiters = [budget.holding(f"w{i}", "handler") for i in range(2)]
+    threads = [threading.Thread(target=budget.acquire, args=(w,)) for w in waiters]
+    for thread in threads:
+        thread.start()
+    while budget.waiting() < 2:
+        time.sleep(0.01)
+    assert [budget.should_yield(h) for h in holders] == [True, True, False]
+    budget.release(holders[0])
+    budget.release(holders[1])
+    for thread in threads:
+        thread.join(5)
+    assert budget.holders() == {"h2": 1, "w0": 1, "w1": 1}
