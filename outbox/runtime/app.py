@@ -524,11 +524,13 @@ class App:
         return part
 
     def _export_budget(self, observability: Observability) -> None:
-        """The budget and who holds it in `observability`'s metrics (/readyz has them from the
-        supervisor)."""
+        """The budget and who holds it in `observability`'s metrics and /readyz (the
+        supervisors' /readyz lines end with it; the consumer's is it)."""
         budget = self.budget()
         if budget is not None and budget.size is not None:
             observability.metrics.connection_budget(budget.size, budget.holders)
+            if observability.health.report is None:  # the consumer's: the supervisors' say it
+                observability.health.report = budget.describe
 
     def _handlers_part(self) -> Supervised[HandlerRunner]:
         """One Handler relay (and its workers) per database."""

@@ -409,6 +409,8 @@ def test_the_parts_of_one_process_share_one_connection_budget() -> None:
     assert budget is not None and budget.size == 3
     assert producers.supervisor.budget is budget and handling.supervisor.budget is budget
     assert consumer.routing is not None and consumer.routing.budget is budget
+    report = consumer.observability.health.report
+    assert report is not None and report() == "connections: 0 of 3"  # /readyz's tail
     relay = app._of_many().handler(databases.fixed[0])
     relay.budget = budget
     assert relay.footprint() == 3 and relay.concurrency() == 2  # of --concurrency 4
