@@ -12,9 +12,18 @@ Two questions, each with the real daemons as separate processes:
    (`--idle-disconnect 0`) and parked (`--idle-disconnect 2`, after they parked; the activity
    watch looking every second, and every 5 seconds); parked, the wake-up: one message to a
    tenant parked for a while, every 2 s, from its commit to its relay (producer_queue empty).
+3. Scale (`--only scale`, `--scale 10,100`). One producer, one consumer and one handler over N
+   tenant databases (each tenant's outbox and inbox in its own database, a quarantine database
+   of its own), each daemon with `--max-connections` (`--budget`): the start-up (launch to
+   every tenant's first message handled), each daemon's peak connections, RSS and threads,
+   the commit-to-handled latency at 0.5 msg/s per tenant (p50, p99 over all, and the worst
+   tenant's p99), the same while one tenant floods `--flood` messages, and the wake-up of
+   tenants parked for a while (commit to handled, 10 of them, 2 s apart). Issue 36's targets
+   beside them.
 
-`python -m benchmarks.tenants [--backlog N] [--databases N] [--seconds S]` starts its own
-PostgreSQL and broker (the test harness) and prints a Markdown table.
+`python -m benchmarks.tenants [--backlog N] [--databases N] [--seconds S] [--only scale
+--scale 10,100 --budget 80 --flood 50000]` starts its own PostgreSQL and broker (the test
+harness) and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.harness import Context, Result, markdown, percentiles
-from outbox import Broker
+from benchmarks.latency_handlers import SCHEMA as LATENCY_SCHEMA
+from outbox import Broker, Message
 from outbox.core.lanes import lane_for
+from outbox.testing.plugin import TANSU_CONSUMER_SETTINGS
 
 #: Seconds the parked relays are left before their cost is measured: their own looks grow
 #: apart (1.5 times each) for about this long before they reach their slowest.
@@ -290,6 +301,207 @@ def idle_cost(ctx: Context, databases: int, seconds: float) -> list[Result]:
     return results
 
 
+#: Issue 36's targets for the scale run.
+SCALE_TARGETS = (
+    "start-up <= 60 s; p99 < 1000 ms per tenant at 0.5 msg/s; <= 150 connections per daemon; "
+    "parked wake-up p50 <= 2000 ms; others' p99 < 1000 ms while one tenant floods 50,000"
+)
+
+
+def _proc(pid: int) -> tuple[float, int]:
+    """RSS (MiB) and threads of process `pid`."""
+    rss, threads = 0.0, 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return rss, threads
+
+
+def _by_daemon(admin_url: str) -> dict[str, int]:
+    with psycopg.connect(admin_url) as conn:
+        rows = conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'outbox-%' GROUP BY 1"
+        ).fetchall()
+    return {str(name): int(n) for name, n in rows}
+
+
+def _send_one(url: str, tenant: str, topic: str) -> tuple[str, float]:
+    with psycopg.connect(url) as conn, conn.transaction():
+        mid = Broker(tenant=tenant).send(conn, topic, {"t": tenant}, key=f"{tenant}-k")
+        committed = time.time()
+    return str(mid), committed
+
+
+def _arrivals(urls: dict[str, str]) -> dict[str, float]:
+    """message id -> handled time (the callback's clock), over every tenant."""
+    seen: dict[str, float] = {}
+    for url in urls.values():
+        with psycopg.connect(url) as conn:
+            for mid, started in conn.execute("SELECT message_id, started FROM arrivals"):
+                seen[str(mid)] = float(started)
+    return seen
+
+
+def _steady(
+    urls: dict[str, str], topic: str, seconds: float, rate: float = 0.5
+) -> dict[str, tuple[str, float]]:
+    """Every tenant sends `rate` messages a second for `seconds`, spread evenly: message id ->
+    (tenant, commit time)."""
+    sent: dict[str, tuple[str, float]] = {}
+    names = list(urls)
+    gap = 1.0 / (rate * len(names))
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < seconds:
+        name = names[n % len(names)]
+        mid, committed = _send_one(urls[name], name, topic)
+        sent[mid] = (name, committed)
+        n += 1
+        delay = start + n * gap - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    return sent
+
+
+def _latencies(
+    urls: dict[str, str], sent: dict[str, tuple[str, float]], timeout: float = 120
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Commit-to-handled ms of `sent`, overall and per tenant (waiting up to `timeout`)."""
+    deadline = time.monotonic() + timeout
+    seen = _arrivals(urls)
+    while any(mid not in seen for mid in sent) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        seen = _arrivals(urls)
+    per: dict[str, list[float]] = {}
+    for mid, (name, committed) in sent.items():
+        if mid in seen:
+            per.setdefault(name, []).append((seen[mid] - committed) * 1000)
+    return [v for values in per.values() for v in values], per
+
+
+def _summary(
+    prefix: str, everything: list[float], per: dict[str, list[float]], sent: int
+) -> dict[str, float]:
+    overall = percentiles(everything)
+    worst = max((percentiles(v)["p99"] for v in per.values()), default=float("nan"))
+    return {
+        f"{prefix} p50 ms": overall["p50"],
+        f"{prefix} p99 ms": overall["p99"],
+        f"{prefix} worst tenant p99 ms": worst,
+        f"{prefix} handled": len(everything),
+        f"{prefix} sent": sent,
+    }
+
+
+def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Result:
+    """One producer, consumer and handler over `n` tenant databases (see the module)."""
+    topic = ctx.new_topic("tenants-scale", 8)
+    template_url = ctx.new_database()
+    with psycopg.connect(template_url) as conn:
+        conn.execute(LATENCY_SCHEMA)
+    template = template_url.rsplit("/", 1)[1]
+    urls = {f"t{i}": _copy(ctx, template) for i in range(n)}
+    quarantine = _copy(ctx, template)
+    file = ctx.out_dir / f"scale-{n}.txt"
+    file.write_text("".join(f"{name}={url}\n" for name, url in urls.items()))
+    common = ("--databases-file", str(file), "--max-connections", str(budget))
+    relays = ("--idle-disconnect", "10")
+    log = ctx.out_dir / f"tenants-scale-{n}.log"
+    env_topic = {"LATENCY_TOPIC": topic}
+    os.environ.update(env_topic)
+    launched = time.time()
+    processes = {
+        "producer": _daemon("producer", *common, *relays, "--kafka-bootstrap", ctx.bootstrap, log=log),
+        "consumer": _daemon(
+            "consumer", *common, "--kafka-bootstrap", ctx.bootstrap, "--topic", topic,
+            "--group", f"g-{topic}", "--quarantine-database", f"q={quarantine}",
+            "--kafka-config", "fetch.wait.max.ms=50",
+            *(f"--kafka-config={k}={v}" for k, v in TANSU_CONSUMER_SETTINGS.items()), log=log,
+        ),
+        "handler": _daemon(
+            "handler", "benchmarks.latency_handlers:handlers", *common, *relays, "--concurrency", "1",
+            log=log,
+        ),
+    }  # fmt: skip
+    peaks: dict[str, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            for name, count in _by_daemon(ctx.admin_url).items():
+                peaks[name] = max(peaks.get(name, 0), count)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    metrics: dict[str, float] = {"tenants": n, "budget per daemon": budget}
+    try:
+        first = {name: _send_one(url, name, topic) for name, url in urls.items()}
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            seen = _arrivals(urls)
+            if all(mid in seen for mid, _ in first.values()):
+                break
+            time.sleep(0.5)
+        metrics["start-up s (all handled)"] = (
+            max((seen.get(mid, float("nan")) for mid, _ in first.values()), default=float("nan"))
+            - launched
+        )
+        sent = _steady(urls, topic, seconds)
+        everything, per = _latencies(urls, sent)
+        metrics.update(_summary("0.5 msg/s", everything, per, len(sent)))
+        for daemon, process in processes.items():
+            rss, threads = _proc(process.pid)
+            metrics[f"{daemon} RSS MiB"] = rss
+            metrics[f"{daemon} threads"] = threads
+        # A noisy neighbour: t0 floods while the others keep sending.
+        noisy = urls["t0"]
+        quiet = {name: url for name, url in urls.items() if name != "t0"}
+        with psycopg.connect(noisy) as conn:
+            broker = Broker(tenant="t0")
+            for start in range(0, flood, 5000):
+                with conn.transaction():
+                    broker.send_many(
+                        conn,
+                        [
+                            Message(topic, {"n": i}, key=f"f{i % 64}")
+                            for i in range(start, min(flood, start + 5000))
+                        ],
+                    )
+        sent = _steady(quiet, topic, seconds)
+        everything, per = _latencies(quiet, sent)
+        metrics.update(_summary("beside a flood", everything, per, len(sent)))
+        # Parked tenants: every relay idle for its --idle-disconnect (10 s) and more.
+        time.sleep(25.0)
+        woken = []
+        for i in range(10):
+            name = list(quiet)[(i * 7) % len(quiet)]
+            mid, committed = _send_one(urls[name], name, topic)
+            handled = None
+            until = time.monotonic() + 60
+            while handled is None and time.monotonic() < until:
+                with psycopg.connect(urls[name]) as conn:
+                    row = conn.execute(
+                        "SELECT started FROM arrivals WHERE message_id = %s", (mid,)
+                    ).fetchone()
+                handled = float(row[0]) if row else None
+                time.sleep(0.02)
+            if handled is not None:
+                woken.append((handled - committed) * 1000)
+            time.sleep(2.0)
+        metrics.update({f"parked wake-up {k} ms": v for k, v in percentiles(woken).items()})
+    finally:
+        stop.set()
+        sampler.join(5)
+        for process in processes.values():
+            _stop(process)
+    for daemon in processes:
+        metrics[f"{daemon} connections (peak)"] = peaks.get(f"outbox-{daemon}", 0)
+    return Result("tenants scale", f"{n} tenants, --max-connections {budget}", metrics)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Fairness and idle cost of one producer and one handler over many databases."""
     from benchmarks.harness import machine
@@ -299,7 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backlog", type=int, default=1_000_000, help="the busy tenant's rows")
     parser.add_argument("--databases", type=int, default=50, help="idle databases")
     parser.add_argument("--seconds", type=float, default=10.0, help="each measurement's length")
-    parser.add_argument("--only", choices=("fairness", "idle"), default=None)
+    parser.add_argument("--only", choices=("fairness", "idle", "scale"), default=None)
+    parser.add_argument("--scale", default="10,100", help="the scale run's tenant counts")
+    parser.add_argument("--budget", type=int, default=80, help="scale: --max-connections")
+    parser.add_argument(
+        "--flood", type=int, default=50_000, help="scale: the noisy tenant's messages"
+    )
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="outbox-tenants-"))
     with start_servers(base) as servers:
@@ -309,7 +526,12 @@ def main(argv: list[str] | None = None) -> int:
             results += fairness(ctx, args.backlog, args.seconds)
         if args.only in (None, "idle"):
             results += idle_cost(ctx, args.databases, args.seconds)
+        if args.only in (None, "scale"):
+            for n in (int(part) for part in args.scale.split(",")):
+                results.append(scale(ctx, n, args.seconds, args.budget, args.flood))
         print(markdown(results, machine(servers), False))
+        if args.only in (None, "scale"):
+            print(f"\nIssue 36's targets: {SCALE_TARGETS}")
     return 0
 
 

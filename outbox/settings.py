@@ -67,6 +67,7 @@ HEALTH_HOST = "OUTBOX_HEALTH_HOST"
 LIVENESS_TIMEOUT = "OUTBOX_LIVENESS_TIMEOUT"
 WAIT_FOR_DATABASE = "OUTBOX_WAIT_FOR_DATABASE"
 LOG_INTERVAL = "OUTBOX_LOG_INTERVAL"
+MAX_CONNECTIONS = "OUTBOX_MAX_CONNECTIONS"
 
 # -- OpenTelemetry's own, read by `outbox.tracing` ------------------------------------------
 OTEL_TRACER_PROVIDER = "OTEL_PYTHON_TRACER_PROVIDER"
@@ -320,6 +321,12 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         LOG_INTERVAL,
         "seconds summed into one INFO line of a daemon's batches (0: a line per batch); the "
         "default of `--log-interval` (else 10)",
+        DAEMONS,
+    ),
+    EnvironmentVariable(
+        MAX_CONNECTIONS,
+        "with several databases: the most connections a process holds to its databases at "
+        "once, shared by its daemons; the default of `--max-connections` (else 0: unlimited)",
         DAEMONS,
     ),
     EnvironmentVariable(

@@ -469,6 +469,23 @@ def add_many(parser: argparse.ArgumentParser) -> None:
         "connection after --poll-interval, then less and less often up to every 10 times "
         "--poll-interval (no NOTIFY wake-up meanwhile). 0: never (default 60)",
     )
+    add_budget(parser)
+
+
+def add_budget(parser: argparse.ArgumentParser) -> None:
+    """The connection budget of a process serving several databases."""
+    parser.add_argument(
+        "--max-connections",
+        type=flag_type("count_or_zero", settings.MAX_CONNECTIONS),
+        default=os.environ.get(settings.MAX_CONNECTIONS, "0"),
+        metavar="N",
+        help="with several databases: the most connections the process holds to its databases "
+        "at once (relays, a handler's workers, the consumer's, shared by the daemons of "
+        "`outbox run`); short of them a database waits for one, the database idle longest "
+        "gives its own back first, busy ones take turns, and a handler runs at most N-1 "
+        f"workers per database (env {settings.MAX_CONNECTIONS}; at least 2; "
+        "default 0: unlimited)",
+    )
 
 
 def add_routing(parser: argparse.ArgumentParser) -> None:
@@ -564,6 +581,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
             schema=schema,
             turns=getattr(args, "database_turns", 2),
             idle_disconnect=getattr(args, "idle_disconnect", 60.0),
+            max_connections=getattr(args, "max_connections", 0),
             route_header=getattr(args, "route_header", None),
             quarantine=getattr(args, "quarantine_database", None),
         ),

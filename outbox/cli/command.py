@@ -20,6 +20,7 @@ from outbox import __version__, settings
 from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     Parser,
+    add_budget,
     add_databases,
     add_log,
     add_logging,
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_databases(consumer)
     add_routing(consumer)
+    add_budget(consumer)
     add_transport(consumer, "consumer")
     add_runtime(consumer)
     add_topics(consumer, "topics to consume, comma-separated; repeatable")

@@ -35,6 +35,7 @@ from outbox.core.databases import Database
 from outbox.core.ids import process_id
 from outbox.core.lanes import LANES
 from outbox.core.naps import AWAKE_AFTER
+from outbox.daemons.budget import Budget, Holding
 from outbox.daemons.outages import Outage
 from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
@@ -134,6 +135,13 @@ class LaneRelay(Generic[Row, S]):
         self._wake = threading.Event()
         self._parked_seen = time.monotonic()
         self._waits_seen = 0
+        #: Serving one of several databases under a connection budget: the process's budget
+        #: and what this relay holds of it (outbox/daemons/budget.py).
+        self.budget: Budget | None = None
+        self.holding: Holding | None = None
+        #: The relay gave its connections back to a database waiting for some (not parked:
+        #: it had rows, it asks again at once, behind the others).
+        self.yielded = False
 
     # -- for subclasses ------------------------------------------------------------------------
 
@@ -186,6 +194,31 @@ class LaneRelay(Generic[Row, S]):
     def park(self) -> None:
         """The relay parked: release what it holds besides its connection (workers' sessions)."""
 
+    def footprint(self) -> int:
+        """The connections the relay holds while connected (its own; the handler's workers'
+        sessions too), taken from the budget together."""
+        return 1
+
+    def held(self, count: int = 1) -> AbstractContextManager[bool]:
+        """Hold `count` connections of the process's budget for the block (waiting for them);
+        False when the relay stops meanwhile. Without a budget: always True, at once."""
+        if self.budget is None or self.holding is None:
+            return nullcontext(True)
+        return self.budget.held(
+            self.holding, count, stopping=lambda: self.stopping, beat=self.heartbeat.beat
+        )
+
+    def _should_yield(self) -> bool:
+        budget, holding = self.budget, self.holding
+        return budget is not None and holding is not None and budget.should_yield(holding)
+
+    def _idle(self, since: float | None) -> None:
+        """Tell the budget since when the relay found no rows (None: it is busy)."""
+        holding = self.holding
+        if holding is not None:
+            holding.idle_since = since
+            holding.busy = since is None
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -233,11 +266,15 @@ class LaneRelay(Generic[Row, S]):
                         continue
                     self.parked = False
                     log.debug("%s found rows: back to its lanes", self.kind)
-                conn = self.connect()
-                with conn:
-                    self._serve(conn)
-                if self.parked:
-                    self.park()
+                with self.held(self.footprint()) as taken:
+                    if not taken:
+                        continue  # stopping
+                    self.yielded = False
+                    conn = self.connect()
+                    with conn:
+                        self._serve(conn)
+                    if self.parked or self.yielded:
+                        self.park()
             except Exception as exc:
                 self.lanes.clear()
                 delay = self.outage.failed(exc)  # raises what retrying cannot fix
@@ -246,13 +283,17 @@ class LaneRelay(Generic[Row, S]):
             self._leave_parked()
 
     def _rows_waiting(self) -> bool:
-        """A parked relay's look, on a connection of its own that it closes; every
-        `PARKED_SEEN` seconds it also says it is still there (its parked row is kept)."""
-        with self.connect() as conn:
-            if time.monotonic() - self._parked_seen >= PARKED_SEEN:
-                conn.parked_seen()
-                self._parked_seen = time.monotonic()
-            waiting = self.peek(conn)
+        """A parked relay's look, on a connection of its own that it closes (within the
+        process's connection budget); every `PARKED_SEEN` seconds it also says it is still there
+        (its parked row is kept)."""
+        with self.held() as taken:
+            if not taken:
+                return False  # stopping
+            with self.connect() as conn:
+                if time.monotonic() - self._parked_seen >= PARKED_SEEN:
+                    conn.parked_seen()
+                    self._parked_seen = time.monotonic()
+                waiting = self.peek(conn)
         self.outage.recovered()
         return waiting
 
@@ -307,6 +348,13 @@ class LaneRelay(Generic[Row, S]):
                     if busy_since is None:
                         busy_since = looked
                     idle_since = time.monotonic()
+                    self._idle(None)
+                    if self._should_yield():
+                        # Another database waits for connections and this one held them
+                        # longest: give them back after this batch, ask again behind it.
+                        self.yielded = True
+                        log.debug("%s gives its connections to a waiting database", self.kind)
+                        return
                     if sleeping and time.monotonic() - busy_since >= AWAKE_AFTER:
                         # Sustained load (outbox/core/naps.py): writers stop notifying. After
                         # the rows, not before: the flag only spares writers a NOTIFY, and a
@@ -325,6 +373,7 @@ class LaneRelay(Generic[Row, S]):
                         idle_step += 1
                     continue
                 busy_since = None
+                self._idle(idle_since)
                 if not sleeping:
                     # Announce the nap, then look once more: a row committed before the flag
                     # was visible to its writer would otherwise wait for the next poll. Only
@@ -338,7 +387,7 @@ class LaneRelay(Generic[Row, S]):
                 if (
                     self.idle_disconnect is not None
                     and time.monotonic() - idle_since >= self.idle_disconnect
-                ):
+                ) or self._should_yield():
                     self.parked = True  # serve_forever looks for rows without a connection
                     self.parked_interval = self.poll_interval
                     self._parked_seen = time.monotonic()
@@ -393,8 +442,9 @@ class LaneRelay(Generic[Row, S]):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            # Short slices keep SIGTERM prompt; a notification ends the wait at once.
-            if conn.notified(min(remaining, 0.2)):
+            # Short slices keep SIGTERM prompt; a notification ends the wait at once, and so
+            # does another database waiting for this relay's connections (it parks then).
+            if conn.notified(min(remaining, 0.2)) or self._should_yield():
                 return
 
     def _rebalance(self, conn: S) -> None:

@@ -50,6 +50,7 @@ from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
 from outbox.core.retriable import database_error, refused_for_data
 from outbox.core.text import first_line, storable
 from outbox.core.wire import from_raw_json
+from outbox.daemons.budget import Budget, Holding
 from outbox.daemons.outages import Outage
 from outbox.observability.logs import LimitedLog
 from outbox.ports import InboxWriter, InboxWriters, InboxWriterSession
@@ -103,6 +104,10 @@ class Routing:
     #: `databases`: it stores only the records no tenant can be chosen for, and a record naming
     #: it as its tenant is one of those.
     dedicated: Database | None = None
+    #: The process's connection budget (outbox/daemons/budget.py): each database's connection
+    #: is taken from it, and an idle one given back when another database waits; None:
+    #: unlimited.
+    budget: Budget | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         validate_tenant_header(self.header)
@@ -241,6 +246,9 @@ class _Sink:
     last_used: float = 0.0
     #: Its records are not kept (beyond the memory bound) until they are read again.
     dropping: bool = False
+    #: Under a connection budget: the process's, and what this database holds of it.
+    budget: Budget | None = None
+    holding: Holding | None = None
 
     @property
     def failing(self) -> bool:
@@ -248,17 +256,27 @@ class _Sink:
 
     def close(self) -> None:
         if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None
+                self.release()
         if self.connecting is not None:
             # Whatever the connector opens for it now is closed once opened.
-            self.connecting.add_done_callback(_close_opened)
+            self.connecting.add_done_callback(self._close_opened)
             self.connecting = None
 
+    def release(self) -> None:
+        """Give its connection back to the budget."""
+        if self.budget is not None and self.holding is not None:
+            self.budget.release(self.holding)
 
-def _close_opened(future: Future[InboxWriterSession]) -> None:
-    if not future.cancelled() and future.exception() is None:
-        future.result().close()
+    def _close_opened(self, future: Future[InboxWriterSession]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            try:
+                future.result().close()
+            finally:
+                self.release()
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -378,6 +396,9 @@ class Router:
             if current is not None:
                 current.close()
             remember_secrets(secrets_of_url(database.url))
+            budget = self.routing.budget
+            if current is not None and budget is not None and current.holding is not None:
+                budget.forget(current.holding)
             self.sinks[database.name] = _Sink(
                 database,
                 self._inbox(
@@ -385,6 +406,8 @@ class Router:
                 ),
                 Outage(f"cannot store records in database {database.name!r}", log),
                 pending=current.pending if current is not None else [],
+                budget=budget,
+                holding=None if budget is None else budget.holding(database.name, "consumer"),
             )
             if current is None and self.home:
                 log.info("database %r is now served", database.name)
@@ -392,6 +415,8 @@ class Router:
         self._dedicated = self.routing.dedicated.name if self.routing.dedicated else None
         for sink in removed:
             sink.close()
+            if sink.budget is not None and sink.holding is not None:
+                sink.budget.forget(sink.holding)
             log.info("database %r is no longer served", sink.database.name)
             for piece in sink.pending:
                 self.held -= piece.size
@@ -627,13 +652,27 @@ class Router:
             return conn
         if sink.connecting is None:
             sink.close()
-            sink.connecting = self._connectors.submit(sink.writer.connect, checked=True)
+            sink.connecting = self._connectors.submit(self._open, sink)
             return None
         if not sink.connecting.done():
             return None
         opening, sink.connecting = sink.connecting, None
         sink.conn = opening.result()  # raises the connect's error
         return sink.conn
+
+    def _open(self, sink: _Sink) -> InboxWriterSession:
+        """A connector's work: the database's connection, taken from the budget first (waiting
+        for one, off the loop)."""
+        budget, holding = sink.budget, sink.holding
+        if budget is not None and holding is not None:
+            if not budget.acquire(holding, stopping=lambda: self.consumer.stopping):
+                raise DatabaseUnavailable("the consumer is stopping")
+            try:
+                return sink.writer.connect(checked=True)
+            except BaseException:
+                budget.release(holding)
+                raise
+        return sink.writer.connect(checked=True)
 
     def _opened(self) -> None:
         """Take the connections the connectors opened since the last turn; a failed one is
@@ -684,10 +723,25 @@ class Router:
         return self._subscriber_factory()
 
     def _close_idle(self) -> None:
+        """Close the connections unused for `idle_timeout`, and, while another database waits
+        for a connection of the budget, the one idle longest if it is this consumer's."""
         limit = time.monotonic() - self.routing.idle_timeout
         for sink in self.sinks.values():
             if sink.conn is not None and not sink.pending and sink.last_used < limit:
                 sink.close()
+        budget = self.routing.budget
+        if budget is None or not budget.waiting():
+            return
+        open_ = [s for s in self.sinks.values() if s.conn is not None and s.holding is not None]
+        for sink in open_:
+            assert sink.holding is not None
+            sink.holding.busy = bool(sink.pending)
+            sink.holding.idle_since = None if sink.pending else sink.last_used
+        for sink in open_:
+            assert sink.holding is not None
+            if not sink.pending and budget.should_yield(sink.holding):
+                sink.close()
+                return
 
     # -- offsets --------------------------------------------------------------------------
 
@@ -719,6 +773,8 @@ class Router:
         """Start connecting to every database at once (the connectors open them while the
         consumer joins its group): one that fails is logged (and retried when it has records to
         store), not fatal."""
+        if self.routing.budget is not None and self.routing.budget.size is not None:
+            return  # under a budget: connected when records come (taken then, given back)
         for sink in self.sinks.values():
             self._connection(sink)
 

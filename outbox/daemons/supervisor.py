@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -36,6 +37,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
 from outbox.core.retry import Backoff
 from outbox.core.text import first_line
+from outbox.daemons.budget import Budget, Holding
 from outbox.daemons.outages import Outage
 from outbox.daemons.turns import Turns
 from outbox.observability.health import Heartbeat
@@ -68,6 +70,8 @@ class DatabaseRelay(Protocol):
     idle_disconnect: float | None
     parked: bool
     watched: bool
+    budget: Budget | None
+    holding: Holding | None
 
     def check_database(self, wait: float = 0.0) -> None: ...
     def stop(self) -> None: ...
@@ -131,6 +135,7 @@ class Supervisor(Generic[R]):
         default_schema: str = "outbox",
         activity: ActivityWatch | None = None,
         watch_interval: float = 1.0,
+        budget: Budget | None = None,
     ) -> None:
         self.kind = kind
         self._make = make
@@ -155,6 +160,8 @@ class Supervisor(Generic[R]):
         self.activity = activity
         self.watch_interval = watch_interval
         self._watch_log = LimitedLog(log, interval=DATABASE_LOG_INTERVAL)
+        #: The process's connection budget (outbox/daemons/budget.py), None: unlimited.
+        self.budget = budget
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -265,6 +272,9 @@ class Supervisor(Generic[R]):
         relay = self._make(database)
         relay.turns = self.turns
         relay.idle_disconnect = self.idle_disconnect
+        if self.budget is not None:
+            relay.budget = self.budget
+            relay.holding = self.budget.holding(database.name, self.kind)
         relay.outage.what = f"{self.kind} of database {database.name} lost its connection"
         workers = getattr(relay, "workers_outage", None)
         if isinstance(workers, Outage):
@@ -300,7 +310,10 @@ class Supervisor(Generic[R]):
         relay = served.relay
         while not relay.stopping:
             try:
-                relay.check_database()
+                with self._held(relay) as taken:
+                    if not taken:
+                        break  # stopping
+                    relay.check_database()
                 served.state = "serving"
                 served.outage.recovered()
                 self._serve(relay)
@@ -313,6 +326,14 @@ class Supervisor(Generic[R]):
                     relay.heartbeat.beat()
                     time.sleep(0.1)
         served.state = "stopped"
+
+    def _held(self, relay: R) -> AbstractContextManager[bool]:
+        """A connection of the budget for `relay`'s check (True at once without a budget)."""
+        if self.budget is None or relay.holding is None:
+            return nullcontext(True)
+        return self.budget.held(
+            relay.holding, stopping=lambda: relay.stopping, beat=relay.heartbeat.beat
+        )
 
     def _join(self, served: Served[R]) -> None:
         thread = served.thread
@@ -330,6 +351,8 @@ class Supervisor(Generic[R]):
         self._join(served)
         with self._lock:
             self._served.pop(name, None)
+        if self.budget is not None and served.relay.holding is not None:
+            self.budget.forget(served.relay.holding)
         metrics = self.observability.metrics if self.observability is not None else None
         forget = getattr(metrics, "forget_database", None)
         if forget is not None:
@@ -402,4 +425,7 @@ class Supervisor(Generic[R]):
         """How each database fares, for /readyz."""
         with self._lock:
             served = sorted(self._served.values(), key=lambda one: one.database.name)
-        return "databases: " + ", ".join(one.describe() for one in served)
+        text = "databases: " + ", ".join(one.describe() for one in served)
+        if self.budget is not None:
+            text += "; " + self.budget.describe()
+        return text

@@ -65,6 +65,22 @@ METRICS: tuple[MetricInfo, ...] = (
         _LANE_RELAYS,
     ),
     MetricInfo(
+        "outbox_connection_budget",
+        "gauge",
+        (),
+        "with several databases and --max-connections: the most connections the process may "
+        "hold to its databases",
+        per_database=False,
+    ),
+    MetricInfo(
+        "outbox_connections",
+        "gauge",
+        ("database",),
+        "with several databases and --max-connections: the connections of the process's budget "
+        "each database holds now",
+        per_database=False,
+    ),
+    MetricInfo(
         "outbox_seconds_since_progress",
         "gauge",
         (),
@@ -299,6 +315,10 @@ class Metrics:
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         """One Handler batch: what its workers did."""
 
+    def connection_budget(self, size: int, holders: Callable[[], Mapping[str, int]]) -> None:
+        """Export the process's connection budget (`size`) and who holds it (`holders`: the
+        connections per database, read at each scrape)."""
+
     def queue_stats(
         self,
         queue: str,
@@ -410,6 +430,26 @@ class PrometheusMetrics(Metrics):
             self._duration = _histogram(
                 registry, prometheus, "outbox_handler_duration_seconds", HANDLER_BUCKETS
             )
+
+    def connection_budget(self, size: int, holders: Callable[[], Mapping[str, int]]) -> None:
+        from prometheus_client.core import GaugeMetricFamily
+
+        infos = {m.name: m for m in METRICS}
+        budget, held = infos["outbox_connection_budget"], infos["outbox_connections"]
+
+        class _Budget:
+            def collect(self) -> Iterable[Any]:
+                yield GaugeMetricFamily(budget.name, budget.help, value=size)
+                family = GaugeMetricFamily(held.name, held.help, labels=held.labels)
+                for name, count in sorted(holders().items()):
+                    family.add_metric([name], count)
+                yield family
+
+            def describe(self) -> Iterable[Any]:
+                return []
+
+        with suppress(ValueError):  # registered once per registry
+            self.registry.register(_Budget())
 
     def for_database(self, name: str, lanes: Callable[[], int] | None = None) -> Metrics:
         """The metrics of database `name` of a daemon serving several: its series labelled

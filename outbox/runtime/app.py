@@ -29,6 +29,7 @@ from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, load_handlers
 from outbox.core.headers import TENANT_HEADER
 from outbox.core.redact import remember_secrets, secrets_of_url
+from outbox.daemons.budget import Budget
 from outbox.daemons.consumer import Consumer, Subscription
 from outbox.daemons.handler.config import check_async_support
 from outbox.daemons.handler.runner import HandlerRunner
@@ -191,6 +192,7 @@ class App:
         self._transport: transports.Transport[Any] | None = None
         #: The in-memory stores and transport of `App.in_memory()` (None otherwise).
         self.memory: InMemory | None = None
+        self._budget: Budget | None = None
         for database in settings.databases.fixed:
             remember_secrets(secrets_of_url(database.url))
         self._entry: transports.Transport[Any] | None = None
@@ -386,6 +388,14 @@ class App:
             )
         return Subscription(group=group, topics=topics, handled=handled)
 
+    def budget(self) -> Budget | None:
+        """The process's connection budget, shared by every part this app makes (None: no
+        `max_connections`, or one database alone)."""
+        databases = self.settings.databases
+        if self._budget is None and databases.max_connections and databases.routed:
+            self._budget = Budget(databases.max_connections)
+        return self._budget
+
     def routing(self) -> Routing | None:
         """The consumer's routing over the databases (None: one database, no routing)."""
         databases = self.settings.databases
@@ -402,6 +412,7 @@ class App:
             fixed=databases.fixed,
             databases_file=databases.file,
             schema=databases.schema,
+            budget=self.budget(),
         )
 
     def consumer(self) -> Consumer:
@@ -421,7 +432,7 @@ class App:
         shown: dict[str, Any] = {"group": subscription.group, "topics": subscription.topics}
         if routing is not None:
             shown["routing"] = repr(routing)
-        return Consumer(
+        consumer = Consumer(
             self.settings.consumer,
             subscribers,
             probe,
@@ -431,6 +442,8 @@ class App:
             routing=routing,
             observer=self.observer("consumer", **shown),
         )
+        self._export_budget(consumer.observability)
+        return consumer
 
     def handler(self, database: Database | None = None) -> HandlerRunner:
         """The Handler of `database` (default: the one database of the settings)."""
@@ -473,6 +486,7 @@ class App:
             default_schema=databases.schema,
             activity=None if activity is None else activity(tuning.connect_timeout),
             watch_interval=tuning.poll_interval,
+            budget=self.budget(),
         )
 
     def _of_many(self) -> App:
@@ -489,6 +503,7 @@ class App:
         )
         quiet._transport = self._transport
         quiet._entry = self._entry
+        quiet._budget = self.budget()
         return quiet
 
     def _producers(self) -> Supervised[Producer]:
@@ -531,7 +546,17 @@ class App:
             publishers,
         )
         holder.append(part)
+        self._export_budget(part.observability)
         return part
+
+    def _export_budget(self, observability: Observability) -> None:
+        """The budget and who holds it in `observability`'s metrics and /readyz (the
+        supervisors' /readyz lines end with it; the consumer's is it)."""
+        budget = self.budget()
+        if budget is not None and budget.size is not None:
+            observability.metrics.connection_budget(budget.size, budget.holders)
+            if observability.health.report is None:  # the consumer's: the supervisors' say it
+                observability.health.report = budget.describe
 
     def _handlers_part(self) -> Supervised[HandlerRunner]:
         """One Handler relay (and its workers) per database."""
@@ -542,7 +567,7 @@ class App:
             return quiet.handler(database)
 
         supervisor = self._supervisor("handler", make, lambda relay: relay.serve_database())
-        return Supervised(
+        part = Supervised(
             supervisor,
             Observability(
                 "handler",
@@ -555,3 +580,5 @@ class App:
             ),
             [lambda: check_async_support(handlers)],
         )
+        self._export_budget(part.observability)
+        return part

@@ -61,6 +61,9 @@ class Databases:
     turns: int = 2
     #: With several databases: seconds without rows after which a relay parks (0: never).
     idle_disconnect: float = 60.0
+    #: With several databases: the most connections the process holds to them at once
+    #: (outbox/daemons/budget.py), shared by its daemons; 0: unlimited. At least 2.
+    max_connections: int = 0
     #: The header naming a record's database (tenant); given, routing is on with one database too.
     route_header: str | None = None
     #: When routing: the database that stores what cannot be routed, the NAME of one served or
@@ -70,7 +73,19 @@ class Databases:
 
     def __post_init__(self) -> None:
         _validate_schema(self.schema)
-        check_fields(self, {"turns": "threads", "idle_disconnect": "seconds_or_zero"})
+        check_fields(
+            self,
+            {
+                "turns": "threads",
+                "idle_disconnect": "seconds_or_zero",
+                "max_connections": "count_or_zero",
+            },
+        )
+        if self.max_connections == 1:
+            raise ConfigurationError(
+                "max_connections must be 0 (unlimited) or at least 2 (a handler's relay and "
+                "one worker), got 1"
+            )
         if self.route_header is not None:
             validate_tenant_header(self.route_header)
         if self.quarantine is not None and self.quarantine_database() is None:

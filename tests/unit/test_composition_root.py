@@ -385,3 +385,37 @@ def test_run_and_consumer_without_a_quarantine_database_say_so_in_one_line(
         assert err.count("\n") == 1 and err.startswith("outbox: error: routing records by tenant")
         assert "needs --quarantine-database NAME" in err
         assert "(one of acme, b, or one of its own, NAME=URL)" in err
+
+
+def test_the_parts_of_one_process_share_one_connection_budget() -> None:
+    """`outbox run`: the producer's, the handler's and the consumer's connections come from
+    one budget of `max_connections`; a handler runs at most max_connections - 1 workers; 1 is
+    refused, 0 (the default) is none."""
+    from outbox import Handlers
+
+    handlers = Handlers()
+    handlers.handler("t")(lambda message, conn: None)
+    databases = replace(
+        Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
+        quarantine="globex",
+        max_connections=3,
+    )
+    settings = Settings(
+        databases=databases, transport=TransportSettings(kafka_bootstrap="k:9092"), group="g"
+    )
+    app = App(settings, handlers)
+    producers, handling = app.part("producer"), app.part("handler")
+    consumer = app.consumer()
+    assert isinstance(producers, Supervised) and isinstance(handling, Supervised)
+    budget = app.budget()
+    assert budget is not None and budget.size == 3
+    assert producers.supervisor.budget is budget and handling.supervisor.budget is budget
+    assert consumer.routing is not None and consumer.routing.budget is budget
+    report = consumer.observability.health.report
+    assert report is not None and report() == "connections: 0 of 3"  # /readyz's tail
+    relay = app._of_many().handler(databases.fixed[0])
+    relay.budget = budget
+    assert relay.footprint() == 3 and relay.concurrency() == 2  # of --concurrency 4
+    with pytest.raises(ConfigurationError, match="at least 2"):
+        replace(databases, max_connections=1)
+    assert App(replace(settings, databases=replace(databases, max_connections=0))).budget() is None

@@ -115,7 +115,9 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
     def serve_database(self) -> None:
         """Handle messages until `stop()`, its database checked (what a supervisor of several
         databases runs in each database's thread)."""
-        self._warn_unhandled_topics()
+        with self.held() as taken:
+            if taken:
+                self._warn_unhandled_topics()
         self._start_workers()
         try:
             self.serve_forever()
@@ -129,9 +131,20 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
                 self.outcomes.dead,
             )
 
+    def concurrency(self) -> int:
+        """The workers of this database: `concurrency`, fewer under a small connection budget
+        (its relay's connection and its workers' sessions are taken from it together)."""
+        budget = self.budget
+        if budget is None or budget.size is None:
+            return self.config.concurrency
+        return max(1, min(self.config.concurrency, budget.size - 1))
+
+    def footprint(self) -> int:
+        return 1 + self.concurrency()
+
     def _start_workers(self) -> None:
         if not self._workers:
-            self._workers = [self._worker(i) for i in range(self.config.concurrency)]
+            self._workers = [self._worker(i) for i in range(self.concurrency())]
 
     def _stop_workers(self) -> None:
         """Let the workers finish their group and close their sessions."""
