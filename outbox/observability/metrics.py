@@ -68,16 +68,16 @@ METRICS: tuple[MetricInfo, ...] = (
         "outbox_connection_budget",
         "gauge",
         (),
-        "with several databases and --max-connections: the most connections the process may "
-        "hold to its databases",
+        "the most connections the process may hold to its databases (several databases and "
+        "--max-connections)",
         per_database=False,
     ),
     MetricInfo(
         "outbox_connections",
         "gauge",
         ("database",),
-        "with several databases and --max-connections: the connections of the process's budget "
-        "each database holds now",
+        "the connections of the process's budget each database holds now (several databases "
+        "and --max-connections)",
         per_database=False,
     ),
     MetricInfo(

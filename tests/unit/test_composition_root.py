@@ -401,7 +401,7 @@ def test_the_parts_of_one_process_share_one_connection_budget() -> None:
         max_connections=3,
     )
     settings = Settings(
-        databases=databases, transport=TransportSettings(kafka_bootstrap="k:9092"), group="g"
+        databases=databases, transport=settings_of("kafka", kafka_bootstrap="k:9092"), group="g"
     )
     app = App(settings, handlers)
     producers, handling = app.part("producer"), app.part("handler")
