@@ -61,6 +61,8 @@ PARKED_WATCHED_SLOWDOWN = 30.0
 PARKED_JITTER = 0.2
 #: Seconds between a parked relay's "still there" (its row is forgotten after 10 minutes unseen).
 PARKED_SEEN = 60.0
+#: Seconds a relay stopping while parked waits for a connection of the budget to unregister.
+LEAVE_WAIT = 2.0
 #: The longest wait between a parked relay's own looks, whatever its poll interval: they say it
 #: is still there.
 PARKED_LONGEST = 240.0
@@ -298,11 +300,21 @@ class LaneRelay(Generic[Row, S]):
         return waiting
 
     def _leave_parked(self) -> None:
-        """A relay stopped while parked: its parked row goes (best effort: one left behind is
-        forgotten once it is not seen for a while)."""
+        """A relay stopped while parked: its parked row goes (best effort, within the process's
+        connection budget, waiting at most `LEAVE_WAIT` for a connection of it: one left behind
+        is forgotten once it is not seen for a while)."""
         try:
-            with self.connect() as conn:
-                conn.leave()
+            if self.budget is None or self.holding is None:
+                with self.connect() as conn:
+                    conn.leave()
+                return
+            deadline = time.monotonic() + LEAVE_WAIT
+            with self.budget.held(
+                self.holding, stopping=lambda: time.monotonic() > deadline
+            ) as taken:
+                if taken:
+                    with self.connect() as conn:
+                        conn.leave()
         except Exception as exc:
             log.debug("%s could not unregister its parked row: %s", self.kind, exc)
 
