@@ -127,6 +127,9 @@ class LaneRelay(Generic[Row, S]):
         self.watched = False
         #: Set by `stop` and `nudge`: ends a parked relay's wait.
         self._wake = threading.Event()
+        #: Whether the look about to be made follows a notification (rows were committed and
+        #: notified since the last one), not a timed poll; `work` may read it.
+        self.notified = False
         self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
@@ -286,7 +289,8 @@ class LaneRelay(Generic[Row, S]):
                         conn.set_sleeping(False)
                         sleeping = False
                     self.housekeeping(conn, busy=True)
-                    if sleeping and self._nothing_left() and not conn.notified(0):
+                    self.notified = False
+                    if sleeping and self._nothing_left() and not self._notified(conn, 0):
                         # The look would find nothing: every row committed since the fetch
                         # notified (the flag is set) and no notification came, none was held
                         # back for a retry, and the fetch came back short. Wait as after an
@@ -297,6 +301,7 @@ class LaneRelay(Generic[Row, S]):
                         idle_step += 1
                     continue
                 busy_since = None
+                self.notified = False
                 if not sleeping:
                     # Announce the nap, then look once more: a row committed before the flag
                     # was visible to its writer would otherwise wait for the next poll. Only
@@ -362,8 +367,13 @@ class LaneRelay(Generic[Row, S]):
             if remaining <= 0:
                 return
             # Short slices keep SIGTERM prompt; a notification ends the wait at once.
-            if conn.notified(min(remaining, 0.2)):
+            if self._notified(conn, min(remaining, 0.2)):
                 return
+
+    def _notified(self, conn: S, timeout: float) -> bool:
+        """`conn.notified(timeout)`, remembered in `notified` for the next look."""
+        self.notified = conn.notified(timeout)
+        return self.notified
 
     def _rebalance(self, conn: S) -> None:
         """Hold a fair share of the lanes: ceil(LANES / live relays of this kind)."""

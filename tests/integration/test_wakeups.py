@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -206,6 +207,50 @@ def test_a_handler_woken_for_a_few_rows_does_not_look_again_after_them(
             wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
             time.sleep(0.2)
     assert looks == [True, True, True], looks
+
+
+def test_a_woken_handler_claims_at_once_without_a_look_first(outbox_database_url: str) -> None:
+    """A notification says rows were committed: with its worker connected, the runner no
+    longer looks on its own session before the worker claims (that look cost every woken
+    message a round trip before its claim, issue 35). A timed poll still looks first."""
+    url = outbox_database_url
+    handlers = Handlers()
+    handled: list[bytes] = []
+
+    @handlers.handler("t.woken")
+    def on_woken(message: InboxMessage, conn: psycopg.Connection) -> None:
+        handled.append(message.raw_payload)
+
+    # One worker, so that the worker of the rows' lane is every worker (connected by the first).
+    with handler_thread(url, handlers, poll_interval=5, concurrency=1) as runner:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the handler to sleep")
+        put_inbox(url, "t.woken", [b'{"n": 0}'])  # the worker connects after a look
+        wait_for(lambda: len(handled) == 1, 10, "the first message")
+        time.sleep(1.0)  # idle, its quick polls over: only a wake-up is left
+        work = runner.work
+        looks: list[tuple[bool, int]] = []  # (notified, rows the look found) of each look
+
+        def counted(conn: Any, lanes: list[int]) -> bool:
+            fetch = conn.fetch
+
+            def looked(*args: Any) -> Any:
+                rows = fetch(*args)
+                looks.append((runner.notified, len(rows)))
+                return rows
+
+            conn.fetch = looked
+            try:
+                return bool(work(conn, lanes))
+            finally:
+                del conn.fetch
+
+        runner.work = counted
+        for n in range(1, 4):
+            put_inbox(url, "t.woken", [b'{"n": %d}' % n])
+            wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
+            time.sleep(0.2)
+    assert len(handled) == 4
+    assert not [look for look in looks if look[0]], looks
 
 
 def test_a_key_held_behind_a_retry_goes_on_as_soon_as_the_retry_succeeds(
