@@ -31,6 +31,7 @@ SCENARIOS = {
     "w": "benchmarks.whole_path",
     "spark": "benchmarks.spark_inbox",
     "transports": "benchmarks.transports",
+    "http": "benchmarks.serve_http",
 }
 
 

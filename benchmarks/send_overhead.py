@@ -173,12 +173,13 @@ def _measure(
 ) -> tuple[float, list[float]]:
     """One run of one variant (with the Producer relaying to Kafka meanwhile if `with_relay`),
     then the tables emptied for the next."""
-    from outbox.runtime import App, Databases, Settings, TransportSettings
+    from outbox import transports
+    from outbox.runtime import App, Databases, Settings
 
     relay = None
     thread = None
     if with_relay:
-        where = TransportSettings(kafka_bootstrap=ctx.bootstrap)
+        where = transports.settings_of("kafka", kafka_bootstrap=ctx.bootstrap)
         relay = App(Settings(databases=Databases.of(url), transport=where)).producer()
         thread = threading.Thread(target=relay.run, daemon=True)
         thread.start()

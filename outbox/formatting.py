@@ -1,6 +1,6 @@
 """How the operator tools show what `outbox.postgres.operations` returns: shared by the
-`outbox` command (outbox/cli/operator.py) and the console (outbox/console/), which is below the
-CLI and so cannot import it.
+`outbox` command (outbox/cli/status.py, dead_letters.py) and the console (outbox/console/),
+which is below the CLI and so cannot import it.
 
 Nothing here reads a database or prints. Times are shown in UTC; ages are short (`4m05s`);
 bytes (keys, payloads, headers) are text when they are printable UTF-8, else hex.
@@ -34,6 +34,18 @@ def timestamp(value: datetime | None) -> str | None:
 def when(value: datetime | None) -> str:
     """A time in UTC to the second (`2024-05-01 12:00:00Z`), `-` for None."""
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def process_state(process: ops.Process, taken_at: datetime) -> str:
+    """What a registered process is doing: busy, sleeping, gone (its session is), or parked
+    (idle for --idle-disconnect seconds) since when and for how long."""
+    if process.parked_since is not None:
+        since = process.parked_since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        parked_for = max(0.0, (taken_at - process.parked_since).total_seconds())
+        return f"parked since {since} ({age(parked_for)})"
+    if not process.alive:
+        return "gone"
+    return "sleeping" if process.sleeping else "busy"
 
 
 def age(seconds: float | None) -> str:
@@ -116,7 +128,7 @@ def count_json(count: ops.Count) -> dict[str, Any]:
 
 def status_json(status: ops.Status) -> dict[str, Any]:
     """The document of `outbox status --json` without the lag and the check (whose shape the
-    docstring of outbox/cli/operator.py gives); the console serves it too."""
+    docstring of outbox/cli/status.py gives); the console serves it too."""
     queues: dict[str, Any] = {}
     for q in status.queues:
         queues[q.queue] = {
@@ -151,6 +163,8 @@ def status_json(status: ops.Status) -> dict[str, Any]:
                 "alive": p.alive,
                 "seconds_since_update": round(p.since_update, 3),
                 "lanes": p.lanes,
+                "parked": p.parked,
+                "parked_since": timestamp(p.parked_since),
             }
             for p in status.processes
         ],

@@ -11,11 +11,11 @@ passes the daemons factories, stores and probes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self, TypeVar
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar
 
 from outbox.core.batches import InboxBatch, OutgoingRecord, Quarantined
 from outbox.core.databases import Database
@@ -94,6 +94,125 @@ class TransportProbe:
 
 PublisherFactory = Callable[[], Publisher]
 SubscriberFactory = Callable[[], Subscriber]
+
+
+# -- a transport's entry in the registry (outbox/transports.py) -------------------------------
+
+#: A transport's options object: a frozen dataclass its entry parses from flag values.
+Options = TypeVar("Options")
+
+#: Where a command's flags are added (`Transport.add_arguments`): a producer, a consumer,
+#: `outbox run` (both), or a command that only reads the transport (status, console, asyncapi).
+Role = Literal["producer", "consumer", "run", "reader"]
+
+
+class ArgumentAdder(Protocol):
+    """What `Transport.add_arguments` is given: an argparse parser (or argument group)."""
+
+    def add_argument(self, *names: str, **options: Any) -> Any: ...
+
+
+class ContractTransport(Protocol):
+    """What the transport contract suite (tests/transport/) drives: topics, publishers and
+    subscribers of one transport, and `settings` a process started by the test can be given
+    (`outbox.transports.TransportSettings`, or None for a transport that lives in one
+    process). `settle` is how long to keep polling after the expected records arrived."""
+
+    name: str
+    settle: float
+
+    def topic(self, partitions: int = 3) -> str: ...
+
+    def publisher(self) -> Publisher: ...
+
+    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber: ...
+
+    def settings(self) -> Any: ...
+
+    def close_all(self) -> None: ...
+
+
+class FixtureSource(Protocol):
+    """A pytest request: where a contract factory gets the servers it needs
+    (`getfixturevalue("outbox_kafka_bootstrap")`, ...)."""
+
+    def getfixturevalue(self, argname: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """The transport of a process: the registered transport's `name` (`--transport`), its
+    `options` (that transport's options object, parsed from its flags by its entry; None: its
+    defaults), where a new consumer group starts (`start`, `--start`; None: at the earliest
+    record), and the endpoint flags (with their variables) of other transports that were
+    given (`unused`: warned about at start, they are not used). Only the transport's entry
+    reads its options."""
+
+    name: str = "kafka"
+    options: Any = None
+    start: str | None = None
+    unused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Transport(Generic[Options]):
+    """A transport as the registry (outbox/transports.py) knows it, declared by its adapter
+    (outbox/kafka/transport.py, outbox/pglog/transport.py, ...): its name, its flags and the
+    options object they are parsed into, and how its parts are made from those options.
+
+    Nothing outside the adapter reads an options object's fields: the CLI adds the flags
+    (`add_arguments`) and parses them (`options_of`, from the parsed values by destination,
+    a missing one taking its default); the composition root, `status`, the console, AsyncAPI
+    and `drain` pass the options back to this entry's functions.
+
+    `make_publishers` and `make_subscribers` return factories for the daemons, with the probe
+    the daemon's readiness checks (None: the transport has none of its own; `probe` alone is
+    that probe); `check` is the start-up check (waiting up to `wait` seconds for a database the
+    transport lives in), raising an `OutboxError` with one line; `check_consumer` refuses,
+    with a `ConfigurationError`, consumer options the transport cannot honour. `secrets` are
+    the values of the options that are secret: they are masked wherever a line is printed
+    (outbox.core.redact). `features` say what the transport can do: "processes" (its records
+    are seen by other processes: it runs under the CLI's daemons and the contract cases that
+    cross processes), "start" (a new group can start elsewhere than the earliest record,
+    `--start`). `contract` makes the transport for the contract suite from a pytest request.
+    """
+
+    name: str
+    label: str
+    #: The flags of the transport, and its options parsed from their values.
+    add_arguments: Callable[[ArgumentAdder, Role], None]
+    options_of: Callable[[Mapping[str, Any]], Options]
+    #: Where the transport is (the endpoint's flag, its destination and variable), as given
+    #: ("" when not), and as logs and pages may show it (a URL's password masked).
+    endpoint: Callable[[Options], str]
+    endpoint_flag: str
+    endpoint_dest: str
+    endpoint_env: str
+    shown: Callable[[str], str]
+    #: (options, start): publishers; (options, group, topics, start): members of `group`
+    #: reading `topics`, a new group starting at `start` (None: the earliest record).
+    make_publishers: Callable[[Options], tuple[PublisherFactory, TransportProbe | None]]
+    make_subscribers: Callable[
+        [Options, str, Sequence[str], str | None],
+        tuple[SubscriberFactory, TransportProbe | None],
+    ]
+    probe: Callable[[Options], TransportProbe | None]
+    #: (options, timeout): reads the lag of consumer groups, each request within `timeout`.
+    lag_reader: Callable[[Options, float], LagReader]
+    #: The AsyncAPI `servers` of a service on this transport, and their security schemes.
+    asyncapi_servers: Callable[[Options], tuple[dict[str, Any], dict[str, Any]]]
+    check: Callable[[Options, float], None]
+    check_consumer: Callable[[Options], None]
+    #: What the operator tools say when the endpoint is not given: the console's lag note, and
+    #: why `outbox status --max-lag` cannot be checked.
+    lag_note: str
+    max_lag_needs: str
+    #: (options, kind, group): the settings in force a daemon of `kind` ("producer" or
+    #: "consumer") shows in its start-up line, not masked (the line masks `secrets`).
+    in_force: Callable[[Options, str, str], dict[str, Any]]
+    secrets: Callable[[Options], Iterable[str]]
+    features: frozenset[str] = frozenset()
+    contract: Callable[[FixtureSource], ContractTransport] | None = None
 
 
 # -- readiness: what a daemon's probes (outbox/observability/) ask of a database
@@ -210,8 +329,13 @@ class RelaySession(Protocol):
         """Register the relay as live and start receiving its queue's wake-ups."""
         ...
 
-    def leave(self) -> None:
-        """Unregister the relay (its lanes go with the session)."""
+    def leave(self, parked: bool = False) -> None:
+        """Unregister the relay (its lanes go with the session); `parked`: it parks (idle,
+        `--idle-disconnect`), listed as parked but counted by no relay sharing lanes."""
+        ...
+
+    def parked_seen(self) -> None:
+        """A parked relay's look (on a short-lived session): it is still there."""
         ...
 
     def set_sleeping(self, sleeping: bool) -> None:

@@ -36,6 +36,8 @@ QUARANTINE_DATABASE = "OUTBOX_QUARANTINE_DATABASE"
 
 # -- the transport: Kafka, or the PostgreSQL log (`outbox.pglog`) ---------------------------
 TRANSPORT = "OUTBOX_TRANSPORT"
+#: Modules that register transports of their own (outbox.transports.register), comma-separated.
+TRANSPORT_MODULES = "OUTBOX_TRANSPORT_MODULES"
 LOG_URL = "OUTBOX_LOG_URL"
 LOG_SCHEMA = "OUTBOX_LOG_SCHEMA"
 LOG_PARTITIONS = "OUTBOX_LOG_PARTITIONS"
@@ -51,6 +53,9 @@ CONSOLE_TOKEN = "OUTBOX_CONSOLE_TOKEN"
 CONSOLE_READ_ONLY = "OUTBOX_CONSOLE_READ_ONLY"
 CONSOLE_REFRESH = "OUTBOX_CONSOLE_REFRESH"
 CONSOLE_ASYNCAPI = "OUTBOX_CONSOLE_ASYNCAPI"
+SERVE_HOST = "OUTBOX_SERVE_HOST"
+SERVE_PORT = "OUTBOX_SERVE_PORT"
+SERVE_TOKENS_FILE = "OUTBOX_SERVE_TOKENS_FILE"
 
 # -- logs, metrics and health of the commands and daemons (`outbox.observability`) ----------
 LOG_LEVEL = "OUTBOX_LOG_LEVEL"
@@ -85,7 +90,8 @@ DAEMONS = "`outbox producer`, `outbox consumer`, `outbox handler`, `outbox run`"
 #: The commands that take `--kafka-config`.
 KAFKA_COMMANDS = (
     "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
-    "`outbox asyncapi`, `outbox spark consumer`, `outbox spark audit`, `outbox spark replay`"
+    "`outbox asyncapi`, `outbox serve`, `outbox spark consumer`, `outbox spark audit`, "
+    "`outbox spark replay`"
 )
 
 ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
@@ -99,7 +105,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "a file of databases, one `[NAME[/SCHEMA]=]URL` per line, served besides those of "
         "`--database-url`; re-read while the daemons run; the default of `--databases-file`",
         "`outbox producer`, `outbox handler`, `outbox consumer`, `outbox run`, `outbox migrate`, "
-        "`outbox status`, `outbox console`",
+        "`outbox status`, `outbox console`, `outbox serve`",
     ),
     EnvironmentVariable(
         SCHEMA,
@@ -110,7 +116,7 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         KAFKA_BOOTSTRAP,
         "Kafka bootstrap servers, `host:port[,...]`; the default of `--kafka-bootstrap`",
         "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
-        "`outbox asyncapi`, `outbox spark consumer`, `outbox spark audit`, "
+        "`outbox asyncapi`, `outbox serve`, `outbox spark consumer`, `outbox spark audit`, "
         "`outbox spark replay`",
     ),
     EnvironmentVariable(
@@ -212,28 +218,51 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         "`outbox console`",
     ),
     EnvironmentVariable(
+        SERVE_HOST,
+        "address `outbox serve` binds; the default of `--host` (else 127.0.0.1; another address "
+        "needs a tokens file)",
+        "`outbox serve`",
+    ),
+    EnvironmentVariable(
+        SERVE_PORT, "port of `outbox serve`; the default of `--port` (else 8480)", "`outbox serve`"
+    ),
+    EnvironmentVariable(
+        SERVE_TOKENS_FILE,
+        "file of the bearer tokens `outbox serve` accepts, one `SCOPE[,SCOPE] TOKEN` a line "
+        "(scopes publish, consume, admin); the default of `--tokens-file`",
+        "`outbox serve`",
+    ),
+    EnvironmentVariable(
         TRANSPORT,
         "`kafka` or `postgres` (the PostgreSQL log); the default of `--transport` (else `kafka`)",
         "`outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, `outbox console`, "
-        "`outbox asyncapi`",
+        "`outbox asyncapi`, `outbox serve`",
+    ),
+    EnvironmentVariable(
+        TRANSPORT_MODULES,
+        "comma-separated modules imported before a transport is chosen, each registering a "
+        "transport of its own (`outbox.transports.register`); `--transport` then takes its name",
+        "every command that takes `--transport`, and `App`, `OutboxRuntime` and `drain`",
     ),
     EnvironmentVariable(
         LOG_URL,
         "PostgreSQL URL of the log database (`--transport postgres`); the default of `--log-url`",
         "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, "
-        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`",
+        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`, "
+        "`outbox serve`",
     ),
     EnvironmentVariable(
         LOG_SCHEMA,
         "schema of the log tables; the default of `--log-schema` (else `outbox_log`)",
         "`outbox migrate`, `outbox producer`, `outbox consumer`, `outbox run`, `outbox status`, "
-        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`",
+        "`outbox console`, `outbox asyncapi`, `outbox log-groups forget`, `outbox log-topics`, "
+        "`outbox serve`",
     ),
     EnvironmentVariable(
         LOG_PARTITIONS,
         "partitions of a log topic created on first publish; the default of `--log-partitions` "
-        "(else 8)",
-        "`outbox producer`, `outbox run`",
+        "(else 8), and of one `outbox serve` creates without a count",
+        "`outbox producer`, `outbox run`, `outbox serve`",
     ),
     EnvironmentVariable(
         LOG_RETENTION,

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from outbox import settings, transports
+from outbox.core.databases import postgres_url_type
 from outbox.core.errors import ConfigurationError
 from outbox.core.numbers import flag_type
+from outbox.kafka.transport import add_kafka as add_kafka
+from outbox.pglog.transport import add_log as add_log
+from outbox.ports import Role
 
 if TYPE_CHECKING:
     from outbox.core.databases import Database
@@ -22,8 +25,6 @@ ENV_DATABASE_URL = settings.DATABASE_URL
 ENV_KAFKA_BOOTSTRAP = settings.KAFKA_BOOTSTRAP
 ENV_SCHEMA = settings.SCHEMA
 ENV_LOG_URL = settings.LOG_URL
-#: The names `--transport` accepts: the registry's (outbox.transports).
-TRANSPORTS = transports.names()
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -62,23 +63,22 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
-        #: Whether this parser has --kafka-config (see `add_kafka`).
-        self.kafka_settings = False
+        #: What runs on the parsed flags after parsing (a transport's: Kafka merges its
+        #: settings from the flags, the variables and a file); a `ConfigurationError` from one
+        #: is a usage error.
+        self.finishers: list[Callable[[argparse.Namespace], None]] = []
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        """Parse; a command with --kafka-config gets, in `kafka_config`, its settings from the
-        file, the variables and the flags (`outbox.kafka.sources`), lowest precedence first. A
-        file that cannot be read or has a bad line: one line on stderr, exit 2."""
+        """Parse, then run the finishers (a command with --kafka-config gets, in
+        `kafka_config`, its settings from the file, the variables and the flags,
+        `outbox.kafka.sources`, lowest precedence first). A file that cannot be read or has a
+        bad line: one line on stderr, exit 2."""
         parsed, rest = super().parse_known_args(args, namespace)
-        if self.kafka_settings:
-            from outbox.kafka.sources import merged_settings
-
+        for finish in self.finishers:
             try:
-                parsed.kafka_config = merged_settings(
-                    parsed.kafka_config, parsed.kafka_config_file, os.environ
-                )
+                finish(parsed)
             except ConfigurationError as exc:
                 self.exit(2, f"{self.prog}: error: {exc}\n")
         return parsed, rest
@@ -105,40 +105,6 @@ def choice_type(choices: Sequence[str], env: str) -> Callable[[str], str]:
         )
 
     return choice
-
-
-def kafka_setting(text: str) -> tuple[str, str]:
-    """Parse one `--kafka-config key=value`."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    return key.strip(), value.strip()
-
-
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def postgres_url_type(env: str) -> Callable[[str], str]:
-    """The argparse `type=` of a PostgreSQL URL flag: a libpq URL or key=value settings; a
-    SQLAlchemy URL's driver name (`postgresql+psycopg://`, as the README writes it for
-    SQLAlchemy) is dropped; another scheme (`mysql://`) is a usage error naming the flag."""
-
-    def postgres_url(text: str) -> str:
-        url = text.strip()
-        found = _SCHEME.match(url)
-        if found is None:
-            return url  # key=value settings, or empty (then required later)
-        scheme = found.group(1)
-        base = scheme.lower().partition("+")[0]
-        if base not in ("postgresql", "postgres"):
-            raise argparse.ArgumentTypeError(
-                f"a URL of scheme {scheme!r} is not a PostgreSQL URL: expected "
-                f"postgresql://user@host/database (from the flag, or from {env})"
-            )
-        return "postgresql" + url[len(scheme) :] if "+" in scheme else url
-
-    postgres_url.__name__ = "PostgreSQL URL"
-    return postgres_url
 
 
 class Once(argparse.Action):
@@ -264,62 +230,21 @@ def databases_of(args: argparse.Namespace) -> list[Database]:
     )
 
 
-def add_kafka(parser: argparse.ArgumentParser) -> None:
-    """--kafka-bootstrap and the repeatable --kafka-config."""
-    parser.add_argument(
-        "--kafka-bootstrap",
-        default=os.environ.get(ENV_KAFKA_BOOTSTRAP),
-        help=f"Kafka bootstrap servers, host:port[,...] (env {ENV_KAFKA_BOOTSTRAP})",
-    )
-    parser.add_argument(
-        "--kafka-config",
-        action="append",
-        type=kafka_setting,
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra librdkafka setting; repeatable. Each can also come from its variable "
-        f"{settings.KAFKA_CONFIG} (NAME: the key upper-cased, dots as underscores, e.g. "
-        f"{settings.KAFKA_CONFIG_PREFIX}SASL_PASSWORD) or from --kafka-config-file; a flag "
-        "beats a variable, which beats the file. Give secrets by variable or file: a flag "
-        "shows in `ps`",
-    )
-    parser.add_argument(
-        "--kafka-config-file",
-        default=os.environ.get(settings.KAFKA_CONFIG_FILE) or None,
-        metavar="PATH",
-        help="properties file of librdkafka settings: key=value lines, # comments "
-        f"(env {settings.KAFKA_CONFIG_FILE}; default none)",
-    )
-    if isinstance(parser, Parser):
-        parser.kafka_settings = True
-
-
-def add_log(parser: argparse.ArgumentParser) -> None:
-    """--log-url and --log-schema: where the PostgreSQL log is."""
-    parser.add_argument(
-        "--log-url",
-        type=postgres_url_type(ENV_LOG_URL),
-        default=os.environ.get(ENV_LOG_URL),
-        help=f"PostgreSQL URL of the log database, for --transport postgres (env {ENV_LOG_URL})",
-    )
-    parser.add_argument(
-        "--log-schema",
-        default=os.environ.get(settings.LOG_SCHEMA, "outbox_log"),
-        help=f"schema of the log tables (env {settings.LOG_SCHEMA}; default outbox_log)",
-    )
-
-
-def add_transport(parser: argparse.ArgumentParser) -> None:
-    """--transport, and where the PostgreSQL log is."""
+def add_transport(parser: argparse.ArgumentParser, role: Role) -> None:
+    """--transport, and the flags of every registered transport that can serve the CLI's
+    processes (each adds its own, `Transport.add_arguments`, for a command of `role`)."""
+    offered = transports.names("processes")
     parser.add_argument(
         "--transport",
-        type=choice_type(TRANSPORTS, settings.TRANSPORT),
-        choices=TRANSPORTS,
+        type=choice_type(offered, settings.TRANSPORT),
+        choices=offered,
         default=os.environ.get(settings.TRANSPORT, "kafka"),
-        help=f"kafka, or postgres for the log kept in PostgreSQL at --log-url "
-        f"(env {settings.TRANSPORT}; default kafka)",
+        help="kafka, or postgres for the log kept in PostgreSQL at --log-url, or a transport "
+        f"registered by your own module (docs/how-to/transports.md) (env {settings.TRANSPORT}; "
+        "default kafka)",
     )
-    add_log(parser)
+    for entry in transports.entries("processes"):
+        entry.add_arguments(parser, role)
 
 
 def _start(text: str) -> str:
@@ -570,21 +495,9 @@ def add_routing(parser: argparse.ArgumentParser) -> None:
 
 
 def transport_of(args: argparse.Namespace) -> transports.TransportSettings:
-    """The transport settings of a command's parsed flags (those it has; the others keep
-    their defaults): the one place the CLI builds them."""
-    TransportSettings = transports.TransportSettings
-
-    return TransportSettings(
-        name=getattr(args, "transport", None) or "kafka",
-        kafka_bootstrap=getattr(args, "kafka_bootstrap", None) or "",
-        kafka_config=dict(getattr(args, "kafka_config", None) or {}),
-        log_url=getattr(args, "log_url", None) or "",
-        log_schema=getattr(args, "log_schema", None) or TransportSettings().log_schema,
-        log_partitions=getattr(args, "log_partitions", 8),
-        log_retention=getattr(args, "log_retention", None) or None,
-        log_session_timeout=getattr(args, "log_session_timeout", None),
-        start=getattr(args, "start", None),
-    )
+    """The transport settings of a command's parsed flags: the chosen transport's options,
+    parsed by its entry from the flags it added (the one place the CLI builds them)."""
+    return transports.settings_of(getattr(args, "transport", None) or "kafka", vars(args))
 
 
 #: Each daemon's tuning: its config's field and the parsed flag that sets it, per command

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from outbox.cli.arguments import add_kafka, add_transport
+from outbox.cli.arguments import add_transport
 from outbox.core.errors import ConfigurationError
 
 
@@ -46,8 +46,7 @@ def add_asyncapi_command(commands: argparse._SubParsersAction[argparse.ArgumentP
     asyncapi.add_argument(
         "--api-version", default="1.0.0", help="the document's info.version (default 1.0.0)"
     )
-    add_kafka(asyncapi)
-    add_transport(asyncapi)
+    add_transport(asyncapi, "reader")
 
 
 def run_asyncapi(args: argparse.Namespace) -> int:
@@ -59,7 +58,7 @@ def run_asyncapi(args: argparse.Namespace) -> int:
 
     service = load_service(args.handlers)
     servers, schemes = transports.get(args.transport, what="--transport").asyncapi_servers(
-        transport_of(args)
+        transports.options(transport_of(args))
     )
     document = build_document(
         service,

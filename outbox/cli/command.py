@@ -21,7 +21,6 @@ from outbox.cli.arguments import (
     ENV_DATABASE_URL,
     Parser,
     add_databases,
-    add_kafka,
     add_log,
     add_logging,
     add_many,
@@ -89,22 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "producer", help="relay producer_queue to Kafka (or to the PostgreSQL log)"
     )
     add_databases(producer)
-    add_kafka(producer)
-    add_transport(producer)
-    producer.add_argument(
-        "--log-partitions",
-        type=flag_type("count", settings.LOG_PARTITIONS),
-        default=os.environ.get(settings.LOG_PARTITIONS, "8"),
-        help="partitions of a log topic created on first publish "
-        f"(env {settings.LOG_PARTITIONS}; default 8)",
-    )
-    producer.add_argument(
-        "--log-retention",
-        type=flag_type("seconds_or_zero", settings.LOG_RETENTION),
-        default=os.environ.get(settings.LOG_RETENTION, "604800"),
-        help="seconds the log keeps a record that every consumer group has read; 0 keeps "
-        f"everything (env {settings.LOG_RETENTION}; default 604800, 7 days)",
-    )
+    add_transport(producer, "producer")
     add_runtime(producer)
     producer.add_argument(
         "--batch-size",
@@ -141,8 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_databases(consumer)
     add_routing(consumer)
-    add_kafka(consumer)
-    add_transport(consumer)
+    add_transport(consumer, "consumer")
     add_runtime(consumer)
     add_topics(consumer, "topics to consume, comma-separated; repeatable")
     consumer.add_argument(
@@ -151,15 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"consumer group id (env {settings.GROUP}; required)",
     )
     add_start(consumer)
-    consumer.add_argument(
-        "--log-session-timeout",
-        type=flag_type("seconds", settings.LOG_SESSION_TIMEOUT),
-        default=os.environ.get(settings.LOG_SESSION_TIMEOUT, "10"),
-        help="with --transport postgres: seconds this consumer's heartbeat may age before the "
-        "other members of its group evict it and take its partitions (a frozen process); "
-        "use one value for a group. Kafka's is session.timeout.ms (--kafka-config) "
-        f"(env {settings.LOG_SESSION_TIMEOUT}; default 10, at least 1)",
-    )
     consumer.add_argument(
         "--batch-size",
         type=flag_type("poll_records"),
@@ -239,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     from outbox.cli.dev import add_dev_command
 
     add_dev_command(commands)
+
+    from outbox.cli.serve import add_serve_command
+
+    add_serve_command(commands)
 
     demo = commands.add_parser(
         "demo",
@@ -494,8 +472,7 @@ def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     add_deliver(run)
     add_databases(run)
     add_routing(run)
-    add_kafka(run)
-    add_transport(run)
+    add_transport(run, "run")
     add_runtime(run)
     add_topics(run, "topics to consume, comma-separated; repeatable (default: the handlers')")
     run.add_argument(
@@ -504,19 +481,6 @@ def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
         help=f"consumer group id (env {settings.GROUP}; required)",
     )
     add_start(run)
-    log_flags: tuple[tuple[str, Rule, str, str], ...] = (
-        ("--log-partitions", "count", "8", "as `outbox producer --log-partitions`"),
-        ("--log-retention", "seconds_or_zero", "604800", "as `outbox producer --log-retention`"),
-        ("--log-session-timeout", "seconds", "10", "as `outbox consumer --log-session-timeout`"),
-    )
-    for flag, kind, default, text in log_flags:
-        variable: str = getattr(settings, flag.removeprefix("--").replace("-", "_").upper())
-        run.add_argument(
-            flag,
-            type=flag_type(kind, variable),
-            default=os.environ.get(variable, default),
-            help=f"{text} (env {variable}; default {default})",
-        )
     daemon_flags: tuple[tuple[str, Rule, float, str], ...] = (
         ("--producer-batch-size", "count", 1000, "`outbox producer --batch-size`"),
         ("--consumer-batch-size", "poll_records", 1000, "`outbox consumer --batch-size`"),
@@ -597,6 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from outbox.cli.asyncapi import run_asyncapi
 
             return run_asyncapi(args)
+        if args.command == "serve":
+            from outbox.cli.serve import run_serve
+
+            return run_serve(args)
         if args.command == "dev":
             from outbox.cli.dev import run_dev
 
@@ -646,15 +614,15 @@ def _unforeseen(exc: Exception) -> str:
 
 
 def _remember_secrets(args: argparse.Namespace) -> None:
-    """Mask the secrets of the command line wherever they might be printed."""
-    from outbox.core.redact import (
-        remember_secrets,
-        secrets_of_settings,
-        secrets_of_url,
-    )
+    """Mask the secrets of the command line wherever they might be printed: the databases'
+    passwords, and the secret settings every registered transport declares of the flags it
+    added (`Transport.secrets`), chosen or not."""
+    from outbox import transports
+    from outbox.core.redact import remember_secrets, secrets_of_url
 
+    values = vars(args)
     for name in ("database_url", "log_url"):
-        value = getattr(args, name, None)
+        value = values.get(name)
         # A command of many databases has a list of `[NAME[/SCHEMA]=]URL` entries: the secrets
         # of the URL part, and of the whole entry (what libpq would parse of a bad one).
         for url in value if isinstance(value, list) else [value]:
@@ -663,7 +631,17 @@ def _remember_secrets(args: argparse.Namespace) -> None:
                 named = named_url(url)
                 if named is not None:
                     remember_secrets(secrets_of_url(named[1]))
-    remember_secrets(secrets_of_settings(dict(getattr(args, "kafka_config", None) or [])))
+    if "transport" not in values and "kafka_config" not in values:
+        return
+    try:
+        registered = transports.entries()
+    except ConfigurationError:
+        return  # said when the transport is chosen
+    for entry in registered:
+        try:
+            remember_secrets(entry.secrets(entry.options_of(values)))
+        except (ConfigurationError, TypeError, ValueError):
+            continue  # options it refuses: the command says why, masked by what is known
 
 
 def _fatal(args: argparse.Namespace, reason: str) -> None:

@@ -9,7 +9,6 @@ from outbox import settings
 from outbox.cli.arguments import (
     add_databases,
     add_groups,
-    add_kafka,
     add_transport,
     env_groups,
 )
@@ -33,8 +32,7 @@ def add_console_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
         "postgres, from the log at --log-url. See docs/how-to/console.md.",
     )
     add_databases(console)
-    add_kafka(console)
-    add_transport(console)
+    add_transport(console, "reader")
     add_groups(console, every="of the Kafka cluster, or of the log with --transport postgres")
     console.add_argument(
         "--host",
@@ -82,7 +80,8 @@ def run_console(args: argparse.Namespace) -> int:
     import signal
     from types import FrameType
 
-    from outbox.cli.arguments import databases_of
+    from outbox import transports
+    from outbox.cli.arguments import databases_of, transport_of
     from outbox.console.server import Console, ConsoleConfig, Database
     from outbox.core.databases import gather
     from outbox.core.redact import remember_secrets, secrets_of_url
@@ -96,8 +95,8 @@ def run_console(args: argparse.Namespace) -> int:
         databases = gather(args.database_url or [], args.schema)
     if args.auth_token:
         remember_secrets([args.auth_token])
-    if args.log_url:
-        remember_secrets(secrets_of_url(args.log_url))
+    transport = transport_of(args)
+    remember_secrets(transports.get(transport.name).secrets(transports.options(transport)))
     config = ConsoleConfig(
         databases=tuple(Database(d.name, d.url, d.schema) for d in databases),
         databases_file=args.databases_file or None,
@@ -107,12 +106,8 @@ def run_console(args: argparse.Namespace) -> int:
         auth_token=args.auth_token or None,
         read_only=args.read_only,
         refresh=args.refresh,
-        kafka_bootstrap=args.kafka_bootstrap or None,
-        kafka_config=dict(args.kafka_config),
         groups=tuple(args.groups if args.groups is not None else env_groups()),
-        transport=args.transport,
-        log_url=args.log_url or None,
-        log_schema=args.log_schema,
+        transport=transport,
         asyncapi=args.asyncapi,
     )
     console = Console(config)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from outbox.console.reads import DeadPage, RowView, preview
 from outbox.console.throughput import Rate
 from outbox.core.lag import GroupLag, PartitionLag
-from outbox.formatting import age, cut, key_cell, key_text, raw_header_json, when
+from outbox.formatting import age, cut, key_cell, key_text, process_state, raw_header_json, when
 from outbox.postgres import operations as ops
 
 #: Rows of a table of the page at most (topics of a queue, processes, claims, partitions of
@@ -93,7 +93,7 @@ def processes(status: ops.Status) -> str:
             esc(p.pid if p.pid is not None else "-"),
             esc(p.queue),
             esc(p.backend_pid),
-            esc(("sleeping" if p.sleeping else "busy") if p.alive else "gone"),
+            esc(process_state(p, status.taken_at)),
             esc(p.lanes),
             esc(age(p.since_update)),
             f"<code>{esc(cut(p.relay_id, NAME_CHARS))}</code>",

@@ -105,14 +105,12 @@ class ConsoleConfig:
     refresh: float = 3.0
     #: Seconds between two throughput and lag samples.
     sample_interval: float = 5.0
-    kafka_bootstrap: str | None = None
-    kafka_config: Mapping[str, str] = field(default_factory=dict)
     #: Consumer groups whose lag is shown; empty: every group of the cluster (or log).
     groups: tuple[str, ...] = ()
-    #: Where the lag is read: "kafka" (at kafka_bootstrap) or "postgres" (the log at log_url).
-    transport: str = "kafka"
-    log_url: str | None = None
-    log_schema: str = "outbox_log"
+    #: Where the lag is read: a registered transport and its options
+    #: (`outbox.transports.settings_of("kafka", kafka_bootstrap=...)`); the console passes them
+    #: to the transport's entry, never reading them.
+    transport: transports.TransportSettings = field(default_factory=transports.TransportSettings)
     #: Threads serving requests, and accepted connections that may wait for one.
     workers: int = 8
     queued: int = 16
@@ -144,8 +142,7 @@ class ConsoleConfig:
             )
         if self.refresh <= 0 or self.sample_interval <= 0:
             raise ConfigurationError("refresh and sample interval must be > 0 seconds")
-        transports.get(self.transport)  # one error naming the registered transports
-        validate_schema(self.log_schema)
+        transports.get(self.transport.name)  # one error naming the registered transports
         if self.workers < 1 or self.queued < 0 or self.socket_timeout <= 0:
             raise ConfigurationError(
                 "the console needs at least one worker, a queue of 0 or more connections and "
@@ -153,21 +150,20 @@ class ConsoleConfig:
             )
 
     @property
-    def transport_settings(self) -> transports.TransportSettings:
-        """Where the lag is read, for the transport's `LagReader`."""
-        return transports.TransportSettings(
-            kafka_bootstrap=self.kafka_bootstrap or "",
-            kafka_config=self.kafka_config,
-            log_url=self.log_url or "",
-            log_schema=self.log_schema,
-            lag_timeout=5.0,
-        )
+    def transport_entry(self) -> transports.Transport[Any]:
+        """The registry's entry of the console's transport."""
+        return transports.get(self.transport.name)
+
+    @property
+    def transport_options(self) -> Any:
+        """The transport's options, for its entry's `LagReader` and AsyncAPI servers."""
+        return transports.options(self.transport)
 
     @property
     def lag_source(self) -> str | None:
         """Where the lag is read from (redacted), or None when it is not read."""
-        transport = transports.get(self.transport)
-        endpoint = transport.endpoint(self.transport_settings)
+        transport = self.transport_entry
+        endpoint = transport.endpoint(self.transport_options)
         return transport.shown(endpoint) if endpoint else None
 
 
@@ -406,7 +402,7 @@ class Console:
     def lag(self) -> tuple[list[GroupLag] | None, str | None]:
         """The last lag read (None before the first, or when not configured) and a note."""
         if not self.config.lag_source:
-            return None, transports.get(self.config.transport).lag_note
+            return None, self.config.transport_entry.lag_note
         with self._lag_lock:
             if self._lag is None and self._lag_note is None:
                 return [], "Reading the lag…"
@@ -460,9 +456,7 @@ class Console:
             "queues": render.queues(status),
             "processes": render.processes(status),
             "lag": render.lag(groups, note),
-            "chart": render.chart(
-                self._rates(d), transport=transports.get(self.config.transport).label
-            ),
+            "chart": render.chart(self._rates(d), transport=self.config.transport_entry.label),
             "dead": render.dead_letters(page, read_only=self.config.read_only),
             "error": None,
         }
@@ -539,7 +533,7 @@ def _asyncapi(config: ConsoleConfig) -> AsyncApi | None:
     from outbox.asyncapi import build_document, load_service
     from outbox.console import asyncapi_page
 
-    servers, schemes = transports.get(config.transport).asyncapi_servers(config.transport_settings)
+    servers, schemes = config.transport_entry.asyncapi_servers(config.transport_options)
     document = build_document(
         load_service(config.asyncapi),
         title=config.asyncapi,
@@ -556,7 +550,7 @@ _LagSource = LagReader
 
 
 def _lag_source(config: ConsoleConfig) -> LagReader:
-    return transports.get(config.transport).lag_reader(config.transport_settings)
+    return config.transport_entry.lag_reader(config.transport_options, 5.0)
 
 
 def _bounded_lag_json(groups: Sequence[GroupLag]) -> list[dict[str, Any]]:

@@ -15,8 +15,9 @@ would relay it twice as two tenants.
 
 from __future__ import annotations
 
+import argparse
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,3 +154,29 @@ def gather(
     if file is not None:
         listed.extend(read_file(file, default_schema))
     return check_distinct(listed)
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def postgres_url_type(env: str) -> Callable[[str], str]:
+    """The argparse `type=` of a PostgreSQL URL flag: a libpq URL or key=value settings; a
+    SQLAlchemy URL's driver name (`postgresql+psycopg://`, as the README writes it for
+    SQLAlchemy) is dropped; another scheme (`mysql://`) is a usage error naming the flag."""
+
+    def postgres_url(text: str) -> str:
+        url = text.strip()
+        found = _SCHEME.match(url)
+        if found is None:
+            return url  # key=value settings, or empty (then required later)
+        scheme = found.group(1)
+        base = scheme.lower().partition("+")[0]
+        if base not in ("postgresql", "postgres"):
+            raise argparse.ArgumentTypeError(
+                f"a URL of scheme {scheme!r} is not a PostgreSQL URL: expected "
+                f"postgresql://user@host/database (from the flag, or from {env})"
+            )
+        return "postgresql" + url[len(scheme) :] if "+" in scheme else url
+
+    postgres_url.__name__ = "PostgreSQL URL"
+    return postgres_url

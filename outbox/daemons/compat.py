@@ -17,8 +17,8 @@ from outbox.core.errors import ConfigurationError
 MOVED: Mapping[str, str] = {
     "database_url": "Settings(databases=Databases.of(url))",
     "schema": "Settings(databases=Databases.of(url, schema=...))",
-    "kafka_bootstrap": "Settings(transport=TransportSettings(kafka_bootstrap=...))",
-    "kafka_config": "Settings(transport=TransportSettings(kafka_config=...))",
+    "kafka_bootstrap": 'Settings(transport=transports.settings_of("kafka", kafka_bootstrap=...))',
+    "kafka_config": 'Settings(transport=transports.settings_of("kafka", kafka_config=...))',
     "observability": "Settings(observability=ObservabilityConfig(...))",
     "topics": "Settings(topics=...)",
     "group": "Settings(group=...)",

@@ -58,6 +58,11 @@ PARKED_SLOWDOWN = 10.0
 PARKED_WATCHED_SLOWDOWN = 30.0
 #: Each parked wait is drawn within ±this fraction of its interval.
 PARKED_JITTER = 0.2
+#: Seconds between a parked relay's "still there" (its row is forgotten after 10 minutes unseen).
+PARKED_SEEN = 60.0
+#: The longest wait between a parked relay's own looks, whatever its poll interval: they say it
+#: is still there.
+PARKED_LONGEST = 240.0
 
 Row = TypeVar("Row")
 #: The relay's session on its queue (`outbox.ports`: OutboxSession, InboxSession).
@@ -130,6 +135,7 @@ class LaneRelay(Generic[Row, S]):
         #: Whether the look about to be made follows a notification (rows were committed and
         #: notified since the last one), not a timed poll; `work` may read it.
         self.notified = False
+        self._parked_seen = time.monotonic()
         self._waits_seen = 0
 
     # -- for subclasses ------------------------------------------------------------------------
@@ -218,7 +224,9 @@ class LaneRelay(Generic[Row, S]):
                     if self.stopping or not self._rows_waiting():
                         slowdown = PARKED_WATCHED_SLOWDOWN if self.watched else PARKED_SLOWDOWN
                         self.parked_interval = min(
-                            self.parked_interval * PARKED_GROWTH, self.poll_interval * slowdown
+                            self.parked_interval * PARKED_GROWTH,
+                            self.poll_interval * slowdown,
+                            PARKED_LONGEST,
                         )
                         continue
                     self.parked = False
@@ -232,13 +240,28 @@ class LaneRelay(Generic[Row, S]):
                 self.lanes.clear()
                 delay = self.outage.failed(exc)  # raises what retrying cannot fix
                 self.outage.pause(delay, self._stop, self.heartbeat.beat)
+        if self.parked:
+            self._leave_parked()
 
     def _rows_waiting(self) -> bool:
-        """A parked relay's look, on a connection of its own that it closes."""
+        """A parked relay's look, on a connection of its own that it closes; every
+        `PARKED_SEEN` seconds it also says it is still there (its parked row is kept)."""
         with self.connect() as conn:
+            if time.monotonic() - self._parked_seen >= PARKED_SEEN:
+                conn.parked_seen()
+                self._parked_seen = time.monotonic()
             waiting = self.peek(conn)
         self.outage.recovered()
         return waiting
+
+    def _leave_parked(self) -> None:
+        """A relay stopped while parked: its parked row goes (best effort: one left behind is
+        forgotten once it is not seen for a while)."""
+        try:
+            with self.connect() as conn:
+                conn.leave()
+        except Exception as exc:
+            log.debug("%s could not unregister its parked row: %s", self.kind, exc)
 
     def shared_turns(self) -> list[Turns]:
         """The turns this relay shares with the relays of other databases."""
@@ -318,13 +341,14 @@ class LaneRelay(Generic[Row, S]):
                 ):
                     self.parked = True  # serve_forever looks for rows without a connection
                     self.parked_interval = self.poll_interval
+                    self._parked_seen = time.monotonic()
                     log.debug("%s idle for %.0fs: parked", self.kind, self.idle_disconnect)
                     return
                 self._wait(conn, self._idle_timeout(conn, idle_step))
                 idle_step += 1
         finally:
             if not conn.closed:
-                conn.leave()
+                conn.leave(self.parked)  # a parked relay stays listed, as parked
             if self.parked:
                 self.lanes.clear()
 

@@ -9,19 +9,23 @@ is built the way it is.
 
 from __future__ import annotations
 
-from outbox.pglog.log import (
-    DEFAULT_PARTITIONS,
-    DEFAULT_SCHEMA,
-    GroupInUse,
-    PartitionsCannotShrink,
-    PgLog,
-    TopicExists,
-    TopicInfo,
-    UnknownTopic,
-    check_log,
-)
-from outbox.pglog.publisher import LogAppendRefused, PgLogPublisher
-from outbox.pglog.subscriber import PgLogSubscriber
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from outbox.pglog.log import (
+        DEFAULT_PARTITIONS,
+        DEFAULT_SCHEMA,
+        GroupInUse,
+        PartitionsCannotShrink,
+        PgLog,
+        TopicExists,
+        TopicInfo,
+        UnknownTopic,
+        check_log,
+    )
+    from outbox.pglog.publisher import LogAppendRefused, PgLogPublisher
+    from outbox.pglog.subscriber import PgLogSubscriber
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -37,3 +41,17 @@ __all__ = [
     "UnknownTopic",
     "check_log",
 ]
+
+#: Where each name is: the package loads psycopg only when one is used (its registry entry,
+#: outbox/pglog/transport.py, is imported to add the log's flags to every command).
+_HOMES = {
+    "LogAppendRefused": "outbox.pglog.publisher",
+    "PgLogPublisher": "outbox.pglog.publisher",
+    "PgLogSubscriber": "outbox.pglog.subscriber",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_HOMES.get(name, "outbox.pglog.log")), name)

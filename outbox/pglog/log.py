@@ -38,7 +38,7 @@ MAX_PARTITIONS = 10_000
 #: The newest revision of the log's migrations (outbox/pglog/migrations/versions); the schema
 #: check reads it from the scripts (`LOG_MIGRATIONS`), tests/unit/test_migration_revisions.py
 #: checks that this is it.
-HEAD_REVISION = "log0004"
+HEAD_REVISION = "log0005"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 

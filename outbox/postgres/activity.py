@@ -57,6 +57,12 @@ def _server(url: str) -> tuple[ServerKey, str] | None:
     return tuple(sorted(params.items())), name
 
 
+def _names(names: list[str], limit: int = 5) -> str:
+    """`a, b, c` for a log line, at most `limit` named."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 class _Server:
     """One server's connection and the counts of its databases at the last look."""
 
@@ -119,7 +125,7 @@ class PostgresActivity:
                     log.info(
                         "cannot watch the activity of databases %s (their parked relays look "
                         "on their own schedule): %s",
-                        ", ".join(d.name for d, _ in listed),
+                        _names([d.name for d, _ in listed]),
                         redact_text(first_line(exc)),
                     )
                 continue

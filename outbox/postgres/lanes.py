@@ -58,8 +58,13 @@ class Lanes:
             name, value = (part.strip() for part in setting.split("=", 1))
             conn.execute(psql.SQL("SET {} = {}").format(psql.Identifier(name), psql.SQL(value)))
 
-    def leave(self, conn: Connection) -> None:
-        conn.execute(self.sql["relay_unregister"], self._relay)
+    def leave(self, conn: Connection, parked: bool = False) -> None:
+        """Unregister the relay; a parked one stays listed as parked (`relay_park`)."""
+        conn.execute(self.sql["relay_park" if parked else "relay_unregister"], self._relay)
+
+    def parked_seen(self, conn: Connection) -> None:
+        """A parked relay's look: its parked row is kept (or listed again)."""
+        conn.execute(self.sql["relay_parked_seen"], self._relay)
 
     def set_sleeping(self, conn: Connection, sleeping: bool) -> None:
         """Announce (or end) the relay's nap: writers NOTIFY only while some relay sleeps."""

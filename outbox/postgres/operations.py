@@ -120,6 +120,14 @@ class Process:
     since_update: float
     #: Lanes it owns right now (advisory locks held by its session).
     lanes: int = 0
+    #: Since when it is parked (idle for --idle-disconnect seconds: no session, no lanes,
+    #: looking for rows now and then), or None when it is not.
+    parked_since: datetime | None = None
+
+    @property
+    def parked(self) -> bool:
+        """Whether the process is parked on this database (see `parked_since`)."""
+        return self.parked_since is not None
 
     @property
     def host(self) -> str | None:
@@ -205,8 +213,9 @@ def status(conn: psycopg.Connection[Any], schema: str) -> Status:
                 alive=bool(alive),
                 since_update=float(since),
                 lanes=int(lanes),
+                parked_since=parked_at,
             )
-            for relay_id, queue, pid, sleeping, alive, since, lanes in cur.execute(
+            for relay_id, queue, pid, sleeping, alive, since, lanes, parked_at in cur.execute(
                 sql["ops_status_processes"]
             ).fetchall()
         )

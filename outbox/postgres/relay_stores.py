@@ -53,8 +53,11 @@ class PostgresRelaySession:
         # its statements want (docs/decisions/0007). Only this session is affected.
         self.lanes.join(self.conn, self.planner_settings)
 
-    def leave(self) -> None:
-        self.lanes.leave(self.conn)
+    def leave(self, parked: bool = False) -> None:
+        self.lanes.leave(self.conn, parked)
+
+    def parked_seen(self) -> None:
+        self.lanes.parked_seen(self.conn)
 
     def set_sleeping(self, sleeping: bool) -> None:
         self.lanes.set_sleeping(self.conn, sleeping)

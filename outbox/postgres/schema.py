@@ -26,6 +26,7 @@ CONSUMER_QUEUE = "consumer_queue"
 RELAY_STATE = "relay_state"
 PRODUCER_DEAD = "producer_dead"
 CONSUMER_PROCESSED = "consumer_processed"
+HTTP_PUBLISHED = "http_published"
 
 
 def _message_columns() -> list[Column[object]]:
@@ -129,6 +130,17 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column("attempts", Integer, nullable=False, server_default=text("1")),
     )
     Index("consumer_processed_at", processed.c.processed_at)
+    #: The message ids `outbox serve` accepted (migration 0009): a publish retried over HTTP
+    #: writes nothing twice.
+    published = Table(
+        HTTP_PUBLISHED,
+        md,
+        Column("message_id", Uuid, primary_key=True),
+        Column(
+            "published_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
+        ),
+    )
+    Index("http_published_at", published.c.published_at)
     Table(
         RELAY_STATE,
         md,
@@ -139,5 +151,7 @@ def metadata(schema: str = "outbox") -> MetaData:
         Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
         #: With backend_pid, the relay's session exactly (a pid may be reused).
         Column("backend_start", DateTime(timezone=True)),
+        #: Since when the relay is parked (idle, --idle-disconnect): listed, holding nothing.
+        Column("parked_at", DateTime(timezone=True)),
     )
     return md

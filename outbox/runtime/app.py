@@ -28,7 +28,7 @@ from outbox.core.databases import Database
 from outbox.core.errors import ConfigurationError
 from outbox.core.handlers import Handlers, load_handlers
 from outbox.core.headers import TENANT_HEADER
-from outbox.core.redact import remember_secrets, secrets_of_settings, secrets_of_url
+from outbox.core.redact import remember_secrets, secrets_of_url
 from outbox.daemons.consumer import Consumer, Subscription
 from outbox.daemons.handler.config import check_async_support
 from outbox.daemons.handler.runner import HandlerRunner
@@ -188,14 +188,12 @@ class App:
         self._publishers = publishers
         self._subscribers = subscribers
         self._probe = probe
-        self._transport: transports.Transport | None = None
+        self._transport: transports.Transport[Any] | None = None
         #: The in-memory stores and transport of `App.in_memory()` (None otherwise).
         self.memory: InMemory | None = None
-        found = settings.transport
         for database in settings.databases.fixed:
             remember_secrets(secrets_of_url(database.url))
-        remember_secrets(secrets_of_url(found.log_url))
-        remember_secrets(secrets_of_settings(dict(found.kafka_config)))
+        self._entry: transports.Transport[Any] | None = None
 
     @classmethod
     def in_memory(
@@ -270,40 +268,60 @@ class App:
             remember_secrets(secrets_of_url(database.url))
         return listed
 
-    def transport(self, *, consumer: bool = False) -> transports.Transport:
+    def transport(self, *, consumer: bool = False) -> transports.Transport[Any]:
         """The registered transport of the settings (asked of the registry once), its
         endpoint given and, for a `consumer`, settings it can honour; one
         `ConfigurationError` otherwise."""
         found = self.settings.transport
-        transport = self._transport or transports.get(
-            found.name, what="--transport", hint=f" (from {env.TRANSPORT}?)"
-        )
+        transport = self._transport or self._registered()
         if consumer:
-            transport.check_consumer(found)
-        if self._transport is None:
-            if found.log_url and transport is not transports.LOG:
-                log.warning(
-                    "--log-url (or %s) is set but the transport is %s: the log database is not "
-                    "used (--transport %s, or %s=%s, to use it)",
-                    env.LOG_URL,
-                    transport.name,
-                    transports.LOG.name,
-                    env.TRANSPORT,
-                    transports.LOG.name,
+            if found.start not in (None, "earliest") and "start" not in transport.features:
+                able = " and ".join(t.label for t in transports.entries("start")) or "no transport"
+                raise ConfigurationError(
+                    f"--start applies to {able} only (not to --transport {transport.name})"
                 )
-            if not transport.endpoint(found):
+            transport.check_consumer(self.transport_options)
+        if self._transport is None:
+            for flag in found.unused:
+                log.warning(
+                    "%s is set but the transport is %s: it is not used (--transport, or %s, "
+                    "chooses the transport)",
+                    flag,
+                    transport.name,
+                    env.TRANSPORT,
+                )
+            if not transport.endpoint(self.transport_options):
                 raise ConfigurationError(
                     f"{transport.endpoint_flag} is required (or set {transport.endpoint_env})"
                 )
             self._transport = transport
         return transport
 
+    def _registered(self) -> transports.Transport[Any]:
+        """The registry's entry of the settings' transport, asked for once; the secrets it
+        declares of its options are remembered then (masked in every line printed after)."""
+        if self._entry is None:
+            self._entry = transports.get(
+                self.settings.transport.name, what="--transport", hint=f" (from {env.TRANSPORT}?)"
+            )
+            found = self.settings.transport
+            options = found.options if found.options is not None else self._entry.options_of({})
+            remember_secrets(self._entry.secrets(options))
+        return self._entry
+
+    @property
+    def transport_options(self) -> Any:
+        """The options of the settings' transport (its defaults when none are given), which
+        only its registry entry reads."""
+        found = self.settings.transport
+        return found.options if found.options is not None else self._registered().options_of({})
+
     def check_transport(self, *, consumer: bool = False) -> None:
         """The start-up check of the transport (the PostgreSQL log: reachable and migrated,
         waited for up to `--wait-for-database`); nothing for a transport given as factories."""
         if self._publishers is None and self._subscribers is None:
             self.transport(consumer=consumer).check(
-                self.settings.transport, self.settings.observability.wait_for_database
+                self.transport_options, self.settings.observability.wait_for_database
             )
 
     def observer(self, kind: Kind, **shown: Any) -> Observer:
@@ -313,7 +331,11 @@ class App:
         described: dict[str, Any] = {}
         if kind != "handler" and self._publishers is None and self._subscribers is None:
             described["transport"] = found.name
-            described.update(self.transport().in_force(found, kind, self.settings.group))
+            described.update(
+                self.transport().in_force(self.transport_options, kind, self.settings.group)
+            )
+            if kind == "consumer" and found.start is not None:
+                described["start"] = found.start
         described.update(shown)
         return Observer(
             config=self.settings.observability, probes=self.stores.probes, shown=described
@@ -335,7 +357,7 @@ class App:
     def _publishing(self) -> tuple[PublisherFactory, TransportProbe | None]:
         if self._publishers is not None:
             return self._publishers, self._probe
-        return self.transport().make_publishers(self.settings.transport)
+        return self.transport().make_publishers(self.transport_options)
 
     def producer(self, database: Database | None = None) -> Producer:
         """The Producer relay of `database` (default: the one database of the settings)."""
@@ -391,7 +413,10 @@ class App:
             subscribers, probe = self._subscribers, self._probe
         else:
             subscribers, probe = self.transport(consumer=True).make_subscribers(
-                self.settings.transport, subscription.group, subscription.topics
+                self.transport_options,
+                subscription.group,
+                subscription.topics,
+                self.settings.transport.start,
             )
         shown: dict[str, Any] = {"group": subscription.group, "topics": subscription.topics}
         if routing is not None:
@@ -463,6 +488,7 @@ class App:
             probe=self._probe,
         )
         quiet._transport = self._transport
+        quiet._entry = self._entry
         return quiet
 
     def _producers(self) -> Supervised[Producer]:

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from outbox import transports
 from outbox.core.errors import ConfigurationError, OutboxError
 from outbox.core.handlers import Handlers
 from outbox.observability.health import HealthServer, HealthState, Heartbeat
@@ -48,7 +49,6 @@ from outbox.runtime.settings import (
     HandlerConfig,
     ProducerConfig,
     Settings,
-    TransportSettings,
 )
 
 __all__ = ["OutboxRuntime"]
@@ -125,7 +125,9 @@ class OutboxRuntime:
     reads the topics it handles (or `topics`). Give `settings` (`outbox.runtime.Settings`:
     what `outbox run` takes, several databases included), or the keywords of one database:
     `transport` is "kafka" (`kafka_bootstrap`, `kafka_config`) or "postgres" (the log at
-    `log_url`); `producer`, `consumer` and `handler` give further fields of `ProducerConfig`,
+    `log_url`), or a registered transport's name with its flag values by destination in
+    `transport_options` (outbox.transports.settings_of); `producer`, `consumer` and `handler`
+    give further fields of `ProducerConfig`,
     `ConsumerConfig` and `HandlerConfig` (batch sizes, concurrency, lease...). `observability`
     is the process's one metrics and health port.
     """
@@ -145,6 +147,7 @@ class OutboxRuntime:
         log_partitions: int = 8,
         log_retention: float | None = 7 * 24 * 3600.0,
         log_session_timeout: float = 10.0,
+        transport_options: Mapping[str, Any] | None = None,
         schema: str = "outbox",
         topics: Sequence[str] | None = None,
         observability: ObservabilityConfig | None = None,
@@ -160,15 +163,18 @@ class OutboxRuntime:
             urls = [database_url] if isinstance(database_url, str) else list(database_url)
             settings = Settings(
                 databases=Databases.of(*urls, schema=schema),
-                transport=TransportSettings(
-                    name=transport,
-                    kafka_bootstrap=kafka_bootstrap,
-                    kafka_config=dict(kafka_config or {}),
-                    log_url=log_url or "",
-                    log_schema=log_schema or TransportSettings().log_schema,
-                    log_partitions=log_partitions,
-                    log_retention=log_retention or None,
-                    log_session_timeout=log_session_timeout,
+                transport=transports.settings_of(
+                    transport,
+                    {
+                        "kafka_bootstrap": kafka_bootstrap,
+                        "kafka_config": dict(kafka_config or {}),
+                        "log_url": log_url or "",
+                        "log_schema": log_schema,
+                        "log_partitions": log_partitions,
+                        "log_retention": log_retention or None,
+                        "log_session_timeout": log_session_timeout,
+                        **dict(transport_options or {}),
+                    },
                 ),
                 group=group,
                 topics=tuple(topics or ()),
@@ -179,7 +185,14 @@ class OutboxRuntime:
             )
         elif any(
             given is not None
-            for given in (database_url, kafka_config, log_url, topics, observability)
+            for given in (
+                database_url,
+                kafka_config,
+                log_url,
+                topics,
+                observability,
+                transport_options,
+            )
         ) or any((group, kafka_bootstrap, producer, consumer, handler)):
             raise ConfigurationError(
                 "give OutboxRuntime settings= or the keywords of one database, not both"

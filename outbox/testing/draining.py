@@ -29,6 +29,7 @@ from uuid import UUID
 
 import psycopg
 
+from outbox import transports
 from outbox.core.batches import InboxBatch, OutgoingRecord
 from outbox.core.databases import parse_entry
 from outbox.core.errors import ConfigurationError
@@ -54,7 +55,7 @@ from outbox.runtime import (
     Settings,
 )
 from outbox.testing.memory import InMemoryTransport
-from outbox.transports import KAFKA, LOG, TransportSettings
+from outbox.transports import TransportSettings
 
 __all__ = ["DeadLetter", "DrainResult", "DrainTimeout", "PostgresLog", "drain"]
 
@@ -118,8 +119,12 @@ class PostgresLog:
         return f"PostgresLog(schema={self.schema!r}, partitions={self.partitions})"
 
 
-#: What `drain` accepts as its transport.
-Transport = str | InMemoryTransport | PostgresLog
+#: What `drain` accepts as its transport: a Kafka bootstrap address, the log, the in-memory
+#: transport, or any registered transport with its options (`outbox.transports.settings_of`).
+Transport = str | InMemoryTransport | PostgresLog | TransportSettings
+
+#: How many records of the ledger's topics a group has not committed (0: none, or unknown).
+_Unconsumed = Callable[[str, frozenset[str]], int]
 
 _LOG_URL_PREFIXES = ("postgresql://", "postgres://")
 
@@ -266,7 +271,7 @@ class _Queues:
     def close(self) -> None:
         self._stack.close()
 
-    def look(self, ledger: _Ledger, transport: InMemoryTransport | None, group: str) -> _Look:
+    def look(self, ledger: _Ledger, lag: _Unconsumed, group: str) -> _Look:
         """Read producer_queues first, then the transport, then consumer_queue (causal order)."""
         to_send: dict[str, int] = {}
         retrying = 0
@@ -279,7 +284,7 @@ class _Queues:
             retrying += int(row[1])
             dead.extend(self._dead(conn, "producer_dead"))
         unstored = ledger.outstanding()
-        unconsumed = transport.lag(group, ledger.topics) if transport is not None else 0
+        unconsumed = lag(group, ledger.topics)
         if self._log is not None:
             unconsumed += self._log_lag(group, ledger.topics)
         row = self._consumer.execute(
@@ -384,52 +389,79 @@ def _as_list(urls: str | Sequence[str] | None, default: str) -> list[str]:
     return [urls] if isinstance(urls, str) else list(urls)
 
 
+def _settings(
+    transport: Transport, group: str, producer_kafka_config: Mapping[str, str] | None
+) -> tuple[TransportSettings, TransportSettings]:
+    """The registry's settings of `transport`: the publishers', then the subscribers'."""
+    if isinstance(transport, TransportSettings):
+        return transport, transport
+    if isinstance(transport, InMemoryTransport):
+        found = transports.settings_of("memory", memory_transport=transport)
+        return found, found
+    if isinstance(transport, PostgresLog):
+        found = transports.settings_of(
+            "postgres",
+            log_url=transport.url,
+            log_schema=transport.schema,
+            log_partitions=transport.partitions,
+            log_rebalance_interval=0.2,
+        )
+        return found, found
+    if not isinstance(transport, str) or not transport:
+        raise ConfigurationError(
+            "transport must be a Kafka bootstrap address (host:port), a PostgresLog (or a "
+            "postgresql:// URL of the log database), an InMemoryTransport or the "
+            f"TransportSettings of a registered transport, got {transport!r}"
+        )
+    return (
+        transports.settings_of(
+            "kafka", kafka_bootstrap=transport, kafka_config=producer_kafka_config or {}
+        ),
+        transports.settings_of("kafka", kafka_bootstrap=transport),
+    )
+
+
 def _factories(
     transport: Transport,
     ledger: _Ledger,
     group: str,
     producer_kafka_config: Mapping[str, str] | None,
     consumer_kafka_config: Mapping[str, str] | None,
-) -> tuple[PublisherFactory, SubscriberFactory]:
-    """Publisher and subscriber factories for the transport, both keeping `ledger`."""
+) -> tuple[PublisherFactory, SubscriberFactory, _Unconsumed]:
+    """Publisher and subscriber factories for the transport, both keeping `ledger`, made by
+    the transport's registry entry; and how many records a group has not committed (read by
+    the entry's lag reader; not on Kafka, whose commits the ledger tells)."""
     topics = sorted(ledger.topics)
-    if isinstance(transport, InMemoryTransport):
-        return (
-            lambda: _LedgerPublisher(transport.publisher(), ledger),
-            lambda: _LedgerSubscriber(transport.subscriber(topics, group), ledger),
+    sending, receiving = _settings(transport, group, producer_kafka_config)
+    if consumer_kafka_config and not isinstance(transport, TransportSettings):
+        receiving = transports.settings_of(
+            "kafka", kafka_bootstrap=transport, kafka_config=consumer_kafka_config
         )
-    if isinstance(transport, PostgresLog):
-        log = TransportSettings(
-            log_url=transport.url,
-            log_schema=transport.schema,
-            log_partitions=transport.partitions,
-            log_rebalance_interval=0.2,
-        )
-        LOG.check(log, 0.0)  # one clear error: unreachable, or not migrated
-        log_publishers, _ = LOG.make_publishers(log)
-        log_subscribers, _ = LOG.make_subscribers(log, group, topics)
-        return (
-            lambda: _LedgerPublisher(log_publishers(), ledger),
-            lambda: _LedgerSubscriber(log_subscribers(), ledger),
-        )
-    if not isinstance(transport, str) or not transport:
-        raise ConfigurationError(
-            "transport must be a Kafka bootstrap address (host:port), a PostgresLog (or a "
-            f"postgresql:// URL of the log database) or an InMemoryTransport, got {transport!r}"
-        )
-    publishers, probe = KAFKA.make_publishers(
-        TransportSettings(kafka_bootstrap=transport, kafka_config=producer_kafka_config or {})
-    )
+    entry = transports.get(sending.name)
+    options = transports.options(sending)
+    entry.check(options, 0.0)  # one clear error: unreachable, or not migrated
+    publishers, probe = entry.make_publishers(options)
     if probe is not None:
         probe.check(10.0)
-    subscribers, _ = KAFKA.make_subscribers(
-        TransportSettings(kafka_bootstrap=transport, kafka_config=consumer_kafka_config or {}),
-        group,
-        topics,
+    subscribers, _ = entry.make_subscribers(
+        transports.options(receiving), group, topics, receiving.start
     )
+
+    def unconsumed(group: str, topics: frozenset[str]) -> int:
+        if isinstance(transport, str | PostgresLog):
+            return 0  # the log's is read by _Queues; Kafka's commits follow the ledger
+        reader = entry.lag_reader(options, 5.0)
+        try:
+            return sum(
+                p.lag for g in reader.lag([group]) for p in g.partitions if p.topic in topics
+            )
+        finally:
+            reader.close()
+
     return (
         lambda: _LedgerPublisher(publishers(), ledger),
         lambda: _LedgerSubscriber(subscribers(), ledger),
+        unconsumed,
     )
 
 
@@ -452,7 +484,9 @@ def drain(
     `database_url` is the receiving service's database (its `consumer_queue`, where the
     `handlers` run); `producer_database_urls` the sending services' (default: the same one).
     `transport` is a Kafka bootstrap address, a `PostgresLog` (or the `postgresql://` URL of a
-    migrated log database, schema `outbox_log`) or an `InMemoryTransport`. The Consumer reads
+    migrated log database, schema `outbox_log`), an `InMemoryTransport`, or the
+    `TransportSettings` of any registered transport (`outbox.transports.settings_of`). The
+    Consumer reads
     the handlers' topics as consumer group `group`, from its committed offsets (the earliest
     record the first time). With `wait_for_retries`, rows waiting for a retry are waited for until
     they are handled or dead.
@@ -466,7 +500,7 @@ def drain(
         raise ConfigurationError("drain needs a Handlers registry with at least one handler")
     transport = as_transport(transport)
     ledger = _Ledger(topics=frozenset(handlers.topics))
-    publisher_factory, subscriber_factory = _factories(
+    publisher_factory, subscriber_factory, unconsumed = _factories(
         transport, ledger, group, producer_kafka_config, consumer_kafka_config
     )
     producer_urls = _as_list(producer_database_urls, database_url)
@@ -494,10 +528,9 @@ def drain(
     )
     log = transport if isinstance(transport, PostgresLog) else None
     queues = _Queues(schema, producer_urls, database_url, handlers.unordered_topics, log)
-    memory = transport if isinstance(transport, InMemoryTransport) else None
     try:
         with _running(daemons) as threads:
-            look = _wait_idle(threads, queues, ledger, memory, group, timeout, wait_for_retries)
+            look = _wait_idle(threads, queues, ledger, unconsumed, group, timeout, wait_for_retries)
     finally:
         queues.close()
     result = daemons.result(look)
@@ -553,7 +586,7 @@ def _wait_idle(
     threads: _Threads,
     queues: _Queues,
     ledger: _Ledger,
-    memory: InMemoryTransport | None,
+    unconsumed: _Unconsumed,
     group: str,
     timeout: float,
     wait_for_retries: bool,
@@ -567,7 +600,7 @@ def _wait_idle(
     idle_before = False
     while True:
         threads.check()
-        look = queues.look(ledger, memory, group)
+        look = queues.look(ledger, unconsumed, group)
         idle = look.idle(wait_for_retries)
         if idle and idle_before:
             return look

@@ -10,26 +10,43 @@ it never replaces the end-to-end tests against a real broker.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from outbox.core.batches import InboxBatch, OutgoingRecord
 from outbox.core.envelope import InboxRow
 from outbox.core.errors import ConfigurationError, InvalidHeaders
+from outbox.core.lag import GroupLag, PartitionLag
 from outbox.core.partitioning import murmur2, partition_for
 from outbox.core.text import storable
 from outbox.core.topics import validate_topic
 from outbox.core.wire import as_bytes, decode_record
-from outbox.ports import DeliveryFailure
+from outbox.ports import (
+    ArgumentAdder,
+    DeliveryFailure,
+    FixtureSource,
+    Publisher,
+    PublisherFactory,
+    Role,
+    Subscriber,
+    SubscriberFactory,
+    Transport,
+    TransportProbe,
+    TransportSettings,
+)
 
 __all__ = [
+    "MEMORY",
     "InMemoryPublisher",
     "InMemorySubscriber",
     "InMemoryTransport",
+    "MemoryOptions",
     "Record",
     "murmur2",
     "partition_for",
@@ -330,3 +347,148 @@ class InMemorySubscriber:
         if not self._closed:
             self._closed = True
             self.transport._leave(self.group, self._member)
+
+
+# -- the registry's entry (outbox/transports.py) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The in-memory transport a process's daemons share (`transport`; None: one made for the
+    process, `shared()`)."""
+
+    transport: InMemoryTransport | None = None
+
+    def resolved(self) -> InMemoryTransport:
+        return self.transport if self.transport is not None else shared()
+
+
+_SHARED: list[InMemoryTransport] = []
+_SHARED_LOCK = threading.Lock()
+
+
+def shared() -> InMemoryTransport:
+    """The process's in-memory transport: the one `--transport memory` means."""
+    with _SHARED_LOCK:
+        if not _SHARED:
+            _SHARED.append(InMemoryTransport())
+        return _SHARED[0]
+
+
+class _MemoryLag:
+    """The in-memory transport's `LagReader`: the groups it knows, or those asked for."""
+
+    def __init__(self, transport: InMemoryTransport) -> None:
+        self._transport = transport
+
+    def lag(self, groups: Iterable[str] | None = None) -> list[GroupLag]:
+        memory = self._transport
+        with memory._changed:
+            names = list(dict.fromkeys(groups)) if groups is not None else sorted(memory._groups)
+            found = []
+            for group in names:
+                state = memory._groups.get(group) or _Group()
+                # Every topic: a group that never committed lags by all of a topic's records.
+                topics = sorted(memory._topics)
+                found.append(
+                    GroupLag(
+                        group,
+                        tuple(
+                            PartitionLag(topic, p, state.committed.get((topic, p), 0), len(rows))
+                            for topic in topics
+                            for p, rows in enumerate(memory._topics.get(topic, []))
+                        ),
+                    )
+                )
+            return found
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _memory_options(values: Mapping[str, Any]) -> MemoryOptions:
+    given = values.get("memory_transport")
+    return MemoryOptions(given if isinstance(given, InMemoryTransport) else None)
+
+
+def _memory_publishers(options: MemoryOptions) -> tuple[PublisherFactory, TransportProbe | None]:
+    return options.resolved().publisher, None
+
+
+def _memory_subscribers(
+    options: MemoryOptions, group: str, topics: Sequence[str], start: str | None
+) -> tuple[SubscriberFactory, TransportProbe | None]:
+    memory = options.resolved()
+    topic_list = list(topics)
+    return (lambda: memory.subscriber(topic_list, group)), None
+
+
+def _no_arguments(parser: ArgumentAdder, role: Role) -> None:
+    """No flags: the transport lives in the process."""
+
+
+def _nothing(options: MemoryOptions, *more: object) -> None:
+    """Nothing to check: the transport is in the process."""
+
+
+class MemoryUnderTest:
+    """The in-memory transport for the contract suite: nothing crosses a process."""
+
+    name = "memory"
+    settle = 0.02  # everything published is there at once
+
+    def __init__(self, request: FixtureSource | None = None) -> None:
+        self.transport = InMemoryTransport()
+        self._names = itertools.count()
+        self._open: list[Any] = []
+
+    def topic(self, partitions: int = 3) -> str:
+        name = f"topic-{next(self._names)}"
+        self.transport.create_topic(name, partitions)
+        return name
+
+    def publisher(self) -> Publisher:
+        made = self.transport.publisher()
+        self._open.append(made)
+        return made
+
+    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
+        made = self.transport.subscriber(topics, group)
+        self._open.append(made)
+        return made
+
+    def settings(self) -> TransportSettings:
+        return TransportSettings(MEMORY.name, MemoryOptions(self.transport))
+
+    def close_all(self) -> None:
+        for client in reversed(self._open):
+            with contextlib.suppress(RuntimeError):  # a client the test closed already
+                client.close()
+
+
+MEMORY: Transport[MemoryOptions] = Transport(
+    name="memory",
+    label="the in-memory transport",
+    add_arguments=_no_arguments,
+    options_of=_memory_options,
+    # Always "given": it is where the process is.
+    endpoint=lambda options: "memory",
+    endpoint_flag="--transport memory",
+    endpoint_dest="memory_transport",
+    endpoint_env="",
+    shown=lambda endpoint: endpoint,
+    make_publishers=_memory_publishers,
+    make_subscribers=_memory_subscribers,
+    probe=lambda options: None,
+    lag_reader=lambda options, timeout: _MemoryLag(options.resolved()),
+    asyncapi_servers=lambda options: ({}, {}),
+    check=_nothing,
+    check_consumer=_nothing,
+    lag_note="",
+    max_lag_needs="",
+    in_force=lambda options, kind, group: {},
+    secrets=lambda options: (),
+    # Its records never leave the process: no CLI daemon, no contract case across processes.
+    features=frozenset(),
+    contract=MemoryUnderTest,
+)

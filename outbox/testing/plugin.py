@@ -234,6 +234,13 @@ def outbox_kafka_bootstrap(outbox_kafka: KafkaHandle) -> str:
 
 
 @pytest.fixture(scope="session")
+def outbox_kafka_consumer_settings(outbox_kafka: KafkaHandle) -> dict[str, str]:
+    """librdkafka settings a consumer of the session's broker needs in tests: short group
+    timeouts on Tansu (its group join waits half of session.timeout.ms), none on Kafka."""
+    return dict(TANSU_CONSUMER_SETTINGS) if isinstance(outbox_kafka, TansuBroker) else {}
+
+
+@pytest.fixture(scope="session")
 def outbox_admin_url(outbox_postgres: PostgresHandle) -> str:
     """Admin URL of the session's PostgreSQL server (its `postgres` database)."""
     return outbox_postgres.url

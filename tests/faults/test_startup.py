@@ -9,11 +9,10 @@ import time
 import psycopg
 import pytest
 
-from outbox import Broker
+from outbox import Broker, transports
 from outbox.core.errors import DatabaseUnavailable
 from outbox.observability.runtime import ObservabilityConfig
 from outbox.testing.servers import Servers
-from outbox.transports import TransportSettings
 from tests.integration.relay_helpers import app_of, count, producer_thread, wait_for
 
 pytestmark = pytest.mark.faults
@@ -57,7 +56,9 @@ def test_a_daemon_started_while_postgres_is_down_waits_for_it_when_asked(
     # By default: one clear error at once, for a supervisor to restart the daemon.
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable, match="cannot connect to PostgreSQL"):
-        app_of(url, TransportSettings(kafka_bootstrap=outbox_kafka_bootstrap)).producer().run()
+        app_of(
+            url, transports.settings_of("kafka", kafka_bootstrap=outbox_kafka_bootstrap)
+        ).producer().run()
     assert time.monotonic() - started < 3
     # --wait-for-database: waits, with a WARNING per attempt, then relays.
     caplog.set_level(logging.WARNING, "outbox.relay")

@@ -130,7 +130,9 @@ def producer_thread(
     **tuning: Any,
 ) -> Any:
     """Run a Producer relay over Kafka in a background thread of this process."""
-    where = transports.TransportSettings(kafka_bootstrap=bootstrap, kafka_config=kafka_config or {})
+    where = transports.settings_of(
+        "kafka", kafka_bootstrap=bootstrap, kafka_config=kafka_config or {}
+    )
     app = app_of(url, where, schema=schema, observability=observability, producer=tuning)
     return running(app.producer())
 
@@ -151,7 +153,8 @@ def consumer_thread(
     **tuning: Any,
 ) -> Any:
     """Run a Consumer relay over Kafka in a background thread of this process."""
-    where = transports.TransportSettings(
+    where = transports.settings_of(
+        "kafka",
         kafka_bootstrap=bootstrap,
         kafka_config=TEST_CONSUMER_KAFKA if kafka_config is None else kafka_config,
     )
@@ -424,7 +427,7 @@ class RelayTransport:
     consumer_settings: dict[str, str]
 
     @property
-    def transport(self) -> transports.Transport:
+    def transport(self) -> transports.Transport[Any]:
         return transports.get(self.name)
 
     @property
@@ -433,10 +436,13 @@ class RelayTransport:
 
     def settings(self, kafka_config: dict[str, str] | None = None) -> transports.TransportSettings:
         """Where the transport is: the endpoint in its field (faster log rebalances)."""
-        return transports.TransportSettings(
-            **{self.transport.endpoint_field: self.endpoint},
-            kafka_config=kafka_config or {},
-            log_rebalance_interval=0.2,
+        return transports.settings_of(
+            self.name,
+            {
+                self.transport.endpoint_dest: self.endpoint,
+                "kafka_config": kafka_config or {},
+                "log_rebalance_interval": 0.2,
+            },
         )
 
     def topic(self, partitions: int = 3) -> str:
@@ -445,13 +451,13 @@ class RelayTransport:
 
     def publisher(self) -> Any:
         """A Publisher as the producer daemon builds it (close it after use)."""
-        publishers, _ = self.transport.make_publishers(self.settings())
+        publishers, _ = self.transport.make_publishers(self.settings().options)
         return publishers()
 
     def subscriber_factory(self, topics: list[str], group: str) -> Callable[[], Any]:
         """The `subscriber_factory` of a Consumer daemon reading `topics` as `group`."""
         subscribers, _ = self.transport.make_subscribers(
-            self.settings(self.consumer_settings), group, topics
+            self.settings(self.consumer_settings).options, group, topics, None
         )
         return subscribers
 

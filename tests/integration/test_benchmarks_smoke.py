@@ -27,6 +27,7 @@ SCENARIOS = {
     "f": "f. backlog and retention",
     "w": "w. whole path, three daemons at once",
     "transports": "transports: Kafka (Tansu) and the PostgreSQL log side by side",
+    "http": "http. outbox serve",
 }
 
 

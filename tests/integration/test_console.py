@@ -28,6 +28,7 @@ from outbox.console import Console, ConsoleConfig, Database, serve
 from outbox.console.server import parse_database
 from outbox.core.errors import ConfigurationError
 from outbox.postgres import migrate
+from outbox.transports import settings_of
 from tests.integration.relay_helpers import wait_for
 from tests.integration.test_operations import insert, row_of
 
@@ -648,7 +649,9 @@ def test_the_console_shows_the_lag_of_the_log_transport(
     publish(outbox_log_url, topic, 0, 10)
     _commit_first(outbox_log_url, topic, "shipping", 7)
     with console(
-        outbox_database_url, transport="postgres", log_url=outbox_log_url, groups=("shipping",)
+        outbox_database_url,
+        transport=settings_of("postgres", log_url=outbox_log_url),
+        groups=("shipping",),
     ) as app:
         client = Client(app)
         wait_for(
@@ -692,7 +695,7 @@ def test_the_console_shows_the_lag_of_the_log_transport(
         [shipping] = doc["lag"]
         assert [p["went_back"] for p in shipping["partitions"]] == [0, 2], shipping
 
-    with console(outbox_database_url, transport="postgres") as app:
+    with console(outbox_database_url, transport=settings_of("postgres")) as app:
         _, view = Client(app).get_json("/api/view?db=orders")
         assert "needs --log-url" in view["lag"]
 
@@ -704,7 +707,7 @@ def test_the_chart_says_where_rows_were_relayed(
     outbox_database_url: str, transport: str, relayed_to: str
 ) -> None:
     """It said "relayed to Kafka" on the log transport."""
-    with console(outbox_database_url, transport=transport) as app:
+    with console(outbox_database_url, transport=settings_of(transport)) as app:
         client = Client(app)
         wait_for(
             lambda: "<svg" in client.get_json("/api/view?db=orders")[1]["chart"],

@@ -25,6 +25,7 @@ import pytest
 
 from outbox import Broker, Message
 from outbox.console import ConsoleConfig, Database, serve
+from outbox.transports import settings_of
 from tests.integration import inbox_app
 from tests.integration.relay_helpers import (
     count,
@@ -105,7 +106,7 @@ def test_an_operator_requeues_a_dead_letter_in_the_console(
         port=0,
         refresh=1.0,
         sample_interval=1.0,
-        kafka_bootstrap=outbox_kafka_bootstrap,
+        transport=settings_of("kafka", kafka_bootstrap=outbox_kafka_bootstrap),
         groups=(group,),
     )
     with (

@@ -95,6 +95,7 @@ def test_fresh_upgrade_matches_the_declared_schema(
         "consumer_queue",
         "consumer_processed",
         "relay_state",
+        "http_published",
     }
     assert _diff(outbox_empty_database_url, schema) == []
 

@@ -114,3 +114,17 @@ def test_the_wheel_installs_into_a_clean_venv_and_sends(
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "sent 2"
     assert count(outbox_database_url) == 2
+    # `outbox serve` without its extra: one line naming it, before anything else.
+    served = subprocess.run(
+        ["outbox", "serve", "--database-url", outbox_database_url],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 1
+    assert served.stderr.startswith(
+        "outbox: error: outbox serve needs the serve extra: pip install 'pg-kafka-outbox[serve]'"
+    )
+    assert len(served.stderr.strip().splitlines()) == 1

@@ -1,151 +1,79 @@
-"""The transports under test: every contract test runs against each (watermill's pattern).
+"""The transports under test: every contract test runs against each registered transport
+(watermill's pattern), made by the contract factory its adapter declares in its registry entry
+(`Transport.contract`, outbox/transports.py).
 
 `memory` needs no server; `kafka` is the session's real broker (Tansu locally, or Kafka from
 OUTBOX_TEST_KAFKA_BOOTSTRAP / testcontainers), through the same adapters the daemons use;
-`postgres` is the PostgreSQL log (outbox.pglog) in a fresh database of the session's server.
-Both are made as the daemons get them: by the transport registry (outbox/transports.py).
+`postgres` is the PostgreSQL log (outbox.pglog) in a fresh database of the session's server. A
+transport registered by a module of OUTBOX_TRANSPORT_MODULES runs here too (the tests' own
+append-only log of files, tests/transport/files_log.py, always does).
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-from collections.abc import Iterator, Sequence
-from typing import Any
+import importlib
+from collections.abc import Iterator
 
 import pytest
 
 from outbox import transports
-from outbox.memory import InMemoryTransport
-from outbox.pglog import PgLog
-from outbox.pglog.log import upgrade as upgrade_log
-from outbox.ports import Publisher, Subscriber
-from outbox.testing.plugin import TANSU_CONSUMER_SETTINGS, TopicFactory
-from outbox.testing.servers import TansuBroker
+from outbox.ports import ContractTransport
+
+#: What the contract tests are given: a registered transport's contract factory's transport.
+TransportUnderTest = ContractTransport
+
+#: The tests' own transport, registered by its module as a third party's would be.
+TEST_TRANSPORT_MODULE = "tests.transport.files_log"
 
 
-class TransportUnderTest:
-    """Makes topics, publishers and subscribers of one transport; closes them afterwards."""
-
-    name: str
-    #: How long to keep polling after the expected messages arrived, to catch extras.
-    settle: float
-
-    def __init__(self) -> None:
-        self._open: list[Any] = []
-
-    def topic(self, partitions: int = 3) -> str:
-        """A new topic unique to the test."""
-        raise NotImplementedError
-
-    def publisher(self) -> Publisher:
-        raise NotImplementedError
-
-    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
-        raise NotImplementedError
-
-    def _keep(self, client: Any) -> Any:
-        self._open.append(client)
-        return client
-
-    def close_all(self) -> None:
-        for client in reversed(self._open):
-            with contextlib.suppress(RuntimeError):  # a consumer the test closed already
-                client.close()
+def registered_contracts() -> list[str]:
+    """The registered transports that declare a contract factory, and the tests' own (which
+    is registered for each of its tests only: registered for the session, it would be offered
+    by every command's `--transport` in the other tests)."""
+    found = [name for name in transports.names() if transports.get(name).contract is not None]
+    return [*found, TEST_TRANSPORT] if TEST_TRANSPORT not in found else found
 
 
-class Memory(TransportUnderTest):
-    name = "memory"
-    settle = 0.02  # everything published is there at once
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.transport = InMemoryTransport()
-        self._names = itertools.count()
-
-    def topic(self, partitions: int = 3) -> str:
-        name = f"topic-{next(self._names)}"
-        self.transport.create_topic(name, partitions)
-        return name
-
-    def publisher(self) -> Publisher:
-        return self._keep(self.transport.publisher())  # type: ignore[no-any-return]
-
-    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
-        return self._keep(self.transport.subscriber(topics, group))  # type: ignore[no-any-return]
+#: The name the tests' own transport registers.
+TEST_TRANSPORT = "files"
 
 
-class Kafka(TransportUnderTest):
-    name = "kafka"
-    settle = 0.3
-
-    def __init__(self, bootstrap: str, topics: TopicFactory, consumer_settings: dict[str, str]):
-        super().__init__()
-        self.bootstrap = bootstrap
-        self._topics = topics
-        self._consumer_settings = consumer_settings
-
-    def topic(self, partitions: int = 3) -> str:
-        return self._topics(partitions)
-
-    def publisher(self) -> Publisher:
-        settings = transports.TransportSettings(kafka_bootstrap=self.bootstrap)
-        publishers, _ = transports.KAFKA.make_publishers(settings)
-        return self._keep(publishers())  # type: ignore[no-any-return]
-
-    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
-        settings = transports.TransportSettings(
-            kafka_bootstrap=self.bootstrap, kafka_config=self._consumer_settings
-        )
-        subscribers, _ = transports.KAFKA.make_subscribers(settings, group, topics)
-        return self._keep(subscribers())  # type: ignore[no-any-return]
+def register_test_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Register the tests' own transport for one test: its module registers it when first
+    imported, as a third party's does; the registry is put back after the test."""
+    monkeypatch.setattr(transports, "_REGISTERED", dict(transports._REGISTERED))
+    module = importlib.import_module(TEST_TRANSPORT_MODULE)
+    transports.register(module.FILES)
 
 
-class PostgresLog(TransportUnderTest):
-    name = "postgres"
-    settle = 0.3
-
-    def __init__(self, url: str) -> None:
-        super().__init__()
-        self.url = url
-        self.log = PgLog(url)
-        self._names = itertools.count()
-
-    def topic(self, partitions: int = 3) -> str:
-        name = f"topic-{next(self._names)}"
-        self.log.create_topic(name, partitions)
-        return name
-
-    def publisher(self) -> Publisher:
-        publishers, _ = transports.LOG.make_publishers(
-            transports.TransportSettings(log_url=self.url)
-        )
-        return self._keep(publishers())  # type: ignore[no-any-return]
-
-    def subscriber(self, topics: Sequence[str], group: str) -> Subscriber:
-        settings = transports.TransportSettings(log_url=self.url)
-        subscribers, _ = transports.LOG.make_subscribers(settings, group, topics)
-        return self._keep(subscribers())  # type: ignore[no-any-return]
+def _entry(request: pytest.FixtureRequest) -> transports.Transport[object]:
+    if request.param == TEST_TRANSPORT:
+        register_test_transport(request.getfixturevalue("monkeypatch"))
+    return transports.get(request.param)
 
 
-@pytest.fixture(params=["memory", "kafka", "postgres"])
+@pytest.fixture(params=registered_contracts())
 def transport(request: pytest.FixtureRequest) -> Iterator[TransportUnderTest]:
-    """Each transport in turn."""
-    under_test: TransportUnderTest
-    if request.param == "memory":
-        under_test = Memory()
-    elif request.param == "postgres":
-        url = request.getfixturevalue("outbox_database_factory")(migrated=False)
-        upgrade_log(url)
-        under_test = PostgresLog(url)
-    else:
-        servers = request.getfixturevalue("outbox_servers")
-        settings = TANSU_CONSUMER_SETTINGS if isinstance(servers.kafka, TansuBroker) else {}
-        under_test = Kafka(
-            request.getfixturevalue("outbox_kafka_bootstrap"),
-            request.getfixturevalue("outbox_topic_factory"),
-            settings,
-        )
+    """Each registered transport in turn."""
+    factory = _entry(request).contract
+    assert factory is not None
+    under_test = factory(request)
+    try:
+        yield under_test
+    finally:
+        under_test.close_all()
+
+
+@pytest.fixture(params=registered_contracts())
+def process_transport(request: pytest.FixtureRequest) -> Iterator[TransportUnderTest]:
+    """Each registered transport whose records other processes see ("processes" in its
+    features): for the contract cases that cross processes. The others are skipped, saying
+    why."""
+    entry = _entry(request)
+    if "processes" not in entry.features:
+        pytest.skip(f"{entry.label} lives in one process: nothing crosses a process")
+    assert entry.contract is not None
+    under_test = entry.contract(request)
     try:
         yield under_test
     finally:

@@ -34,6 +34,7 @@ from outbox.runtime import (
     TransportSettings,
 )
 from outbox.runtime.app import Supervised
+from outbox.transports import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +143,7 @@ def test_a_renamed_flag_given_to_run_is_one_line_naming_the_new_ones(
 def test_the_flags_reach_the_root_as_one_settings_object(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from outbox.cli.arguments import settings_of
+    from outbox.cli import arguments
 
     monkeypatch.setenv("OUTBOX_KAFKA_CONFIG_SASL_USERNAME", "from-env")
     monkeypatch.setenv("OUTBOX_GROUP", "billing")
@@ -184,7 +185,7 @@ def test_the_flags_reach_the_root_as_one_settings_object(
             "8081",
         ]
     )
-    settings = settings_of(args)
+    settings = arguments.settings_of(args)
     databases = settings.databases
     assert [(d.name, d.schema) for d in databases.fixed] == [
         ("acme", "outbox"),
@@ -195,12 +196,12 @@ def test_the_flags_reach_the_root_as_one_settings_object(
     assert (databases.route_header, databases.quarantine) == ("x-tenant", "globex")
     assert databases.several and databases.routed
     transport = settings.transport
-    assert (transport.name, transport.kafka_bootstrap, transport.start) == (
+    assert (transport.name, transport.options.bootstrap, transport.start) == (
         "kafka",
         "k:9092",
         "latest",
     )
-    assert transport.kafka_config == {"linger.ms": "7", "sasl.username": "from-env"}
+    assert transport.options.config == {"linger.ms": "7", "sasl.username": "from-env"}
     assert settings.group == "billing"
     assert (settings.producer.batch_size, settings.consumer.batch_size) == (10, 20)
     assert (settings.handler.batch_size, settings.handler.concurrency) == (30, 5)
@@ -213,7 +214,7 @@ def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() ->
             Databases.of("acme=postgresql://h/acme", "globex=postgresql://h/globex"),
             quarantine="globex",
         ),
-        transport=TransportSettings(kafka_bootstrap="k:9092"),
+        transport=settings_of("kafka", kafka_bootstrap="k:9092"),
         group="g",
     )
     from outbox import Handlers
@@ -256,7 +257,7 @@ def test_several_databases_make_a_relay_per_database_and_a_routing_consumer() ->
                 group="g",
                 transport=TransportSettings(name="nats"),
             ),
-            "--transport must be one of kafka, postgres, got 'nats'",
+            "--transport must be one of kafka, postgres, memory, got 'nats'",
         ),
     ],
 )
@@ -277,7 +278,7 @@ def test_the_runtime_takes_settings_or_the_keywords_of_one_database_not_both() -
     handlers.handler("t")(lambda message, conn: None)
     settings = Settings(
         databases=Databases.of("postgresql://h/d"),
-        transport=TransportSettings(kafka_bootstrap="k:9092"),
+        transport=settings_of("kafka", kafka_bootstrap="k:9092"),
         group="g",
     )
     with pytest.raises(ConfigurationError, match="not both"):
@@ -296,10 +297,11 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
     asked: list[str] = []
     registered = transports.get
 
-    def counted(name: str, **kwargs: object) -> transports.Transport:
+    def counted(name: str, **kwargs: object) -> transports.Transport[object]:
         asked.append(name)
         return registered(name, **kwargs)  # type: ignore[arg-type]
 
+    where = settings_of("kafka", kafka_bootstrap="k:9092")  # the flags', parsed before
     monkeypatch.setattr(transports, "get", counted)
     handlers = Handlers()
     handlers.handler("t")(lambda message, conn: None)
@@ -309,7 +311,7 @@ def test_one_outbox_run_asks_the_registry_for_its_transport_once(
             databases=replace(
                 Databases.of("a=postgresql://h/a", "b=postgresql://h/b"), quarantine="a"
             ),
-            transport=TransportSettings(kafka_bootstrap="k:9092"),
+            transport=where,
             group="g",
         ),
     )
@@ -354,7 +356,7 @@ def test_routing_without_a_quarantine_database_is_refused_at_start_up_naming_the
     handlers = Handlers()
     handlers.handler("t")(lambda message, conn: None)
     settings = Settings(
-        databases=databases, transport=TransportSettings(kafka_bootstrap="k:9092"), group="g"
+        databases=databases, transport=settings_of("kafka", kafka_bootstrap="k:9092"), group="g"
     )
     with pytest.raises(ConfigurationError) as refused:
         OutboxRuntime(handlers, settings=settings)

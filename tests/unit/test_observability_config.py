@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from outbox import transports
 from outbox.cli import build_parser
 from outbox.core.errors import ConfigurationError
 from outbox.observability.health import HealthState, Heartbeat
 from outbox.observability.metrics import METRICS, HandlerTally, Metrics, PrometheusMetrics
-from outbox.runtime import App, Databases, ObservabilityConfig, Settings, TransportSettings
+from outbox.runtime import App, Databases, ObservabilityConfig, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "outbox-dashboard.json"
@@ -25,7 +26,9 @@ URL = "postgresql://app:s3cret@db/app"
 
 def kafka_producer(**settings: Any) -> Any:
     """A Producer over Kafka at kafka:9092 (never started), as the composition root builds it."""
-    where = TransportSettings(kafka_bootstrap="kafka:9092", **settings.pop("transport", {}))
+    where = transports.settings_of(
+        "kafka", kafka_bootstrap="kafka:9092", **settings.pop("transport", {})
+    )
     return App(Settings(databases=Databases.of(URL), transport=where, **settings)).producer()
 
 

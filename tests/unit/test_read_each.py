@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from outbox.cli.operator import read_each
+from outbox.cli.status import read_each
 from outbox.core.databases import Database
 from outbox.core.errors import DatabaseUnavailable
 

@@ -38,7 +38,8 @@ FOR UPDATE OF p;
 -- The counter row stays locked until commit, so a partition's offsets commit in order: a
 -- reader that sees offset n committed sees every offset before it (no keyset trap). Within a
 -- partition the records keep their order in the batch (`ord`). Wakes the subscribers that
--- announced a nap (log_members.sleeping); the notification is delivered at commit. Returns
+-- announced a nap (log_members.sleeping), and the servers whose long polls wait for records
+-- (log_listeners, `outbox serve`); the notification is delivered at commit. Returns
 -- how many records it appended: fewer than the batch when a partition's counter row is gone,
 -- which the publisher checks before it commits. The records of one partition get one random
 -- append id (docs/decisions/0019): with its offset it names a record for the readers, who
@@ -64,7 +65,8 @@ WITH batch AS (
 )
 SELECT (SELECT count(*) FROM appended),
        (SELECT pg_notify(%(channel)s, '')
-        WHERE EXISTS (SELECT 1 FROM {schema}.log_members WHERE sleeping)) IS NOT NULL;
+        WHERE EXISTS (SELECT 1 FROM {schema}.log_members WHERE sleeping)
+           OR EXISTS (SELECT 1 FROM {schema}.log_listeners)) IS NOT NULL;
 
 -- name: log_repair_counters
 -- Move the counters of partitions past the highest offset they hold, never backwards: a record

@@ -54,12 +54,14 @@ ORDER BY 1, 2;
 -- by the rule of relay_forget_dead: its pid connected to this database, with its
 -- backend_start when both are known.
 -- updated_at changes when a process registers, goes to sleep or wakes up: it is not a
--- heartbeat, so a busy process can show a large age.
+-- heartbeat, so a busy process can show a large age. A parked relay (parked_at: since when;
+-- idle, --idle-disconnect) has no session: it is alive while its looks keep its row
+-- (relay_forget_dead), and its updated_at is its last look's, at most a minute or so old.
 SELECT r.relay_id,
        r.queue,
        r.backend_pid,
        r.sleeping,
-       EXISTS (SELECT 1 FROM pg_stat_activity a
+       r.parked_at IS NOT NULL OR EXISTS (SELECT 1 FROM pg_stat_activity a
                WHERE a.pid = r.backend_pid
                  AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
                  AND (r.backend_start IS NULL OR a.backend_start IS NULL
@@ -68,7 +70,8 @@ SELECT r.relay_id,
        (SELECT count(*) FROM pg_locks l
         WHERE l.pid = r.backend_pid AND l.locktype = 'advisory' AND l.granted
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       ) AS lanes
+       ) AS lanes,
+       r.parked_at
 FROM {schema}.relay_state r
 ORDER BY r.queue, r.relay_id;
 

@@ -105,7 +105,7 @@ INSERT INTO {schema}.relay_state (relay_id, queue, backend_pid, sleeping, backen
 VALUES (%(relay_id)s, %(queue)s, pg_backend_pid(), false,
         (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))
 ON CONFLICT (relay_id) DO UPDATE SET backend_pid = EXCLUDED.backend_pid, sleeping = false,
-    backend_start = EXCLUDED.backend_start, updated_at = now();
+    backend_start = EXCLUDED.backend_start, updated_at = now(), parked_at = NULL;
 
 -- name: relay_forget_dead
 -- Relays whose database session is gone (killed, crashed) leave their row behind; drop it so
@@ -115,14 +115,17 @@ ON CONFLICT (relay_id) DO UPDATE SET backend_pid = EXCLUDED.backend_pid, sleepin
 -- never dead: rows registered before migration 0004 have none, and pg_stat_activity hides it
 -- for sessions of other roles unless this role has pg_read_all_stats; then the pid and the
 -- database decide.
+-- A parked relay (parked_at set: idle, no session of its own) is alive while it keeps looking:
+-- its looks refresh updated_at (`relay_parked_seen`); one not seen for 10 minutes is gone.
 DELETE FROM {schema}.relay_state r
-WHERE NOT EXISTS (
-    SELECT 1 FROM pg_stat_activity a
-    WHERE a.pid = r.backend_pid
-      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (r.backend_start IS NULL OR a.backend_start IS NULL
-           OR a.backend_start = r.backend_start)
-);
+WHERE CASE WHEN r.parked_at IS NOT NULL THEN r.updated_at < now() - interval '10 minutes'
+      ELSE NOT EXISTS (
+          SELECT 1 FROM pg_stat_activity a
+          WHERE a.pid = r.backend_pid
+            AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND (r.backend_start IS NULL OR a.backend_start IS NULL
+                 OR a.backend_start = r.backend_start))
+      END;
 
 -- name: relay_lanes_held
 -- Lanes of one lock class held by any session of this database. Advisory locks belong to a
@@ -149,12 +152,27 @@ WHERE c.relname IN ('producer_queue', 'consumer_queue') AND c.relkind IN ('r', '
 -- name: relay_unregister
 DELETE FROM {schema}.relay_state WHERE relay_id = %(relay_id)s;
 
+-- name: relay_park
+-- The relay parks (idle for --idle-disconnect seconds): its row stays, as parked since now,
+-- counted by no relay sharing lanes and woken by no writer (not sleeping).
+UPDATE {schema}.relay_state SET parked_at = COALESCE(parked_at, now()), sleeping = false,
+    updated_at = now()
+WHERE relay_id = %(relay_id)s;
+
+-- name: relay_parked_seen
+-- A parked relay's look: it is still there (its row is not forgotten as gone). The row comes
+-- back, parked since now, if a relay forgot it meanwhile.
+INSERT INTO {schema}.relay_state (relay_id, queue, backend_pid, sleeping, parked_at)
+VALUES (%(relay_id)s, %(queue)s, pg_backend_pid(), false, now())
+ON CONFLICT (relay_id) DO UPDATE SET updated_at = now()
+    WHERE {schema}.relay_state.parked_at IS NOT NULL;
+
 -- name: relay_set_sleeping
 UPDATE {schema}.relay_state SET sleeping = %(sleeping)s, updated_at = now()
 WHERE relay_id = %(relay_id)s;
 
 -- name: relay_count
-SELECT count(*) FROM {schema}.relay_state WHERE queue = %(queue)s;
+SELECT count(*) FROM {schema}.relay_state WHERE queue = %(queue)s AND parked_at IS NULL;
 
 -- name: producer_fetch
 -- The next rows of the lanes this relay owns, in id order, that may go out now:

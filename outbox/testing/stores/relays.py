@@ -100,10 +100,14 @@ class MemoryRelaySession:
             self.relays.registered[self.relay_id] = (self, False)
             self.relays.listening.add(self)
 
-    def leave(self) -> None:
+    def leave(self, parked: bool = False) -> None:
         self._live()
         with self.relays.lock:
             self.relays.registered.pop(self.relay_id, None)
+
+    def parked_seen(self) -> None:
+        """Nothing lists relays in memory but the live ones."""
+        self._live()
 
     def set_sleeping(self, sleeping: bool) -> None:
         self._live()

@@ -1,0 +1,101 @@
+"""Inbox work for handlers in other languages (`outbox serve`'s `/v1/inbox`): rows of
+`consumer_queue` leased over HTTP, acknowledged as handled, or failed under the retry policy
+(docs/http.md). Every method runs in the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from outbox.core.retry import Backoff
+from outbox.postgres.queries import queries
+
+
+@dataclass(frozen=True)
+class LeasedRow:
+    """One row of `consumer_queue` leased to a client."""
+
+    id: int
+    message_id: UUID
+    topic: str
+    key: bytes | None
+    payload: bytes
+    headers: dict[str, Any] | None
+    content_type: str
+    attempt: int
+    created_at: datetime
+
+
+class InboxLeases:
+    """The HTTP leases of one schema's inbox."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.sql = queries(schema)
+
+    def lease(self, conn: Any, topics: Sequence[str], limit: int, lease: float) -> list[LeasedRow]:
+        """Lease up to `limit` rows of `topics` for `lease` seconds (one per key at a time)."""
+        conn.execute(self.sql["serve_inbox_lock"], {"schema": self.schema})
+        rows = conn.execute(
+            self.sql["serve_inbox_lease"],
+            {"topics": list(topics), "limit": limit, "lease": lease},
+        ).fetchall()
+        return sorted(
+            (
+                LeasedRow(
+                    int(r[0]),
+                    r[1],
+                    r[2],
+                    None if r[3] is None else bytes(r[3]),
+                    bytes(r[4]),
+                    r[5],
+                    r[6],
+                    int(r[7]),
+                    r[8],
+                )
+                for r in rows
+            ),
+            key=lambda row: row.id,
+        )
+
+    def ack(self, conn: Any, ids: Sequence[int]) -> list[int]:
+        """Mark `ids` handled (they leave the queue, their message ids are kept for the dedup
+        window, as the Handler does); the ids that were not rows to mark (unknown, handled
+        already, or dead)."""
+        known = {int(r[0]) for r in conn.execute(self.sql["serve_inbox_known"], {"ids": list(ids)})}
+        if known:
+            conn.execute(self.sql["handler_done_many"], {"ids": sorted(known)})
+        return [i for i in ids if i not in known]
+
+    def attempts(self, conn: Any, row_id: int) -> tuple[str, int] | None:
+        """A pending row's topic and attempts; None when handled, dead or unknown."""
+        row = conn.execute(self.sql["serve_inbox_attempts"], {"id": row_id}).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]))
+
+    def nack(
+        self,
+        conn: Any,
+        row_id: int,
+        error: str,
+        *,
+        max_attempts: int,
+        backoff: Backoff,
+        retry_after: float | None,
+    ) -> tuple[bool, float] | None:
+        """Fail the attempt of `row_id`: dead once it had `max_attempts`, else due again after
+        `retry_after` seconds (the backoff's delay when None). (dead, delay); None when the row
+        is not leased (handled, dead or unknown)."""
+        found = self.attempts(conn, row_id)
+        if found is None:
+            return None
+        attempts = found[1]
+        dead = attempts >= max_attempts
+        delay = backoff.delay(attempts) if retry_after is None else retry_after
+        row = conn.execute(
+            self.sql["serve_inbox_nack"],
+            {"id": row_id, "error": error, "dead": dead, "delay": delay},
+        ).fetchone()
+        return None if row is None else (dead, delay)

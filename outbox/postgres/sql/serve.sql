@@ -1,0 +1,87 @@
+-- The statements of `outbox serve` on an outbox database (docs/http.md).
+
+-- name: serve_claim_ids
+-- Record the message ids a publish over HTTP gave, in the transaction that writes the
+-- messages; returns those not recorded before. A concurrent request with the same id waits
+-- for this one's transaction (ON CONFLICT), then finds the id if it committed.
+INSERT INTO {schema}.http_published (message_id)
+SELECT unnest(CAST(%(message_ids)s AS uuid[]))
+ON CONFLICT (message_id) DO NOTHING
+RETURNING message_id;
+
+-- name: serve_forget_ids
+-- Forget at most `batch` ids recorded more than `window` seconds ago; how many.
+WITH old AS (
+    SELECT message_id FROM {schema}.http_published
+    WHERE published_at < now() - make_interval(secs => %(window)s)
+    ORDER BY published_at
+    LIMIT %(batch)s
+), deleted AS (
+    DELETE FROM {schema}.http_published h USING old
+    WHERE h.message_id = old.message_id
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
+-- name: serve_inbox_lock
+-- Serialize the HTTP leases of one schema's inbox (until the transaction ends): two at once
+-- could each take a row of one key. The key: the schema's OID above, 2^31 - 1 below, which
+-- no log partition lock (below 2^30) and no migration lock (0x74626F78 below) has.
+SELECT pg_advisory_xact_lock(
+    (SELECT oid FROM pg_namespace WHERE nspname = %(schema)s)::bigint << 32 | 2147483647);
+
+-- name: serve_inbox_lease
+-- Lease the next pending rows of `topics` to an HTTP client for `lease` seconds, in id order,
+-- at most one row per key: a key's next row waits while an earlier one is leased or waits for
+-- a retry (as handler_fetch holds it). A lease counts as an attempt; one not acknowledged in
+-- time makes the row due again (at least once). Rows whose message was handled already (a
+-- redelivery stored meanwhile) are left for the Handler's claim, which drops them.
+WITH blocked AS (
+    SELECT DISTINCT lane, key
+    FROM {schema}.consumer_queue
+    WHERE attempts > 0 AND processed_at IS NULL AND dead_at IS NULL
+      AND next_attempt_at > now()
+), candidates AS (
+    SELECT q.id, q.lane, q.key
+    FROM {schema}.consumer_queue q
+    WHERE q.topic = ANY(%(topics)s)
+      AND q.processed_at IS NULL AND q.dead_at IS NULL AND q.next_attempt_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.lane = q.lane AND b.key = q.key)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.consumer_processed p
+                      WHERE p.message_id = q.message_id)
+), firsts AS (
+    SELECT min(id) AS id FROM candidates WHERE key IS NOT NULL GROUP BY lane, key
+    UNION ALL
+    SELECT id FROM candidates WHERE key IS NULL
+), chosen AS (
+    SELECT id FROM firsts ORDER BY id LIMIT %(limit)s
+)
+UPDATE {schema}.consumer_queue q
+SET attempts = q.attempts + 1,
+    next_attempt_at = now() + make_interval(secs => %(lease)s)
+FROM chosen
+WHERE q.id = chosen.id
+RETURNING q.id, q.message_id, q.topic, q.key, q.payload, NULLIF(q.headers, '{}'::jsonb),
+          q.content_type, q.attempts, q.created_at;
+
+-- name: serve_inbox_nack
+-- A leased row's attempt failed: due again after `delay` seconds, or dead (kept for an
+-- operator, `outbox dead-letters`). Only a row still leased (not yet due again, not handled)
+-- is changed; returns it with its attempts.
+UPDATE {schema}.consumer_queue
+SET last_error = %(error)s,
+    next_attempt_at = CASE WHEN %(dead)s THEN next_attempt_at
+                           ELSE now() + make_interval(secs => %(delay)s) END,
+    dead_at = CASE WHEN %(dead)s THEN now() ELSE NULL END
+WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL AND attempts > 0
+RETURNING id, attempts;
+
+-- name: serve_inbox_attempts
+-- A pending row's topic and attempts (no row: handled, dead or unknown).
+SELECT topic, attempts FROM {schema}.consumer_queue
+WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL;
+
+-- name: serve_inbox_known
+-- Which of `ids` are rows of consumer_queue not dead (those an ack can mark handled).
+SELECT id FROM {schema}.consumer_queue
+WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND dead_at IS NULL;

@@ -1,0 +1,79 @@
+"""Inbox work over HTTP for handlers in other languages: rows the Consumer stored are leased one
+per key at a time in order, acknowledged as handled (kept for the dedup window as the Handler
+keeps them), or failed under the retry policy until dead."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from .relay_helpers import count, spawn_consumer, spawn_producer, wait_for
+from .serve_support import serving
+
+
+def test_inbox_rows_are_leased_in_key_order_acked_retried_and_dead_lettered(
+    outbox_database_url: str, outbox_log_url: str
+) -> None:
+    url = outbox_database_url
+    with (
+        serving(url, outbox_log_url) as server,
+        spawn_producer(url, outbox_log_url),
+        spawn_consumer(url, outbox_log_url, "work", "http-handlers"),
+    ):
+        sent = [{"payload": {"n": n}, "key": f"k{n % 2}"} for n in range(6)]
+        assert server.call("POST", "/v1/topics/work/messages", sent)[0] == 201
+        wait_for(lambda: count(url, "consumer_queue") == 6, 60, "six rows in the inbox")
+
+        lease = {"topics": ["work"], "max": 10, "lease_ms": 60_000}
+        status, found = server.call("POST", "/v1/inbox/lease", lease)
+        assert status == 200
+        first = found["messages"]
+        # One row per key: the first of k0 and the first of k1.
+        assert [m["payload"]["n"] for m in first] == [0, 1]
+        assert [m["key"] for m in first] == ["k0", "k1"] and all(m["attempt"] == 1 for m in first)
+        assert server.call("POST", "/v1/inbox/lease", {**lease, "wait_ms": 100})[0] == 204
+
+        # k0's row handled: k0's next comes; k1's row failed: k1 waits for its retry.
+        assert server.call("POST", "/v1/inbox/ack", {"ids": [first[0]["id"]]}) == (
+            200,
+            {"acked": 1, "unknown": []},
+        )
+        status, said = server.call(
+            "POST", "/v1/inbox/nack", {"id": first[1]["id"], "error": "boom", "retry_after_ms": 700}
+        )
+        assert (status, said) == (200, {"id": first[1]["id"], "dead": False, "retry_after_ms": 700})
+        status, found = server.call("POST", "/v1/inbox/lease", lease)
+        assert [m["payload"]["n"] for m in found["messages"]] == [2]
+        time.sleep(0.8)
+        status, again = server.call("POST", "/v1/inbox/lease", lease)
+        assert [(m["payload"]["n"], m["attempt"]) for m in again["messages"]] == [(1, 2)]
+
+        # Failed until its attempts (5, the Handler's default) are spent: dead, kept.
+        row = again["messages"][0]["id"]
+        for attempt in range(2, 6):
+            status, said = server.call(
+                "POST",
+                "/v1/inbox/nack",
+                {"id": row, "error": f"try {attempt}", "retry_after_ms": 0},
+            )
+            assert said["dead"] is (attempt == 5), said
+            if attempt < 5:
+                status, found = server.call("POST", "/v1/inbox/lease", lease)
+                assert [m["id"] for m in found["messages"]][:1] == [row]
+        status, said = server.call("POST", "/v1/inbox/nack", {"id": row, "error": "x"})
+        assert status == 404
+        with psycopg.connect(url) as conn:
+            assert conn.execute(
+                "SELECT last_error FROM outbox.consumer_queue WHERE dead_at IS NOT NULL"
+            ).fetchall() == [("try 5",)]
+            handled = conn.execute("SELECT count(*) FROM outbox.consumer_processed").fetchone()
+        assert handled == (1,)
+        # A handled id acked again is unknown; bad input is refused, nothing changed.
+        assert server.call("POST", "/v1/inbox/ack", {"ids": [first[0]["id"]]})[1] == {
+            "acked": 0,
+            "unknown": [first[0]["id"]],
+        }
+        assert server.call("POST", "/v1/inbox/lease", {"topics": []})[0] == 422
+        assert server.call("POST", "/v1/inbox/lease", {"topics": ["bad topic"]})[0] == 422
+        assert server.call("POST", "/v1/inbox/nack", {"id": 1})[0] == 422
