@@ -279,16 +279,20 @@ def test_a_woken_handler_holding_some_lanes_still_looks_first(outbox_database_ur
             )
 
     with (
-        handler_thread(url, handlers, poll_interval=5, concurrency=1) as first,
-        handler_thread(url, handlers, poll_interval=5, concurrency=1) as second,
+        handler_thread(
+            url, handlers, poll_interval=1, concurrency=1, rebalance_interval=0.2
+        ) as first,
+        handler_thread(
+            url, handlers, poll_interval=1, concurrency=1, rebalance_interval=0.2
+        ) as second,
     ):
-        wait_for(lambda: count(url, "relay_state", "sleeping") == 2, 10, "both to sleep")
-        wait_for(lambda: 0 < len(first.lanes) < LANES, 10, "the lanes to be shared")
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 2, 30, "both to sleep")
+        wait_for(lambda: 0 < len(first.lanes) < LANES, 30, "the lanes to be shared")
         for n in range(20):  # random keys: both workers connect
             put_keyed(n)
         wait_for(lambda: len(handled) == 20, 10, "the first rows")
         assert first._workers[0].connected and second._workers[0].connected
-        time.sleep(1.0)  # idle, their quick polls over: only wake-ups are left
+        time.sleep(1.0)  # idle: wake-ups, and a timed poll a second
         looks: list[bool] = []  # whether each look followed a notification
         for runner in (first, second):
             work = runner.work
