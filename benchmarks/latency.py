@@ -22,13 +22,20 @@ The stages of a message, each measured from the sender's commit:
   records it: handled rows leave `consumer_queue`);
 - the total: the callback's start.
 
+Each row also gets a hop budget (`HOPS`, its own table): commit -> relayed (the record's
+CreateTime) -> stored (`received_at`) -> claimed (the start of the handler's transaction, whose
+first statement is the claim) -> handled (the callback's start), each hop's p50 and p99, beside
+the same run's floor, so a change shows the hop it acted on. The variant "low latency (outbox
+run)" runs the low-latency settings as one `outbox run` process on one database (sender and
+receiver alike) instead of three processes; its floor is that of "low latency".
+
 Last, the broker floor of each variant: the same rates from a bare confluent-kafka producer with
 that variant's producer settings to a plain consumer with its consumer's `fetch.wait.max.ms`, no
 database or daemon: what the broker and librdkafka alone cost on this machine with the same
 settings. Outbox's own share is a variant's total less its floor. Each row at a target rate
 shows its p50 as `figure`, the floor's p50 at that rate as `floor` and `ratio` = floor / figure
 (the p99s are beside them: `floor p99 ms`). A quick run (`--quick`) measures the low-latency
-settings at 500/s and 1,000/s for 5 s each.
+settings, three processes and `outbox run`, at 500/s and 1,000/s for 5 s each.
 
 `python -m benchmarks.latency --help` runs a part of it (some rates, variants, shorter) for
 measurements while working on the daemons.
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -81,6 +89,9 @@ class Variant:
     handler_flags: tuple[str, ...] = ()
     #: Whether this variant also runs the saturation row.
     saturation: bool = False
+    #: One `outbox run` process on one database (sender and receiver alike) instead of
+    #: three processes; the producer's and the consumer's librdkafka settings both reach it.
+    single: bool = False
 
     def describe(self) -> str:
         parts = [
@@ -88,7 +99,8 @@ class Variant:
             *(f"consumer {s}" for s in (*self.consumer_kafka, *self.consumer_flags)),
             *(f"handler {s}" for s in self.handler_flags),
         ]
-        return ", ".join(parts) or "outbox's defaults"
+        described = ", ".join(parts) or "outbox's defaults"
+        return f"one `outbox run`; {described}" if self.single else described
 
 
 #: The daemons' settings compared: outbox's defaults (chosen for a real Kafka cluster), and
@@ -106,6 +118,13 @@ VARIANTS = (
         "low latency 5 ms",
         producer_kafka=("linger.ms=0",),
         consumer_kafka=("fetch.wait.max.ms=5",),
+    ),
+    # The low-latency settings under `outbox run` (one process, one database).
+    Variant(
+        "low latency (outbox run)",
+        producer_kafka=("linger.ms=0",),
+        consumer_kafka=("fetch.wait.max.ms=1",),
+        single=True,
     ),
 )
 
@@ -298,15 +317,107 @@ def wait_arrivals(
 def arrivals_of(url: str, ids: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     """Callback start times and inbox arrival times (the message's `received_at`, which the
     callback records) by id."""
+    found = stages_of(url, ids)
+    return found.handled, found.stored
+
+
+@dataclass
+class Stages:
+    """When each message (by id) reached each hop the receiver sees, epoch seconds."""
+
+    #: consumer_queue's `received_at`: the start of the consumer's insert transaction.
+    stored: dict[str, float]
+    #: The start of the handler's transaction, whose first statement claims the row.
+    claimed: dict[str, float]
+    #: The start of the callback.
+    handled: dict[str, float]
+    #: The record's (partition, offset) on the transport.
+    positions: dict[str, tuple[int, int]]
+
+
+def stages_of(url: str, ids: list[str]) -> Stages:
+    """What `benchmarks.latency_handlers` recorded of the messages `ids`."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT message_id::text, started, received FROM arrivals "
-            "WHERE message_id = ANY(%s::uuid[])",
+            "SELECT message_id::text, started, received, claimed, source_partition, "
+            "source_offset FROM arrivals WHERE message_id = ANY(%s::uuid[])",
             (ids,),
         ).fetchall()
-    started = {r[0]: float(r[1]) for r in rows}
-    received = {r[0]: float(r[2]) for r in rows if r[2] is not None}
-    return started, received
+    return Stages(
+        stored={r[0]: float(r[2]) for r in rows if r[2] is not None},
+        claimed={r[0]: float(r[3]) for r in rows if r[3] is not None},
+        handled={r[0]: float(r[1]) for r in rows},
+        positions={r[0]: (int(r[4]), int(r[5])) for r in rows if r[4] is not None},
+    )
+
+
+def log_record_times(
+    log_url: str, topic: str, positions: dict[str, tuple[int, int]], schema: str = "outbox_log"
+) -> dict[str, float]:
+    """The time each record was appended to the log kept in PostgreSQL (`log_records.created_at`:
+    the start of the publisher's append transaction), by message id, from its position."""
+    if not positions:
+        return {}
+    ids = list(positions)
+    with psycopg.connect(log_url) as conn:
+        rows = conn.execute(
+            f"SELECT u.id, extract(epoch FROM r.created_at) "
+            f"FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS u(id, part, off) "
+            f'JOIN "{schema}".log_topics t ON t.name = %s '
+            f'JOIN "{schema}".log_partitions p ON p.topic_id = t.id AND p.partition = u.part '
+            f'JOIN "{schema}".log_records r ON r.partition_id = p.id AND r.log_offset = u.off',
+            (ids, [positions[i][0] for i in ids], [positions[i][1] for i in ids], topic),
+        ).fetchall()
+    return {r[0]: float(r[1]) for r in rows}
+
+
+#: The scenario of the hop budgets: each latency row split at each hop.
+HOPS = "latency per hop: commit -> relayed -> stored -> claimed -> handled"
+HOPS_NOTE = (
+    "ms per hop, each its own p50 and p99 over the messages (they do not add up to the "
+    "total's). relayed: the record's time on the transport (Kafka: its CreateTime, stamped at "
+    "produce(), 1 ms resolution, truncated; the log: log_records.created_at, the start of the "
+    "append transaction); stored: consumer_queue.received_at (the start of the consumer's "
+    "insert transaction); claimed: the start of the handler's transaction, whose first "
+    "statement is the claim; handled: the callback's start"
+)
+
+
+def hop_budget(
+    name: str,
+    committed: dict[str, float],
+    relayed: dict[str, float],
+    stages: Stages,
+    notes: str = "",
+) -> Result:
+    """A row of `HOPS`: p50 and p99 (ms) of each hop of the messages that reached every stage,
+    and of the whole, commit -> handled."""
+    points = [
+        ("commit", committed),
+        ("relayed", relayed),
+        ("stored", stages.stored),
+        ("claimed", stages.claimed),
+        ("handled", stages.handled),
+    ]
+    complete = [m for m in committed if all(m in times for _, times in points)]
+    values: dict[str, float] = {"messages": len(complete)}
+    for (a, at), (b, bt) in itertools.pairwise(points):
+        p = percentiles([(bt[m] - at[m]) * 1000 for m in complete])
+        values[f"{a}->{b} p50"] = p["p50"]
+        values[f"{a}->{b} p99"] = p["p99"]
+    total = percentiles([(stages.handled[m] - committed[m]) * 1000 for m in complete])
+    values["total p50"] = total["p50"]
+    values["total p99"] = total["p99"]
+    missing = len(committed) - len(complete)
+    if missing:
+        notes = f"{missing} of {len(committed)} messages lack a stage; " + notes
+    return Result(HOPS, name, values, notes=notes)
+
+
+def budget_floor(budget: Result, floor: Result) -> None:
+    """Put the same-run floor's p50 and p99 beside a hop budget."""
+    budget.metrics["floor p50"] = floor.metrics["p50 ms"]
+    budget.metrics["floor p99"] = floor.metrics["p99 ms"]
 
 
 def latency_result(
@@ -493,6 +604,28 @@ def _daemons(
     group = f"bench-latency-{topic.rsplit('.', 1)[-1]}"
     producer_kafka = [f"--kafka-config={s}" for s in variant.producer_kafka]
     consumer_kafka = [f"--kafka-config={s}" for s in (*CONSUMER_KAFKA, *variant.consumer_kafka)]
+    if variant.single:
+        return [
+            outbox_daemon(
+                "outbox run",
+                "run",
+                "benchmarks.latency_handlers:handlers",
+                "--database-url",
+                receiver_url,
+                "--kafka-bootstrap",
+                ctx.bootstrap,
+                *producer_kafka,
+                *consumer_kafka,
+                "--topic",
+                topic,
+                "--group",
+                group,
+                *variant.producer_flags,
+                *variant.consumer_flags,
+                *variant.handler_flags,
+                env={"LATENCY_TOPIC": topic},
+            )
+        ]
     return [
         outbox_daemon(
             "outbox producer",
@@ -536,19 +669,17 @@ def through_daemons(
     """The variant's daemons at each of `rates`, then (if the variant says so) saturation."""
     from benchmarks.latency_handlers import SCHEMA
 
-    sender_url = ctx.new_database()
     receiver_url = ctx.new_database()
+    sender_url = receiver_url if variant.single else ctx.new_database()
     topic = ctx.new_topic("latency")
     with psycopg.connect(receiver_url, autocommit=True) as conn:
         conn.execute(SCHEMA)
     daemons = _daemons(ctx, variant, sender_url, receiver_url, topic)
-    #: (row name, commit times by id, metrics, callback starts by id, inbox times by id)
-    runs: list[tuple[str, dict[str, float], dict[str, float], dict[str, float], dict[str, float]]]
-    runs = []
+    #: (row name, commit times by id, metrics, what the receiver recorded)
+    runs: list[tuple[str, dict[str, float], dict[str, float], Stages]] = []
 
     def measured(name: str, committed: dict[str, float], metrics: dict[str, float]) -> None:
-        started, received = arrivals_of(receiver_url, list(committed))
-        runs.append((name, committed, metrics, started, received))
+        runs.append((name, committed, metrics, stages_of(receiver_url, list(committed))))
 
     try:
         # Warm-up: the consumer joins its group and every daemon has done its first round trip.
@@ -583,17 +714,24 @@ def through_daemons(
         reader.wait_for([m for _, committed, *_ in runs for m in committed], 60)
     finally:
         reader.close()
-    return [
+    rows = [
         latency_result(
             f"{variant.name}: {name}",
             committed,
-            started,
+            stages.handled,
             metrics,
             variant.describe(),
-            stages=(("to Kafka", reader.produced), ("to inbox", received)),
+            stages=(("to Kafka", reader.produced), ("to inbox", stages.stored)),
         )
-        for name, committed, metrics, started, received in runs
+        for name, committed, metrics, stages in runs
     ]
+    budgets = [
+        hop_budget(f"{variant.name}: {name}", committed, reader.produced, stages)
+        for name, committed, _, stages in runs
+    ]
+    for budget, (_, _, metrics, _) in zip(budgets, runs, strict=True):
+        budget.metrics = {"target /s": metrics["target /s"], **budget.metrics}
+    return rows + budgets
 
 
 def run(
@@ -605,7 +743,9 @@ def run(
     floor: bool = True,
 ) -> list[Result]:
     if ctx.quick and variants is VARIANTS:
-        variants = [v for v in VARIANTS if v.name == "low latency"]
+        variants = [
+            v for v in VARIANTS if v.name.startswith("low latency") and "5 ms" not in v.name
+        ]
     if ctx.quick and rates is RATES:
         rates = QUICK_RATES
     if seconds is None:
@@ -617,6 +757,8 @@ def run(
     if floor:
         floors = []
         for variant in variants:
+            if variant.single:
+                continue  # beside the floor of the same settings (`beside_floors`)
             for rate in rates:
                 topic = ctx.new_topic("floor")
                 floors.append(
@@ -629,15 +771,20 @@ def run(
 
 def beside_floors(results: Sequence[Result], floors: Sequence[Result]) -> None:
     """Add to each row at a target rate its variant's floor at that rate: `figure` (its p50),
-    `floor` (the floor's p50), `ratio` and `floor p99 ms`."""
+    `floor` (the floor's p50), `ratio` and `floor p99 ms`; to each hop budget its floor's p50
+    and p99. An `outbox run` variant's floor is that of its settings' three-process variant."""
     by_name = {r.variant: r for r in floors}
     for r in results:
         name, _, rest = r.variant.partition(": ")
+        name = name.removesuffix(" (outbox run)")
         rate = r.metrics.get("target /s", float("nan"))
         if rate != rate or not rest.endswith("1 sender"):
             continue
         f = by_name.get(f"{name}: broker floor, {rate:,}/s")
         if f is None:
+            continue
+        if r.scenario == HOPS:
+            budget_floor(r, f)
             continue
         r.metrics = against_floor(
             {**r.metrics, "floor p99 ms": f.metrics["p99 ms"]},
@@ -677,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_floor:
             floors = []
             for variant in chosen:
+                if variant.single:
+                    continue
                 for rate in rates:
                     topic = ctx.new_topic("floor")
                     floors.append(

@@ -33,7 +33,10 @@ defines them; one row per transport):
   (outbox's defaults are 25 and 5). The log's consumer waits on LISTEN/NOTIFY (0.2 s fallback).
   Floor: the transport's bare round trip at the same rate for half as long, right after:
   Kafka `latency.broker_floor` with the same settings, the log `log_floor` (one sender); the
-  p50 row's ratio is floor p50 / p50, the p99 row's floor p99 / p99.
+  p50 row's ratio is floor p50 / p50, the p99 row's floor p99 / p99. Each latency row also has
+  its hop budget (`latency.HOPS`: commit -> relayed -> stored -> claimed -> handled, beside the
+  floor); relayed is the record's time on the transport (a Kafka record's CreateTime, a log
+  record's `created_at`).
 
 Topics have 3 partitions on both transports. Beside them, the reference design's published
 figures (/work/shared/reference/postgres-log-design.md: 4 vCPU, readers polling, no NOTIFY).
@@ -58,13 +61,19 @@ from benchmarks.floors import against_floor
 from benchmarks.harness import Context, Result, outgoing_records
 from benchmarks.latency import (
     WARMUP,
+    Reader,
+    Stages,
     Variant,
-    arrivals_of,
     broker_floor,
+    budget_floor,
+    header_id,
+    hop_budget,
     latency_result,
+    log_record_times,
     outbox_daemon,
     send_paced,
     send_paced_by,
+    stages_of,
     wait_arrivals,
 )
 from benchmarks.throughput import (
@@ -305,9 +314,10 @@ def latencies(
     seconds: float,
     rates: Sequence[int] = RATES,
     senders: int = 1,
-) -> list[Result]:
+) -> list[tuple[Result, Result]]:
     """Commit -> handler latency at each of `rates`, one send per transaction, from `senders`
-    processes (each at rate / senders, interleaved; `send_paced_by`)."""
+    processes (each at rate / senders, interleaved; `send_paced_by`): each row with its hop
+    budget (`latency.HOPS`)."""
     from benchmarks.latency_handlers import SCHEMA
 
     sender, receiver = ctx.new_database(), ctx.new_database()
@@ -336,6 +346,7 @@ def latencies(
         else "consumer on LISTEN/NOTIFY (0.2 s fallback)"
     )
     results: list[Result] = []
+    measured: list[tuple[str, dict[str, float], Stages]] = []
     try:
         send_paced(sender, topic, 20, WARMUP)
         complete, _ = wait_arrivals(receiver, WARMUP, 90, daemons)
@@ -351,24 +362,46 @@ def latencies(
             committed, elapsed = send_paced_by(sender, topic, rate, count, senders)
             total += count
             wait_arrivals(receiver, total, 60 + count / 100, daemons)
-            started, received = arrivals_of(receiver, list(committed))
+            stages = stages_of(receiver, list(committed))
+            name = f"{LABELS[endpoint.name]}, {rate:,}/s" + (
+                f", {senders} sender processes" if senders > 1 else ""
+            )
+            measured.append((name, committed, stages))
             results.append(
                 latency_result(
-                    f"{LABELS[endpoint.name]}, {rate:,}/s"
-                    + (f", {senders} sender processes" if senders > 1 else ""),
+                    name,
                     committed,
-                    started,
+                    stages.handled,
                     {"target /s": rate, "achieved /s": count / elapsed},
                     f"one send per transaction from {senders} process{plural}, daemons as "
                     f"processes, handler 4 workers; {how}",
-                    stage=("to inbox", received),
+                    stage=("to inbox", stages.stored),
                     scenario=DETAIL,
                 )
             )
     finally:
         for d in daemons:
             d.stop()
-    return results
+    budgets = [
+        hop_budget(name, committed, relayed_times(ctx, endpoint, topic, committed, stages), stages)
+        for name, committed, stages in measured
+    ]
+    return list(zip(results, budgets, strict=True))
+
+
+def relayed_times(
+    ctx: Context, endpoint: Endpoint, topic: str, committed: dict[str, float], stages: Stages
+) -> dict[str, float]:
+    """When each message reached the transport: a Kafka record's CreateTime (read back once the
+    daemons stopped), a log record's `created_at`."""
+    if endpoint.name == "postgres":
+        return log_record_times(endpoint.log_url, topic, stages.positions)
+    reader = Reader(ctx.bootstrap, topic, key_of=header_id)
+    try:
+        reader.wait_for(list(committed), 60)
+    finally:
+        reader.close()
+    return reader.produced
 
 
 def _log_sender(url: str, topic: str, rate: float, count: int, start_at: float, out: Any) -> None:
@@ -453,7 +486,7 @@ def log_latency(ctx: Context, rate: int, seconds: float, senders: int) -> list[R
     measured right after it on the same servers (`figure` the p50, `floor` the floor's p50,
     `ratio` floor / figure)."""
     endpoint = Endpoint(ctx, "postgres")
-    (result,) = latencies(ctx, endpoint, seconds, (rate,), senders)
+    ((result, budget),) = latencies(ctx, endpoint, seconds, (rate,), senders)
     floor = log_floor(endpoint.log_url, rate, seconds, senders)
     result.metrics = against_floor(
         {**result.metrics, "floor p99 ms": floor.metrics["p99 ms"]},
@@ -461,7 +494,8 @@ def log_latency(ctx: Context, rate: int, seconds: float, senders: int) -> list[R
         floor.metrics["p50 ms"],
         lower_is_better=True,
     )
-    return [result, floor]
+    budget_floor(budget, floor)
+    return [result, floor, budget]
 
 
 # -- the scenario ------------------------------------------------------------------------------
@@ -559,6 +593,7 @@ def run(ctx: Context) -> list[Result]:
     write: dict[str, float] = {}
     read: dict[str, float] = {}
     detail: list[Result] = []
+    budgets: list[Result] = []
     for name, endpoint in endpoints.items():
         print(f"   {name}: relay and its floor", file=sys.stderr, flush=True)
         relay[name] = (
@@ -580,7 +615,9 @@ def run(ctx: Context) -> list[Result]:
         print(f"   {name}: latency and its floor", file=sys.stderr, flush=True)
         measured = latencies(ctx, endpoint, seconds)
         floor_rows = latency_floors(ctx, endpoint, seconds / 2)
-        for result, floor in zip(measured, floor_rows, strict=True):
+        for (result, budget), floor in zip(measured, floor_rows, strict=True):
+            budget_floor(budget, floor)
+            budgets.append(budget)
             result.metrics = against_floor(
                 {**result.metrics, "floor p99 ms": floor.metrics["p99 ms"]},
                 result.metrics["p50 ms"],
@@ -668,7 +705,7 @@ def run(ctx: Context) -> list[Result]:
                         + "; reference: end to end, readers polling",
                     )
                 )
-    return rows + detail
+    return rows + detail + budgets
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -135,6 +135,9 @@ class LaneRelay(Generic[Row, S]):
         self.watched = False
         #: Set by `stop` and `nudge`: ends a parked relay's wait.
         self._wake = threading.Event()
+        #: Whether the look about to be made follows a notification (rows were committed and
+        #: notified since the last one), not a timed poll; `work` may read it.
+        self.notified = False
         self._parked_seen = time.monotonic()
         self._waits_seen = 0
         #: Serving one of several databases under a connection budget: the process's budget
@@ -374,7 +377,8 @@ class LaneRelay(Generic[Row, S]):
                         conn.set_sleeping(False)
                         sleeping = False
                     self.housekeeping(conn, busy=True)
-                    if sleeping and self._nothing_left() and not conn.notified(0):
+                    self.notified = False
+                    if sleeping and self._nothing_left() and not self._notified(conn, 0):
                         # The look would find nothing: every row committed since the fetch
                         # notified (the flag is set) and no notification came, none was held
                         # back for a retry, and the fetch came back short. Wait as after an
@@ -386,6 +390,7 @@ class LaneRelay(Generic[Row, S]):
                     continue
                 busy_since = None
                 self._idle(idle_since)
+                self.notified = False
                 if not sleeping:
                     # Announce the nap, then look once more: a row committed before the flag
                     # was visible to its writer would otherwise wait for the next poll. Only
@@ -456,8 +461,13 @@ class LaneRelay(Generic[Row, S]):
                 return
             # Short slices keep SIGTERM prompt; a notification ends the wait at once, and so
             # does another database waiting for this relay's connections (it parks then).
-            if conn.notified(min(remaining, 0.2)) or self._should_yield():
+            if self._notified(conn, min(remaining, 0.2)) or self._should_yield():
                 return
+
+    def _notified(self, conn: S, timeout: float) -> bool:
+        """`conn.notified(timeout)`, remembered in `notified` for the next look."""
+        self.notified = conn.notified(timeout)
+        return self.notified
 
     def _rebalance(self, conn: S) -> None:
         """Hold a fair share of the lanes: ceil(LANES / live relays of this kind)."""

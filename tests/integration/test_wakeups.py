@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from outbox import Backoff, Broker, Handlers, InboxMessage, Message
 from outbox.core.batches import InboxBatch
 from outbox.core.envelope import InboxRow
-from outbox.core.lanes import lane_for
+from outbox.core.lanes import LANES, lane_for
 from outbox.postgres.inbox import insert_params
 from outbox.postgres.queries import channel, queries
 from outbox.postgres.relay_stores import PostgresOutboxSession
@@ -206,6 +207,117 @@ def test_a_handler_woken_for_a_few_rows_does_not_look_again_after_them(
             wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
             time.sleep(0.2)
     assert looks == [True, True, True], looks
+
+
+def test_a_woken_handler_claims_at_once_without_a_look_first(outbox_database_url: str) -> None:
+    """A notification says rows were committed: with its worker connected, the runner no
+    longer looks on its own session before the worker claims (that look cost every woken
+    message a round trip before its claim, issue 35). A timed poll still looks first."""
+    url = outbox_database_url
+    handlers = Handlers()
+    handled: list[bytes] = []
+
+    @handlers.handler("t.woken")
+    def on_woken(message: InboxMessage, conn: psycopg.Connection) -> None:
+        handled.append(message.raw_payload)
+
+    # One worker, so that the worker of the rows' lane is every worker (connected by the first).
+    with handler_thread(url, handlers, poll_interval=5, concurrency=1) as runner:
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 1, 10, "the handler to sleep")
+        put_inbox(url, "t.woken", [b'{"n": 0}'])  # the worker connects after a look
+        wait_for(lambda: len(handled) == 1, 10, "the first message")
+        time.sleep(1.0)  # idle, its quick polls over: only a wake-up is left
+        work = runner.work
+        looks: list[tuple[bool, int]] = []  # (notified, rows the look found) of each look
+
+        def counted(conn: Any, lanes: list[int]) -> bool:
+            fetch = conn.fetch
+
+            def looked(*args: Any) -> Any:
+                rows = fetch(*args)
+                looks.append((runner.notified, len(rows)))
+                return rows
+
+            conn.fetch = looked
+            try:
+                return bool(work(conn, lanes))
+            finally:
+                del conn.fetch
+
+        runner.work = counted
+        for n in range(1, 4):
+            put_inbox(url, "t.woken", [b'{"n": %d}' % n])
+            wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
+            time.sleep(0.2)
+    assert len(handled) == 4
+    assert not [look for look in looks if look[0]], looks
+
+
+def test_a_woken_handler_holding_some_lanes_still_looks_first(outbox_database_url: str) -> None:
+    """Two handlers share the lanes: a notification may be for the other's rows, and going
+    straight to a round would cost each of its workers an empty claiming transaction, so a
+    runner holding only some lanes looks first, woken or not."""
+    url = outbox_database_url
+    handlers = Handlers()
+    handled: list[bytes] = []
+
+    @handlers.handler("t.shared")
+    def on_shared(message: InboxMessage, conn: psycopg.Connection) -> None:
+        handled.append(message.raw_payload)
+
+    def put_keyed(n: int) -> None:
+        key, mid = uuid.uuid4().bytes, uuid.uuid4()
+        lane = lane_for(key, mid)
+        row = InboxRow(
+            mid, "t.shared", key, b"{}", {}, "application/json", lane, datetime.now(UTC), 0, n
+        )
+        batch = InboxBatch.of([row])
+        with psycopg.connect(url) as conn:
+            conn.execute(
+                queries("outbox")["inbox_insert"],
+                insert_params(batch, channel("outbox", "consumer_queue")),
+            )
+
+    with (
+        handler_thread(
+            url, handlers, poll_interval=1, concurrency=1, rebalance_interval=0.2
+        ) as first,
+        handler_thread(
+            url, handlers, poll_interval=1, concurrency=1, rebalance_interval=0.2
+        ) as second,
+    ):
+        wait_for(lambda: count(url, "relay_state", "sleeping") == 2, 30, "both to sleep")
+        wait_for(lambda: 0 < len(first.lanes) < LANES, 30, "the lanes to be shared")
+        for n in range(20):  # random keys: both workers connect
+            put_keyed(n)
+        wait_for(lambda: len(handled) == 20, 10, "the first rows")
+        assert first._workers[0].connected and second._workers[0].connected
+        time.sleep(1.0)  # idle: wake-ups, and a timed poll a second
+        looks: list[bool] = []  # whether each look followed a notification
+        for runner in (first, second):
+            work = runner.work
+
+            def counted(
+                conn: Any, lanes: list[int], runner: Any = runner, work: Any = work
+            ) -> bool:
+                fetch = conn.fetch
+
+                def looked(*args: Any) -> Any:
+                    looks.append(runner.notified)
+                    return fetch(*args)
+
+                conn.fetch = looked
+                try:
+                    return bool(work(conn, lanes))
+                finally:
+                    del conn.fetch
+
+            runner.work = counted
+        for n in range(20, 23):
+            put_keyed(n)
+            wait_for(lambda: len(handled) == n + 1, 10, "the woken handler")  # noqa: B023
+            time.sleep(0.2)
+    assert True in looks, looks
 
 
 def test_a_key_held_behind_a_retry_goes_on_as_soon_as_the_retry_succeeds(

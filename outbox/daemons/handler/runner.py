@@ -192,15 +192,19 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         `fetch` of up to `batch_size` rows, whose rows it does not hand on) showed a row in its
         lanes: a worker whose lanes never have rows never connects, as when the runner handed
         out rows. The runner looks after a round that came back short (an idle Handler's polls
-        and wake-ups start no round and take no turn) and before every round while a worker is
-        without a session; while rounds come back full and every worker has one it goes
-        straight to the next round."""
+        start no round and take no turn) and before every round while a worker is without a
+        session; while rounds come back full, or after a notification to a runner that holds
+        every lane (the rows committed are its own: the look would cost a woken message a round
+        trip before its claim), and every worker has one, it goes straight to the round (issue
+        35). Holding only some lanes, it still looks: a notification for another process's
+        lanes would cost each of its workers an empty claiming transaction."""
         self._start_workers()
         workers = len(self._workers)
         shares = self._shares(lanes)
         dormant = any(not self._workers[index].connected for index in shares)
         wanted: set[int] = set()
-        if self._short or dormant:
+        woken_for_its_own = self.notified and len(lanes) == LANES
+        if dormant or (self._short and not woken_for_its_own):
             rows = conn.fetch(lanes, self.config.batch_size, self._unordered)
             if self._short and not rows:
                 return False
