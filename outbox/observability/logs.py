@@ -112,12 +112,12 @@ def configure_logging(level: str, log_format: LogFormat, stream: TextIO | None =
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
 
 
-def topic_summary(counts: dict[str, int], limit: int = 8) -> str:
-    """`a=3, b=1` for a log line, the largest first, at most `limit` topics named."""
+def topic_summary(counts: dict[str, int], limit: int = 8, what: str = "topics") -> str:
+    """`a=3, b=1` for a log line, the largest first, at most `limit` of `what` named."""
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     text = ", ".join(f"{topic}={n}" for topic, n in ranked[:limit])
     if len(ranked) > limit:
-        text += f", and {len(ranked) - limit} more topics"
+        text += f", and {len(ranked) - limit} more {what}"
     return text
 
 
@@ -259,7 +259,8 @@ class BatchSummary:
             shown = str(counts[""]) if set(counts) == {""} else topic_summary(counts)
             text += f"; {name.replace('_', ' ')} {shown}"
         if databases:
-            text += f"; {len(databases)} databases ({topic_summary(databases, limit=5)})"
+            shown = topic_summary(databases, limit=5, what="databases")
+            text += f"; {len(databases)} databases ({shown})"
         self._logger.info(
             text,
             extra={

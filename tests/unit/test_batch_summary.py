@@ -28,6 +28,7 @@ def test_many_databases_batches_make_one_line_per_interval(
     assert vars(line)["event"] == "producer.summary"
     assert vars(line)["relayed"] == {"orders": 400} and vars(line)["batches"] == 200
     assert len(vars(line)["databases"]) == 200
+    assert line.getMessage().endswith(", and 195 more databases)")
     summary.add(1, {"orders": 1})  # a new interval starts with the next batch
     summary.flush()  # and what is left is said at stop, at once
     assert len(caplog.records) == 2
