@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
@@ -64,6 +65,16 @@ class MessageIn(BaseModel):
         None, description="the idempotency key: a message id published before writes nothing"
     )
     tenant: str | None = Field(None, description="the tenant (database NAME) whose inbox gets it")
+    deliver_at: datetime | None = Field(
+        None,
+        description="when the message is due, an ISO 8601 time with its offset (one already past "
+        "means now); it leaves the outbox then, not before",
+    )
+    delay_ms: int | None = Field(
+        None,
+        ge=0,
+        description="or: due this many milliseconds after the database's now (not with deliver_at)",
+    )
 
 
 class Published(BaseModel):
@@ -296,7 +307,18 @@ def create_app(service: Service) -> FastAPI:
         items = body if isinstance(body, list) else [body]
         if not items:
             raise Refused(422, "no message to publish: give an object or a non-empty array")
-        outgoing = [Outgoing(m.payload, m.key, m.headers, m.message_id, m.tenant) for m in items]
+        outgoing = [
+            Outgoing(
+                m.payload,
+                m.key,
+                m.headers,
+                m.message_id,
+                m.tenant,
+                m.deliver_at,
+                None if m.delay_ms is None else timedelta(milliseconds=m.delay_ms),
+            )
+            for m in items
+        ]
         written, ids = await run(lambda: service.publish(topic, outgoing, database))
         if written:
             handed["published"] += len(ids)

@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -81,6 +82,9 @@ class Outgoing:
     headers: Mapping[str, str] | None = None
     message_id: UUID | None = None
     tenant: str | None = None
+    #: When it is due (aware), or `delay` after the database's now: see `Broker.send`.
+    deliver_at: datetime | None = None
+    delay: timedelta | None = None
 
 
 class Service:
@@ -247,6 +251,8 @@ class Service:
                     headers=item.headers,
                     message_id=item.message_id,
                     tenant=item.tenant,
+                    deliver_at=item.deliver_at,
+                    delay=item.delay,
                 )
             )
         return messages

@@ -105,7 +105,37 @@ BAD_PUBLISHES: list[tuple[object, int, str]] = [
         "twice",
     ),
     ([{"payload": 1}, {"payload": 2, "headers": {"outbox-x": "y"}}], 422, "outbox-"),
+    ({"payload": 1, "deliver_at": "2030-01-01T10:00:00"}, 422, "naive"),
+    ({"payload": 1, "deliver_at": "soon"}, 422, "deliver_at"),
+    ({"payload": 1, "delay_ms": -1}, 422, "delay_ms"),
+    ({"payload": 1, "delay_ms": 5, "deliver_at": "2030-01-01T10:00:00Z"}, 422, "both"),
 ]
+
+
+def test_a_publish_due_later_waits_in_producer_scheduled_until_due(
+    server: Server, outbox_database_url: str
+) -> None:
+    url = outbox_database_url
+    status, later = server.call(
+        "POST",
+        "/v1/topics/orders/messages",
+        [
+            {"payload": {"n": 1}, "key": "a", "delay_ms": 3_600_000},
+            {"payload": {"n": 2}, "key": "a", "deliver_at": "2999-01-01T00:00:00+02:00"},
+            {"payload": {"n": 3}, "key": "a", "deliver_at": "2000-01-01T00:00:00Z"},
+        ],
+    )
+    assert status == 201, later
+    with psycopg.connect(url) as conn:
+        scheduled = dict(
+            conn.execute(
+                "SELECT message_id::text, deliver_at - now() FROM outbox.producer_scheduled"
+            ).fetchall()
+        )
+        queued = [r[0] for r in conn.execute("SELECT message_id::text FROM outbox.producer_queue")]
+    first, second, third = later["message_ids"]
+    assert set(scheduled) == {first, second} and queued == [third]  # one already past: now
+    assert 3590 < scheduled[first].total_seconds() <= 3600  # the database's now + the delay
 
 
 def test_each_bad_publish_is_answered_and_stores_nothing(
