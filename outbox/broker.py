@@ -274,11 +274,11 @@ class Broker:
         return [m.message_id for m in batch]
 
     def cancel(self, tx: object, message_id: UUID | str) -> bool:
-        """Take back a message sent with a due time that has not left, in `tx`'s transaction
-        (never committed here): True when it was still scheduled (it is deleted: once `tx`
-        commits it never leaves); False when it has left, or is due and handed to the relay
-        (which may be sending it right now), or never existed. A message sent without a due
-        time cannot be taken back. The handles are those of `send`."""
+        """Take back a message that has not left, in `tx`'s transaction (never committed here):
+        True when it was still scheduled, or waits in producer_queue never attempted while no
+        relay owns its lane (it is deleted: once `tx` commits it never leaves; until then no
+        relay takes the lane); False when it has left, never existed, or is in the queue of a
+        running relay (which may be sending it right now). The handles are those of `send`."""
         return self._writer.cancel(tx, _message_id(message_id))
 
     async def cancel_async(self, tx: object, message_id: UUID | str) -> bool:

@@ -20,6 +20,7 @@ from outbox.core.headers import to_json
 from outbox.core.schedule import Due
 from outbox.core.text import first_line
 from outbox.postgres import sessions
+from outbox.postgres.lanes import lock_class
 from outbox.postgres.queries import channel, queries
 
 
@@ -92,6 +93,7 @@ class Writer:
         self._undo = sql["send_undo"]
         self._send_later, self._later_undo = sql["send_later"], sql["send_later_undo"]
         self._cancel = sql["cancel"]
+        self._lock_class = lock_class(schema, "producer_queue")
         self._channel = channel(schema, "producer_queue")
 
     def write(
@@ -147,11 +149,14 @@ class Writer:
                 await run(undo, {"message_ids": ours})
             raise error
 
+    def _cancel_params(self, message_id: Any) -> dict[str, Any]:
+        return {"message_id": message_id, "lock_class": self._lock_class}
+
     def cancel(self, tx: object, message_id: Any) -> bool:
         """Delete the scheduled message `message_id` in `tx`'s transaction: whether it was
         there (then it never leaves)."""
         try:
-            row = sessions.executor(tx)(self._cancel, {"message_id": message_id}).fetchone()
+            row = sessions.executor(tx)(self._cancel, self._cancel_params(message_id)).fetchone()
         except Exception as exc:
             missing = self._not_migrated(exc)
             if missing is None:
@@ -163,7 +168,7 @@ class Writer:
         """`cancel` with the caller's async handle."""
         run = await sessions.async_executor(tx)
         try:
-            row = await sessions.fetch_one(await run(self._cancel, {"message_id": message_id}))
+            row = await sessions.fetch_one(await run(self._cancel, self._cancel_params(message_id)))
         except Exception as exc:
             missing = self._not_migrated(exc)
             if missing is None:

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from outbox import Broker, DuplicateMessageId, InvalidDueTime, Message, Topic
+from outbox.postgres.lanes import lock_class
 from outbox.postgres.migrate import sqlalchemy_url
 from outbox.testing import sent
 
@@ -187,13 +188,46 @@ def test_cancel_is_in_the_callers_transaction(outbox_database_url: str) -> None:
         with conn.transaction():
             assert broker.cancel(conn, later) is True
             assert broker.cancel(conn, later) is False
-            # Sent without a due time: in the relay's queue, maybe on its way: not taken back.
-            assert broker.cancel(conn, now) is False
             assert broker.cancel(conn, uuid.uuid4()) is False
         with pytest.raises(Exception, match="not a UUID"):
             broker.cancel(conn, "nope")
     assert _scheduled(url) == {}
     assert _queued(url) == {now}
+
+
+def test_a_queued_message_is_taken_back_only_while_no_relay_can_be_sending_it(
+    outbox_database_url: str,
+) -> None:
+    """Sent without a due time, a message waits in producer_queue: cancel takes it back while
+    no relay holds its lane (the relays' advisory lock) and it was never attempted; a relay
+    that owns the lane may be sending it, so then cancel says False and leaves it; and while
+    the cancelling transaction is open, no relay can take the lane."""
+    url = outbox_database_url
+    lock = lock_class("outbox", "producer_queue")
+    with psycopg.connect(url, autocommit=True) as relay, psycopg.connect(url) as conn:
+        with conn.transaction():
+            held = broker.send(conn, "later.t", b"held", key="k1")
+            free = broker.send(conn, "later.t", b"free", key="k2")
+            tried = broker.send(conn, "later.t", b"tried", key="k3")
+        lanes = dict(conn.execute("SELECT message_id, lane FROM outbox.producer_queue"))
+        assume_lanes = {lanes[held], lanes[free], lanes[tried]}
+        if len(assume_lanes) < 3:
+            pytest.skip("the keys share a lane")  # crc32 of k1, k2, k3: they do not
+        relay.execute("SELECT pg_advisory_lock(%s, %s)", (lock, lanes[held]))  # a relay's lane
+        conn.execute("UPDATE outbox.producer_queue SET attempts = 1 WHERE message_id = %s", [tried])
+        conn.commit()
+        with conn.transaction():
+            assert broker.cancel(conn, held) is False  # its relay may be sending it
+            assert broker.cancel(conn, tried) is False  # a failed attempt may have landed
+            assert broker.cancel(conn, free) is True
+            # The cancelling transaction holds the free lane: a relay cannot take it now.
+            taken = relay.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)", (lock, lanes[free])
+            ).fetchone()
+            assert taken == (False,)
+        taken = relay.execute("SELECT pg_try_advisory_lock(%s, %s)", (lock, lanes[free])).fetchone()
+        assert taken == (True,)  # released with the transaction
+    assert _queued(url) == {held, tried}
 
 
 def test_typed_topic_and_sent_show_the_due_time(outbox_database_url: str) -> None:

@@ -153,17 +153,31 @@ DELETE FROM {schema}.producer_scheduled
 WHERE message_id = ANY(CAST(%(message_ids)s AS uuid[]));
 
 -- name: cancel
--- Take back a message that has not left: delete it from producer_scheduled, in the caller's
--- transaction. Only a message still scheduled can be taken back for sure: one in
--- producer_queue (sent without a due time, or moved there when it fell due) may be on its way
--- to the transport right now, since the relay does not lock the rows it sends; it is left
--- alone and the statement says 0 (decision 21). A relay that moves the row at the same moment
+-- Take back a message that has not left, in the caller's transaction: delete it from
+-- producer_scheduled; or from producer_queue when no relay can be sending it: never attempted,
+-- and its lane's advisory lock (the relays' lock class, its lane) free, which this transaction
+-- then holds until it ends, so no relay takes the lane meanwhile (a relay holds its lanes'
+-- locks for as long as it owns them: while one runs, a due message cannot be taken back; the
+-- statement says 0 then, decision 21). A relay that moves a scheduled row at the same moment
 -- (`producer_promote`, SKIP LOCKED) either skips it, while this transaction holds it, or has
--- moved it first: this DELETE then waits for it and deletes nothing.
-WITH gone AS (
+-- moved it first: the first DELETE then waits for it and deletes nothing.
+WITH scheduled AS (
     DELETE FROM {schema}.producer_scheduled WHERE message_id = %(message_id)s RETURNING 1
+), candidate AS (
+    -- OFFSET 0 keeps the lock function from running on any other row than this one.
+    SELECT id, lane FROM {schema}.producer_queue
+    WHERE message_id = %(message_id)s AND attempts = 0
+    OFFSET 0
+), queued AS (
+    DELETE FROM {schema}.producer_queue
+    WHERE id IN (
+        SELECT id FROM candidate
+        WHERE NOT EXISTS (SELECT 1 FROM scheduled)
+          AND pg_try_advisory_xact_lock(CAST(%(lock_class)s AS int), CAST(lane AS int))
+    )
+    RETURNING 1
 )
-SELECT count(*) FROM gone;
+SELECT (SELECT count(*) FROM scheduled) + (SELECT count(*) FROM queued);
 
 -- name: send_undo
 -- The rows a `send` of which some ids were taken did insert: deleted again in the caller's
