@@ -16,6 +16,7 @@ would relay it twice as two tenants.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -99,6 +100,16 @@ def parse_entry(text: str, default_schema: str, *, index: int = 0, source: str =
         )
     except ConfigurationError as exc:
         raise ConfigurationError(f"{exc}{where}") from None
+
+
+def file_stamp(path: str | Path) -> tuple[int, int, int] | None:
+    """What changes when a databases file is written or replaced: its modification time, size
+    and inode (None when it cannot be read). The daemons re-read the file when it changes."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def read_file(path: str | Path, default_schema: str) -> list[Database]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -43,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from outbox.core.batches import InboxBatch, Positions, Quarantined
-from outbox.core.databases import Database, check_distinct, read_file
+from outbox.core.databases import Database, check_distinct, file_stamp, read_file
 from outbox.core.errors import ConfigurationError, DatabaseUnavailable, OutboxError
 from outbox.core.headers import TENANT_HEADER, validate_tenant_header
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
@@ -279,15 +278,6 @@ class _Sink:
                 self.release()
 
 
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    """What changes when a file is written or replaced (None when it cannot be read)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
 def _unknown(problem: str | None) -> bool:
     return problem is not None and problem.startswith(UNKNOWN_TENANT)
 
@@ -371,7 +361,7 @@ class Router:
         self._committed: dict[tuple[str, int], int] = {}
         self._next_read = time.monotonic() + routing.reread_interval
         self._bad_file: str | None = None
-        self._file_stamp = _stamp(routing.databases_file) if routing.databases_file else None
+        self._file_stamp = file_stamp(routing.databases_file) if routing.databases_file else None
         #: Pieces of records whose tenant is not served yet, one tenant each, in arrival order,
         #: with the time they are quarantined if it still is not (see `unknown_grace`).
         self._unknown: list[tuple[_Piece, str, float]] = []
@@ -446,7 +436,7 @@ class Router:
         routing = self.routing
         if routing.databases_file is None:
             return False
-        stamp = _stamp(routing.databases_file)
+        stamp = file_stamp(routing.databases_file)
         if stamp == self._file_stamp and time.monotonic() < self._next_read:
             return False
         self._file_stamp = stamp

@@ -23,7 +23,6 @@ Contract:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from outbox.core.databases import Database, check_distinct, read_file
+from outbox.core.databases import Database, check_distinct, file_stamp, read_file
 from outbox.core.errors import ConfigurationError
 from outbox.core.redact import redact_text, remember_secrets, secrets_of_url
 from outbox.core.retry import Backoff
@@ -153,7 +152,7 @@ class Supervisor(Generic[R]):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
-        self._file_seen: tuple[int, int] | None = self._file_key()
+        self._file_seen: tuple[int, int, int] | None = self._file_key()
         self._file_log = LimitedLog(log, interval=DATABASE_LOG_INTERVAL)
         self.heartbeat: Heartbeat = _AllBeats(self._beats)
         self.observability: Observability | None = None
@@ -360,14 +359,8 @@ class Supervisor(Generic[R]):
 
     # -- the databases file --------------------------------------------------------------------
 
-    def _file_key(self) -> tuple[int, int] | None:
-        if self.file is None:
-            return None
-        try:
-            stat = os.stat(self.file)
-        except OSError:
-            return None
-        return (stat.st_mtime_ns, stat.st_size)
+    def _file_key(self) -> tuple[int, int, int] | None:
+        return None if self.file is None else file_stamp(self.file)
 
     def _reread(self) -> None:
         """Apply the databases file if it changed; a bad one is logged once, the last good list
