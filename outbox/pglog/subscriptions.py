@@ -191,6 +191,7 @@ class Subscriptions:
         UnknownSubscription."""
         group = self._require(conn, topic, name)
         conn.execute(self.sql["sub_positions"], {"group_id": group})
+        conn.execute(self.sql["sub_lease_rows"], {"group_id": group})
         cursor = str(uuid.uuid4())
         records: list[LogRecord] = []
         for partition_id, partition, _position, _end in conn.execute(

@@ -150,6 +150,7 @@ def test_a_publish_is_relayed_into_the_log_and_pulled_by_a_subscription_once_by_
                 )
                 if status == 204:
                     continue
+                assert status == 200, (status, found)
                 with lock:
                     for record in found["records"]:
                         got[record["key"]].append(record["payload"]["n"])

@@ -47,7 +47,10 @@ RETURNING id;
 
 -- name: sub_positions
 -- A position at 0 in each partition of the subscription's topic it has none in (partitions
--- added after it was made), so that retention keeps their records for it too.
+-- added after it was made), so that retention keeps their records for it too; then a free
+-- lease row for each partition that has none (sub_lease_rows). Both insert only rows not seen, in partition
+-- order: two clients inserting the same rows wait for each other in one order, never in a
+-- cycle, and none waits for a row that exists (`sub_lease_take` locks those without waiting).
 INSERT INTO {schema}.log_group_offsets (group_id, partition_id, next_offset)
 SELECT s.group_id, p.id, 0
 FROM {schema}.log_subscriptions s
@@ -55,6 +58,20 @@ JOIN {schema}.log_partitions p ON p.topic_id = s.topic_id
 WHERE s.group_id = %(group_id)s
   AND NOT EXISTS (SELECT 1 FROM {schema}.log_group_offsets o
                   WHERE o.group_id = s.group_id AND o.partition_id = p.id)
+ORDER BY p.id
+ON CONFLICT (group_id, partition_id) DO NOTHING;
+
+-- name: sub_lease_rows
+-- (see sub_positions) A free lease row for each partition of the subscription that has none.
+INSERT INTO {schema}.log_subscription_leases
+    (group_id, partition_id, cursor, first_offset, next_offset, until)
+SELECT s.group_id, p.id, gen_random_uuid(), 0, 0, '-infinity'
+FROM {schema}.log_subscriptions s
+JOIN {schema}.log_partitions p ON p.topic_id = s.topic_id
+WHERE s.group_id = %(group_id)s
+  AND NOT EXISTS (SELECT 1 FROM {schema}.log_subscription_leases l
+                  WHERE l.group_id = s.group_id AND l.partition_id = p.id)
+ORDER BY p.id
 ON CONFLICT (group_id, partition_id) DO NOTHING;
 
 -- name: sub_candidates
@@ -72,15 +89,17 @@ WHERE s.group_id = %(group_id)s AND COALESCE(o.next_offset, 0) < p.next_offset
 ORDER BY random();
 
 -- name: sub_lease_take
--- Take a partition's lease unless a client holds a live one: a concurrent taker waits for the
--- row and then sees it live. One row: taken.
-INSERT INTO {schema}.log_subscription_leases AS l
-    (group_id, partition_id, cursor, first_offset, next_offset, until)
-VALUES (%(group_id)s, %(partition_id)s, %(cursor)s, 0, 0,
-        now() + make_interval(secs => %(lease)s))
-ON CONFLICT (group_id, partition_id) DO UPDATE
-SET cursor = EXCLUDED.cursor, first_offset = 0, next_offset = 0, until = EXCLUDED.until
-WHERE l.until < now()
+-- Take a partition's lease unless a client holds a live one, or another transaction is taking
+-- or acknowledging it this moment (SKIP LOCKED): a client never waits for another here, so
+-- clients taking partitions in different orders cannot deadlock. One row: taken.
+UPDATE {schema}.log_subscription_leases l
+SET cursor = %(cursor)s, first_offset = 0, next_offset = 0,
+    until = now() + make_interval(secs => %(lease)s)
+FROM (SELECT f.group_id, f.partition_id FROM {schema}.log_subscription_leases f
+      WHERE f.group_id = %(group_id)s AND f.partition_id = %(partition_id)s
+        AND f.until < now()
+      FOR UPDATE SKIP LOCKED) free
+WHERE l.group_id = free.group_id AND l.partition_id = free.partition_id
 RETURNING 1;
 
 -- name: sub_fetch
@@ -105,8 +124,10 @@ SET first_offset = %(first)s, next_offset = %(next)s
 WHERE group_id = %(group_id)s AND partition_id = %(partition_id)s;
 
 -- name: sub_lease_drop
--- Give a lease back unused (the partition had no record to hand out).
-DELETE FROM {schema}.log_subscription_leases
+-- Give a lease back unused (the partition had no record to hand out): free at once, under a
+-- cursor no client has.
+UPDATE {schema}.log_subscription_leases
+SET cursor = gen_random_uuid(), until = '-infinity'
 WHERE group_id = %(group_id)s AND partition_id = %(partition_id)s AND cursor = %(cursor)s;
 
 -- name: sub_ack
@@ -114,7 +135,8 @@ WHERE group_id = %(group_id)s AND partition_id = %(partition_id)s AND cursor = %
 -- them (never backwards) and the leases end. Returns how many leases it ended: none when the
 -- cursor is unknown, or its lease ran out and the records were handed out again.
 WITH acked AS (
-    DELETE FROM {schema}.log_subscription_leases
+    UPDATE {schema}.log_subscription_leases
+    SET cursor = gen_random_uuid(), until = '-infinity'
     WHERE group_id = %(group_id)s AND cursor = %(cursor)s
     RETURNING partition_id, next_offset
 ), moved AS (
