@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
@@ -232,7 +232,7 @@ def create_app(service: Service) -> FastAPI:
                 return JSONResponse(
                     {"error": f"malformed JSON: {reason}; nothing was stored"}, status_code=400
                 )
-        said = "; ".join(_said(e) for e in errors[:5])
+        said = "; ".join(_said(e) for e in _shaped(errors)[:5])
         return JSONResponse({"error": f"{said}; nothing was stored"}, status_code=422)
 
     # The last added is the outermost: every answer is counted, the bounds' own too.
@@ -433,10 +433,38 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+#: The shapes a body may take where one object or an array of them is accepted (pydantic names
+#: a union's branches in an error's location).
+_BRANCH_SHAPE_ERRORS = frozenset({"list_type", "model_attributes_type", "dict_type", "model_type"})
+
+
+def _shaped(errors: Sequence[Any]) -> list[Any]:
+    """The errors of the branch of a union the body took (one object, or an array): "the body
+    is not a list" is noise beside a field's error of the object sent, and the other way round."""
+    fields = [e for e in errors if not _branch_mismatch(e)]
+    return fields or list(errors)
+
+
+def _branch_mismatch(error: Any) -> bool:
+    loc = tuple(error.get("loc", ()))
+    return len(loc) == 2 and loc[0] == "body" and error.get("type") in _BRANCH_SHAPE_ERRORS
+
+
 def _said(error: Any) -> str:
-    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    """One error as `message N: field.path: what is wrong` (`message N` in an array body)."""
+    loc = list(error.get("loc", ()))
+    if loc[:1] == ["body"]:
+        loc.pop(0)
+    prefix = ""
+    if loc and isinstance(loc[0], str) and loc[0].startswith("list["):  # the array branch
+        loc.pop(0)
+        if loc and isinstance(loc[0], int):
+            prefix = f"message {loc.pop(0)}: "
+    elif loc and loc[0] == "MessageIn":  # the object branch
+        loc.pop(0)
+    where = ".".join(str(part) for part in loc)
     message = str(error.get("msg", "invalid"))
-    return f"{where}: {message}" if where else message
+    return prefix + (f"{where}: {message}" if where else message)
 
 
 class Bell:

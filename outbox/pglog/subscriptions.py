@@ -142,7 +142,7 @@ class Subscriptions:
         """Make subscription `name` of `topic`, at the topic's end (or its earliest record kept);
         whether it was made (False: it existed, and keeps its position). UnknownTopic,
         SubscriptionExists (the group name is a consumer group's)."""
-        validate_topic(name)
+        validate_topic(name, "subscription name")
         row = conn.execute(self.sql["sub_topic"], {"topic": topic}).fetchone()
         if row is None:
             raise UnknownTopic(f"no topic {topic!r}")

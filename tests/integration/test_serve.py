@@ -97,6 +97,9 @@ BAD_PUBLISHES: list[tuple[object, int, str]] = [
     ({"payload": 1, "message_id": "not-a-uuid"}, 422, "message_id"),
     ({"payload": 1, "tenant": "no way"}, 422, "tenant"),
     ({"payload": 1, "extra": 1}, 422, "extra"),
+    # The error of the shape sent only: not "Input should be a valid list" beside it.
+    ({"payload": 1, "headers": {"a": 1}}, 422, "headers.a: Input should be a valid string;"),
+    ([{"payload": 1}, {"key": "k"}], 422, "message 1: payload: Field required;"),
     ({"payload": "x" * 1_100_000}, 422, "message 0: "),
     ([], 422, "no message"),
     (
@@ -145,6 +148,7 @@ def test_each_bad_publish_is_answered_and_stores_nothing(
         answer, found = server.call("POST", "/v1/topics/orders/messages", body)
         assert answer == status, (body, found)
         assert said in found["error"], (body, found)
+        assert "valid list" not in found["error"] and "MessageIn" not in found["error"]
     assert count(outbox_database_url) == 0
     with psycopg.connect(outbox_database_url) as conn:
         assert conn.execute("SELECT count(*) FROM outbox.http_published").fetchone() == (0,)
@@ -323,7 +327,8 @@ def test_each_bad_subscription_request_is_answered_and_changes_nothing(
     PgLog(outbox_log_url).create_topic("subs", partitions=1)
     base = "/v1/topics/subs/subscriptions"
     cases: list[tuple[str, str, object, int, str]] = [
-        ("PUT", f"{base}/bad%20name", {}, 422, "bad name"),
+        ("PUT", f"{base}/bad%20name", {}, 422, "subscription name 'bad name' contains"),
+        ("PUT", f"{base}/{'s' * 250}", {}, 422, "subscription name is 250 characters long"),
         ("PUT", f"{base}/s", {"start": "middle"}, 422, "start"),
         ("PUT", f"{base}/s", {"start": "latest", "extra": 1}, 422, "extra"),
         ("PUT", "/v1/topics/none/subscriptions/s", {}, 404, "none"),
