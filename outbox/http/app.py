@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 from uuid import UUID
 
 import anyio.to_thread
@@ -41,8 +41,11 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-#: Seconds between two looks at the inbox while a long poll waits.
-POLL_INTERVAL = 0.05
+#: Seconds an inbox's listener keeps listening after its last long poll (then its session is
+#: closed; the next long poll of that inbox opens one again).
+INBOX_LISTEN_IDLE = 120.0
+#: Seconds between two attempts to listen again after a failure, at most.
+LISTEN_RETRY_MAX = 30.0
 #: Longest wait of a subscription's long poll between two looks: a wake-up from the log's
 #: appends (LISTEN/NOTIFY) normally ends it first; this covers one missed while reconnecting.
 WAKE_FALLBACK = 0.5
@@ -158,14 +161,20 @@ def create_app(service: Service) -> FastAPI:
     handed: Counter[str] = Counter()
 
     bell = Bell()
+    inbox_bells = InboxBells(service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         task = asyncio.create_task(_forget_old_ids(service))
-        bell.start(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        bell.start(loop)
+        inbox_bells.start(loop)
         stop = threading.Event()
         listener = threading.Thread(
-            target=_listen, args=(service, bell, stop), name="outbox-serve-wakeups", daemon=True
+            target=_listen,
+            args=(service.wakeups, bell, stop, "the log's appends", lambda: True),
+            name="outbox-serve-wakeups",
+            daemon=True,
         )
         listener.start()
         try:
@@ -173,7 +182,9 @@ def create_app(service: Service) -> FastAPI:
         finally:
             task.cancel()
             stop.set()
+            inbox_bells.stop()
             await anyio.to_thread.run_sync(lambda: listener.join(5))
+            await anyio.to_thread.run_sync(lambda: inbox_bells.join(5))
             await anyio.to_thread.run_sync(service.close)
 
     app = FastAPI(
@@ -394,11 +405,13 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/v1/inbox/lease", dependencies=consume, tags=["inbox"])
     async def lease_inbox(
+        request: Request,
         body: LeaseIn,
         database: Annotated[str | None, Query(description="the inbox's NAME")] = None,
     ) -> Response:
         """Lease the next rows of the topics, one per key at a time; 204 when none came."""
         deadline = time.monotonic() + min(body.wait_ms / 1000, config.max_wait)
+        rung: asyncio.Event | None = None
         while True:
             rows = await run(
                 lambda: service.lease(body.topics, body.max, body.lease_ms / 1000, database)
@@ -407,9 +420,14 @@ def create_app(service: Service) -> FastAPI:
                 handed["inbox_leased"] += len(rows)
                 return JSONResponse({"messages": rows})
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or await request.is_disconnected():
                 return Response(status_code=204)
-            await asyncio.sleep(min(POLL_INTERVAL, left))
+            if rung is None:  # the first empty look: listen, and look once more before waiting
+                rung = inbox_bells.current(service.database(database).name)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rung.wait(), min(WAKE_FALLBACK, left))
+            rung = inbox_bells.current(service.database(database).name)
 
     @app.post("/v1/inbox/ack", dependencies=consume, tags=["inbox"])
     async def ack_inbox(
@@ -491,28 +509,113 @@ class Bell:
         rung.set()
 
 
-def _listen(service: Service, bell: Bell, stop: threading.Event) -> None:
-    """The listener thread: ring `bell` on each append to the log, reconnecting after a failure
-    (the long polls look every WAKE_FALLBACK seconds meanwhile)."""
-    while not stop.is_set():
+class Wakeups(Protocol):
+    """A session listening for notifications (`outbox.pglog.subscriptions.Wakeups`,
+    `outbox.postgres.inbox_leases.InboxWakeups`)."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def _listen(
+    open_wakeups: Callable[[], Wakeups | None],
+    bell: Bell,
+    stop: threading.Event,
+    what: str,
+    wanted: Callable[[], bool],
+) -> None:
+    """A listener thread: ring `bell` on each notification of `what` while `wanted()`,
+    listening again after a failure with a growing pause (the long polls look every
+    WAKE_FALLBACK seconds meanwhile). A failure is logged when it starts or changes, and the
+    recovery once: an outage costs a few lines, not one a second."""
+    said: str | None = None
+    pause = 1.0
+    while not stop.is_set() and wanted():
         try:
-            wakeups = service.wakeups()
+            wakeups = open_wakeups()
         except Exception as exc:
-            log.warning("listening for the log's appends failed: %s", redact_text(first_line(exc)))
-            stop.wait(1.0)
+            message = redact_text(first_line(exc))
+            if message != said:
+                log.warning("listening for %s failed: %s (trying again)", what, message)
+            said = message
+            stop.wait(pause)
+            pause = min(pause * 2, LISTEN_RETRY_MAX)
             continue
         if wakeups is None:
             return
+        if said is not None:
+            log.info("listening for %s again", what)
+            said, pause = None, 1.0
         try:
-            while not stop.is_set():
+            while not stop.is_set() and wanted():
                 if wakeups.wait(0.5):
                     bell.ring_soon()
         except Exception as exc:
-            log.warning("listening for the log's appends failed: %s", redact_text(first_line(exc)))
-            stop.wait(1.0)
+            message = redact_text(first_line(exc))
+            if message != said:
+                log.warning("listening for %s failed: %s (trying again)", what, message)
+            said = message
+            stop.wait(pause)
         finally:
             with contextlib.suppress(Exception):
                 wakeups.close()
+
+
+class InboxBells:
+    """A bell per inbox database, rung on each row the Consumer stores there while long polls
+    of `/v1/inbox/lease` ask for that database: its listener thread (one session, listed as
+    a 'serve' process) starts at the first long poll and ends INBOX_LISTEN_IDLE seconds after
+    the last, so a server over hundreds of databases listens only where clients wait."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._bells: dict[str, Bell] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._used: dict[str, float] = {}
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def current(self, name: str) -> asyncio.Event:
+        """The event the next store in database `name` sets (on the event loop's thread)."""
+        self._used[name] = time.monotonic()
+        bell = self._bells.get(name)
+        if bell is None:
+            bell = self._bells[name] = Bell()
+            if self._loop is not None:
+                bell.start(self._loop)
+        thread = self._threads.get(name)
+        if (thread is None or not thread.is_alive()) and not self._stop.is_set():
+            target = self.service.database(name)
+
+            def wanted() -> bool:
+                return time.monotonic() - self._used.get(name, 0.0) < INBOX_LISTEN_IDLE
+
+            thread = threading.Thread(
+                target=_listen,
+                args=(
+                    lambda: self.service.inbox_wakeups(target.name),
+                    bell,
+                    self._stop,
+                    f"rows stored in the inbox of {target.name}",
+                    wanted,
+                ),
+                name=f"outbox-serve-inbox-{target.name}"[:60],
+                daemon=True,
+            )
+            self._threads[name] = thread
+            thread.start()
+        return bell.current()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        for thread in list(self._threads.values()):
+            thread.join(timeout)
 
 
 async def _forget_old_ids(service: Service) -> None:

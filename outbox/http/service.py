@@ -44,7 +44,7 @@ from outbox.pglog.subscriptions import (
 )
 from outbox.pglog.transport import LogOptions
 from outbox.postgres.connection import Connection, unavailable
-from outbox.postgres.inbox_leases import InboxLeases, LeasedRow
+from outbox.postgres.inbox_leases import InboxLeases, InboxWakeups, LeasedRow
 from outbox.postgres.migrate import check_schema
 from outbox.postgres.published import Published
 from outbox.runtime.settings import Settings
@@ -164,6 +164,11 @@ class Service:
         if self.log_pool is None:
             return None
         return Wakeups(self.log.url, self.log.schema)
+
+    def inbox_wakeups(self, name: str) -> InboxWakeups:
+        """A session listening for rows stored in the inbox of database `name`."""
+        target = self.databases[name]
+        return InboxWakeups(target.url, target.schema)
 
     def close(self) -> None:
         """Close every idle connection."""

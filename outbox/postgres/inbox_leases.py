@@ -4,14 +4,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
+from psycopg import sql as psql
+
 from outbox.core.retry import Backoff
-from outbox.postgres.queries import queries
+from outbox.postgres.connection import connect, notified
+from outbox.postgres.queries import channel, queries
 
 
 @dataclass(frozen=True)
@@ -99,3 +107,35 @@ class InboxLeases:
             {"id": row_id, "error": error, "dead": dead, "delay": delay},
         ).fetchone()
         return None if row is None else (dead, delay)
+
+
+class InboxWakeups:
+    """One session of an inbox's database that LISTENs for stored rows on behalf of a server's
+    inbox long polls: listed in `relay_state` as a process of kind 'serve', always sleeping, so
+    that the Consumer's store NOTIFYs while it lives (a killed server's row is dropped as a
+    dead relay's). `wait` returns when a notification came, or after `timeout` seconds. Not
+    thread-safe: one thread waits."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.sql = queries(schema)
+        self.relay_id = f"serve-{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.conn = connect(url, timeout=10, application_name="outbox-serve-inbox-wakeups")
+        try:
+            self.conn.execute(self.sql["relay_forget_dead"])
+            self.conn.execute(
+                psql.SQL("LISTEN {}").format(psql.Identifier(channel(schema, "consumer_queue")))
+            )
+            self.conn.execute(self.sql["serve_listener_register"], {"relay_id": self.relay_id})
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def wait(self, timeout: float) -> bool:
+        """Whether a store was notified within `timeout` seconds (others pending taken too)."""
+        return notified(self.conn, timeout)
+
+    def close(self) -> None:
+        """Unregister and close (a closed session's row is dropped by the next relay's look)."""
+        with contextlib.suppress(psycopg.Error):
+            self.conn.execute(self.sql["relay_unregister"], {"relay_id": self.relay_id})
+        self.conn.close()

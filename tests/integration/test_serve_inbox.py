@@ -4,9 +4,18 @@ keeps them), or failed under the retry policy until dead."""
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
+from datetime import UTC, datetime
 
 import psycopg
+
+from outbox.core.batches import InboxBatch
+from outbox.core.envelope import InboxRow
+from outbox.core.lanes import lane_for
+from outbox.postgres.inbox import insert_params
+from outbox.postgres.queries import channel, queries
 
 from .relay_helpers import count, spawn_consumer, spawn_producer, wait_for
 from .serve_support import serving
@@ -77,3 +86,72 @@ def test_inbox_rows_are_leased_in_key_order_acked_retried_and_dead_lettered(
         assert server.call("POST", "/v1/inbox/lease", {"topics": []})[0] == 422
         assert server.call("POST", "/v1/inbox/lease", {"topics": ["bad topic"]})[0] == 422
         assert server.call("POST", "/v1/inbox/nack", {"id": 1})[0] == 422
+
+
+def _store(url: str, key: bytes) -> None:
+    """Store one row in the inbox as the Consumer does (its statement, with its NOTIFY)."""
+    mid = uuid.uuid4()
+    row = InboxRow(
+        mid,
+        "woken",
+        key,
+        b"{}",
+        {},
+        "application/json",
+        lane_for(key, mid),
+        datetime.now(UTC),
+        0,
+        0,
+    )
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            queries("outbox")["inbox_insert"],
+            insert_params(InboxBatch.of([row]), channel("outbox", "consumer_queue")),
+        )
+
+
+def _serve_rows(url: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT relay_id, sleeping FROM outbox.relay_state WHERE queue = 'serve'"
+        ).fetchall()
+
+
+def test_an_inbox_long_poll_is_woken_by_a_stored_row_with_no_handler_running(
+    outbox_database_url: str,
+) -> None:
+    """No Python Handler sleeps here, so only the server's own listener (a 'serve' process in
+    relay_state) makes the Consumer's store NOTIFY; without it each lease would wait for the
+    next look, 0.4 s after the store. A killed server's row is dropped."""
+    url = outbox_database_url
+    with serving(url, None) as server:
+        assert _serve_rows(url) == []  # no listener before a long poll asks
+        lease = {"topics": ["woken"], "max": 10, "wait_ms": 5000, "lease_ms": 60_000}
+        waited = []
+        for n in range(5):
+            stored: list[float] = []
+
+            def later(n: int = n, stored: list[float] = stored) -> None:
+                time.sleep(0.1)
+                _store(url, f"k{n}".encode())
+                stored.append(time.monotonic())
+
+            thread = threading.Thread(target=later)
+            thread.start()
+            status, found = server.call("POST", "/v1/inbox/lease", lease)
+            thread.join()
+            assert status == 200 and [m["key"] for m in found["messages"]] == [f"k{n}"], found
+            waited.append(time.monotonic() - stored[0])
+            assert (
+                server.call("POST", "/v1/inbox/ack", {"ids": [found["messages"][0]["id"]]})[0]
+                == 200
+            )
+        print("inbox long poll, store to answer (s):", waited)
+        assert sorted(waited)[2] < 0.2, waited  # each look 0.5 s apart: 0.4 s
+        rows = _serve_rows(url)
+        assert len(rows) == 1 and rows[0][1] is True, rows  # listed, always sleeping
+        server.daemon.process.kill()
+        server.daemon.process.wait(10)
+    with psycopg.connect(url) as conn:  # any relay's look drops the killed server's row
+        conn.execute(queries("outbox")["relay_forget_dead"])
+    assert _serve_rows(url) == []

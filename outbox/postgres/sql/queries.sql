@@ -404,7 +404,8 @@ FROM moved;
 -- relay that re-sent it, or by a replay) is skipped when its id is pending (the unique
 -- message_id of consumer_queue) or handled within the dedup window (consumer_processed). A
 -- redelivery that passes the second check while its first copy's handling commits is caught
--- by the Handler's claim (handler_claim_many). Then wake a sleeping Handler. The arrays are
+-- by the Handler's claim (handler_claim_many). Then wake a sleeping Handler (or an `outbox serve`
+-- waiting to lease inbox rows over HTTP: serve_listener_register). The arrays are
 -- bound in binary form (the b placeholders): building their text form was most of the
 -- Consumer's time.
 WITH inserted AS (
@@ -431,7 +432,7 @@ WITH inserted AS (
 ), woken AS (
     SELECT pg_notify(%(channel)s, '')
     FROM {schema}.relay_state
-    WHERE queue = 'handler' AND sleeping
+    WHERE queue IN ('handler', 'serve') AND sleeping
     LIMIT 1
 )
 -- rows stored, relays woken, and rows stored per topic ({"topic": n}, NULL when none; metrics)

@@ -85,3 +85,14 @@ WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL;
 -- Which of `ids` are rows of consumer_queue not dead (those an ack can mark handled).
 SELECT id FROM {schema}.consumer_queue
 WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND dead_at IS NULL;
+
+-- name: serve_listener_register
+-- `outbox serve` waits for inbox rows of this schema on this session: listed as a process of
+-- kind 'serve', always sleeping, so that the Consumer's store NOTIFYs while it waits
+-- (inbox_insert); it shares no lanes (only the Handler's rows count for those). Dropped as a
+-- dead relay's row when its session goes (relay_forget_dead).
+INSERT INTO {schema}.relay_state (relay_id, queue, backend_pid, sleeping, backend_start)
+VALUES (%(relay_id)s, 'serve', pg_backend_pid(), true,
+        (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()))
+ON CONFLICT (relay_id) DO UPDATE SET backend_pid = EXCLUDED.backend_pid, sleeping = true,
+    backend_start = EXCLUDED.backend_start, updated_at = now(), parked_at = NULL;

@@ -47,7 +47,7 @@ WITH inserted AS (
 ), woken AS (
     SELECT pg_notify(%(channel)s, '')
     FROM {schema}.relay_state
-    WHERE queue = 'handler' AND sleeping
+    WHERE queue IN ('handler', 'serve') AND sleeping
     LIMIT 1
 )
 SELECT (SELECT count(*) FROM inserted), (SELECT count(*) FROM woken);
