@@ -254,7 +254,7 @@ class Broker:
         `tenant` (else the broker's) names the tenant whose inbox receives the message (see
         `Broker`); an invalid one raises `InvalidHeaders` before anything is written.
 
-        `deliver_at` (an aware datetime, stored as given) or `delay` (a timedelta from the
+        `deliver_at` (an aware datetime, stored as its instant) or `delay` (a timedelta from the
         database's clock when the statement runs, never the client's) makes the message due
         later: it waits, out of the relay's way, until then, and `cancel` can take it back
         meanwhile. One or the other; a naive datetime, a negative delay or both raise

@@ -4,7 +4,7 @@ clock at send), checked before anything is written (docs/delayed-delivery.md).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from outbox.core.errors import InvalidDueTime
 
@@ -15,7 +15,7 @@ MAX_DELAY = timedelta(days=3_650_000)
 
 @dataclass(frozen=True, slots=True)
 class Due:
-    """A message's due time: `at` as given (stored as is), or `delay` after the database's
+    """A message's due time: `at` (the instant given, in UTC), or `delay` after the database's
     `now()` at send. Exactly one is set."""
 
     at: datetime | None = None
@@ -42,7 +42,15 @@ def due(deliver_at: object, delay: object) -> Due | None:
                 "(datetime.now(UTC) + ..., or .replace(tzinfo=...)): a naive time means "
                 "another moment on each machine; nothing was written"
             )
-        return Due(at=deliver_at)
+        try:
+            # The instant, in UTC: PostgreSQL refuses an offset beyond 15:59 that Python's
+            # time zones allow (up to 23:59), which aborted the caller's transaction.
+            at = deliver_at.astimezone(UTC)
+        except OverflowError:
+            raise InvalidDueTime(
+                f"deliver_at {deliver_at.isoformat()} is out of range in UTC; nothing was written"
+            ) from None
+        return Due(at=at)
     if delay is not None:
         if not isinstance(delay, timedelta):
             raise InvalidDueTime(

@@ -71,6 +71,17 @@ def test_deliver_at_is_stored_as_given_and_a_past_one_is_due_now(
     assert _queued(url) == {past, zero}
 
 
+def test_deliver_at_with_an_offset_postgresql_refuses_is_the_same_instant(
+    outbox_database_url: str,
+) -> None:
+    """Python allows offsets up to 23:59, PostgreSQL up to 15:59: the time is sent as its
+    instant in UTC, not refused by the server (which aborted the caller's transaction)."""
+    at = datetime(2999, 1, 1, 12, 0, tzinfo=timezone(timedelta(hours=23, minutes=59)))
+    with psycopg.connect(outbox_database_url) as conn, conn.transaction():
+        later = broker.send(conn, "later.t", b"x", deliver_at=at)
+    assert _scheduled(outbox_database_url)[later][0] == at
+
+
 @pytest.mark.parametrize(
     ("options", "says"),
     [
@@ -82,6 +93,10 @@ def test_deliver_at_is_stored_as_given_and_a_past_one_is_due_now(
         (
             {"delay": timedelta(seconds=1), "deliver_at": datetime(2999, 1, 1, tzinfo=UTC)},
             "not both",
+        ),
+        (
+            {"deliver_at": datetime.max.replace(tzinfo=timezone(timedelta(hours=-1)))},
+            "out of range in UTC",
         ),
     ],
 )
