@@ -519,3 +519,104 @@ def test_a_send_due_later_waits_in_producer_scheduled_as_python_writes_it(
     with psycopg.connect(url) as conn:
         left = conn.execute("SELECT message_id FROM outbox.producer_scheduled").fetchall()
     assert left == [(by_python,)]  # the cancel committed; the duplicate wrote nothing
+
+
+def test_an_infinite_due_time_is_refused_and_an_old_one_harms_nothing(
+    outbox_database_url: str,
+) -> None:
+    """`infinity` is a timestamp to PostgreSQL: the SQL send took it, and every statement that
+    measures the time to the next due row failed on it ("cannot subtract infinite
+    timestamps"): the Producer's move of due rows for its lanes, and `outbox status`. Now the
+    table refuses one (migration 0013); one left from before (a restored backup) is read as
+    due in year 9999 (or, -infinity, year 1: due now)."""
+    from outbox.core.databases import Database
+    from outbox.postgres import operations as ops
+    from outbox.postgres.outbox_store import OutboxStore
+    from outbox.postgres.probes import PostgresProbe
+
+    url = outbox_database_url
+    with psycopg.connect(url) as conn:
+        for value in ("infinity", "-infinity"):
+            if value == "-infinity":  # due now: it goes to producer_queue, a finite row
+                conn.execute("SELECT outbox.send('later', '1', deliver_at => %s)", (value,))
+                continue
+            with pytest.raises(psycopg.errors.CheckViolation) as refused:
+                conn.execute("SELECT outbox.send('later', '1', deliver_at => %s)", (value,))
+            assert refused.value.diag.constraint_name == "producer_scheduled_deliver_at_finite"
+            conn.rollback()
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM outbox.producer_scheduled").fetchone() == (0,)
+        # Rows from before the constraint: it is dropped, the rows written, and it is added
+        # again as the migration adds it (NOT VALID: old rows stay).
+        conn.execute(
+            "ALTER TABLE outbox.producer_scheduled DROP CONSTRAINT "
+            "producer_scheduled_deliver_at_finite"
+        )
+        never = conn.execute(
+            "SELECT outbox.send('later', '1', key => 'a', deliver_at => 'infinity')"
+        ).fetchone()[0]  # type: ignore[index]
+        soon = conn.execute(
+            "SELECT outbox.send('later', '2', key => 'b', deliver_at => now() + interval '1 h')"
+        ).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "UPDATE outbox.producer_scheduled SET deliver_at = '-infinity' WHERE message_id = %s",
+            (soon,),
+        )
+        conn.execute(
+            "ALTER TABLE outbox.producer_scheduled ADD CONSTRAINT "
+            "producer_scheduled_deliver_at_finite CHECK (isfinite(deliver_at)) NOT VALID"
+        )
+        conn.commit()
+        status = ops.status(conn, "outbox")
+        (scheduled,) = status.scheduled
+        assert scheduled.rows == 2 and scheduled.overdue == 1
+        assert scheduled.next_due_at.year == 1 and scheduled.next_due_in < 0
+        probe = PostgresProbe(Database("d", url, "outbox"))
+        try:
+            stats = probe.queue_stats("producer_queue", 10)
+        finally:
+            probe.close()
+        assert stats is not None
+        lanes = [r[0] for r in conn.execute("SELECT DISTINCT lane FROM outbox.producer_scheduled")]
+        moved, next_due = OutboxStore("outbox").promote(conn, lanes, 10)
+        conn.commit()
+        assert moved == 1 and next_due is not None and next_due > 200 * 365 * 86400
+        queued = conn.execute("SELECT message_id FROM outbox.producer_queue").fetchall()
+        assert (soon,) in queued and (never,) not in queued
+
+
+def test_migration_0013_makes_infinite_due_times_of_an_older_schema_finite(
+    outbox_database_url: str,
+) -> None:
+    """A database at 0012 (an older outbox, a restored backup) with infinite due times: the
+    upgrade makes them finite (infinity: year 9999, -infinity: now) and adds the check."""
+    from outbox.postgres import migrate
+
+    url = outbox_database_url
+    migrate.downgrade(url, "outbox", "0012")
+    with psycopg.connect(url) as conn:
+        never = conn.execute(
+            "SELECT outbox.send('later', '1', deliver_at => 'infinity')"
+        ).fetchone()[0]  # type: ignore[index]
+        was = conn.execute(
+            "SELECT outbox.send('later', '2', deliver_at => now() + interval '1 h')"
+        ).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "UPDATE outbox.producer_scheduled SET deliver_at = '-infinity' WHERE message_id = %s",
+            (was,),
+        )
+    migrate.upgrade(url, "outbox")
+    with psycopg.connect(url) as conn:
+        rows = {
+            r[0]: (int(r[1]), r[2])
+            for r in conn.execute(
+                "SELECT message_id, extract(year FROM deliver_at), deliver_at <= now() "
+                "FROM outbox.producer_scheduled"
+            )
+        }
+        valid = conn.execute(
+            "SELECT convalidated FROM pg_constraint "
+            "WHERE conname = 'producer_scheduled_deliver_at_finite'"
+        ).fetchone()
+    assert rows == {never: (9999, False), was: (rows[was][0], True)}, rows
+    assert valid == (True,)

@@ -14,7 +14,9 @@ SELECT count(*),
        (SELECT count(*) FROM {schema}.producer_dead),
        (SELECT count(*) FROM {schema}.producer_scheduled),
        (SELECT count(*) FROM {schema}.producer_scheduled WHERE deliver_at <= now()),
-       (SELECT COALESCE(GREATEST(0, EXTRACT(EPOCH FROM now() - min(deliver_at))), 0)::float8
+       -- (clamped: a due time of -infinity, before migration 0013, cannot be subtracted)
+       (SELECT COALESCE(GREATEST(0, EXTRACT(EPOCH FROM
+                   now() - GREATEST(min(deliver_at), timestamptz '0001-01-02Z'))), 0)::float8
         FROM {schema}.producer_scheduled)
 FROM {schema}.producer_queue
 WHERE dead_at IS NULL;

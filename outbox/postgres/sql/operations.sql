@@ -33,13 +33,19 @@ ORDER BY 1, 2;
 -- name: ops_status_scheduled
 -- Messages due later (producer_scheduled, migration 0008) per topic: how many, how many are
 -- due already but not yet moved to producer_queue by a relay (overdue: none runs, or it is
--- behind), the next due time and the seconds until it (negative: overdue).
-SELECT topic, count(*) AS rows,
-       count(*) FILTER (WHERE deliver_at <= now()) AS overdue,
-       min(deliver_at) AS next_due_at,
-       EXTRACT(EPOCH FROM min(deliver_at) - now())::float8 AS next_due_in
-FROM {schema}.producer_scheduled
-GROUP BY topic
+-- behind), the next due time and the seconds until it (negative: overdue). Due times are
+-- clamped to years 1 and 9999: one of `infinity` (before migration 0013's constraint) can be
+-- neither subtracted nor read by Python.
+SELECT topic, rows, overdue, next_due_at,
+       EXTRACT(EPOCH FROM next_due_at - now())::float8 AS next_due_in
+FROM (
+    SELECT topic, count(*) AS rows,
+           count(*) FILTER (WHERE deliver_at <= now()) AS overdue,
+           LEAST(GREATEST(min(deliver_at), timestamptz '0001-01-02Z'),
+                 timestamptz '9999-12-30Z') AS next_due_at
+    FROM {schema}.producer_scheduled
+    GROUP BY topic
+) AS per_topic
 ORDER BY topic;
 
 -- name: ops_status_consumer

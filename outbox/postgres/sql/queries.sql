@@ -355,7 +355,10 @@ WITH due AS (
 )
 SELECT (SELECT count(*) FROM moved),
        EXTRACT(EPOCH FROM (
-           SELECT s.deliver_at
+           -- Clamped: a time of `infinity` (before migration 0013's constraint) cannot be
+           -- subtracted from now().
+           SELECT LEAST(GREATEST(s.deliver_at, timestamptz '0001-01-02Z'),
+                        timestamptz '9999-12-30Z')
            FROM {schema}.producer_scheduled s
            WHERE s.lane = ANY(%(lanes)s) AND s.id NOT IN (SELECT id FROM due)
            ORDER BY s.deliver_at, s.id

@@ -22,7 +22,8 @@ FROM (
            NULL::timestamptz AS deliver_at
     FROM {schema}.producer_queue WHERE id > %(after)s
     UNION ALL
-    SELECT 1, id, message_id, topic, key, payload, headers, content_type, deliver_at
+    SELECT 1, id, message_id, topic, key, payload, headers, content_type,
+           LEAST(GREATEST(deliver_at, timestamptz '0001-01-02Z'), timestamptz '9999-12-30Z')
     FROM {schema}.producer_scheduled WHERE id > %(after_scheduled)s
 ) AS rows
 ORDER BY kind, id
