@@ -8,7 +8,8 @@ answers back, and holds the bounds of the connections:
 - at most `workers + queued` connections are open at once; one more is answered 503 with
   `Retry-After` as soon as it is accepted, before anything is read, and closed;
 - a connection that has not sent a whole request head within `socket_timeout` seconds (a new
-  one, or one kept alive after an answer) is closed, and so is one whose answer is not read;
+  one, or one kept alive after an answer) is closed, and so is one that reads nothing of its
+  answer for `socket_timeout` seconds;
 - a body is read only for a POST that passed the checks, with one decimal Content-Length of
   at most `max_body_bytes` (400 otherwise, 413 above, 411 for a chunked one), and must arrive
   within `socket_timeout` seconds (408);
@@ -139,7 +140,8 @@ def _protocol(limit: int, timeout: float, busy: Callable[[], bytes]) -> type[H11
     """uvicorn's HTTP/1.1 protocol (h11), with the console's bounds on connections: more than
     `limit` open at once are answered `busy()` at once, and one without a whole request head
     `timeout` seconds after it opened or after its last answer is closed (uvicorn bounds the
-    time between requests only, not a head that never ends)."""
+    time between requests only, not a head that never ends), and so is one that reads nothing
+    of its answer for `timeout` seconds."""
 
     class Bounded(H11Protocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -149,6 +151,21 @@ def _protocol(limit: int, timeout: float, busy: Callable[[], bytes]) -> type[H11
                 transport.close()
                 return
             self._expect_request()
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            # The client reads nothing of the answer: cut it off after `timeout`.
+            self._stalled = self.loop.call_later(timeout, self._cut_off)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            stalled = getattr(self, "_stalled", None)
+            if stalled is not None:
+                stalled.cancel()
+
+        def _cut_off(self) -> None:
+            if self.flow.write_paused:
+                self.transport.abort()  # close() would wait for the unread answer
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

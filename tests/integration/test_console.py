@@ -516,6 +516,31 @@ def test_malformed_requests_are_answered_4xx_without_holding_a_worker(
         assert client.get_json("/api/status?db=orders")[0] == 200
 
 
+def test_a_client_that_reads_nothing_of_its_answer_is_cut_off(
+    outbox_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from outbox.console import assets
+
+    big = "/*" + "x" * 3_000_000 + "*/"
+    monkeypatch.setattr(assets, "JS", big)
+    with console(outbox_database_url, socket_timeout=1.0) as app:
+        host, port = app.url.split("//")[1].rstrip("/").rsplit(":", 1)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(10)
+            sock.connect((host, int(port)))
+            sock.sendall(f"GET /static/console.js HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            time.sleep(3)  # reading nothing, past socket_timeout
+            got = 0
+            try:
+                while chunk := sock.recv(65536):
+                    got += len(chunk)
+            except ConnectionResetError:
+                pass
+        assert got < len(big), "the whole answer waited for a client that did not read it"
+        assert Client(app).get_json("/api/status?db=orders")[0] == 200
+
+
 def test_connections_beyond_the_workers_and_their_queue_are_answered_503(
     outbox_database_url: str,
 ) -> None:
