@@ -1,14 +1,16 @@
-"""The console's HTTP server: the standard library's `http.server`, served by a fixed pool of
-worker threads (see docs/decisions/0014-console-server.md).
+"""The console: what it shows and what each request may do, apart from HTTP's transport. It
+is served by uvicorn through the Starlette application of `outbox.console.web` (the stack of
+`outbox serve`; see docs/decisions/0014-console-server.md).
 
 Bounded:
 
-- `workers` threads serve requests; at most `queued` accepted connections wait for one, and
-  any further connection is answered 503 at once and closed;
-- every socket read and write times out after `socket_timeout` seconds, so a client that
-  sends nothing (or reads nothing) frees its worker then;
+- at most `workers + queued` connections are open at once; any further connection is
+  answered 503 (with Retry-After) as soon as it is accepted, and closed;
+- the answers, which read the databases, run in at most `workers` threads, off the event loop;
+- a connection that sends no whole request head, no announced body or reads nothing of its
+  answer for `socket_timeout` seconds is closed (a body that does not come: 408);
 - a request body is read only with a valid Content-Length of at most MAX_BODY_BYTES (400 for
-  a missing-digits, negative or repeated one, 413 above, 408 for a body that does not come);
+  a malformed or differing repeated one, 413 above, 411 for a chunked one);
 - no answer is larger than MAX_RESPONSE_BYTES: what is read from the databases is cut in
   PostgreSQL and paged (`outbox.console.reads`), tables are cut (`outbox.console.render`),
   and an answer that would still be larger is refused with 500 and logged.
@@ -21,10 +23,12 @@ Safe by default:
 - without a token, a request whose Host header is not a loopback name is refused (a DNS
   rebinding page cannot read the console);
 - a state-changing request is a POST with the CSRF token of its session (an HMAC of the
-  session cookie) in `X-CSRF-Token`, and an `Origin` of the console's own host;
+  session cookie) in `X-CSRF-Token`, an `Origin` of the console's own host, and a
+  `Sec-Fetch-Site` of same-origin or none;
 - `read_only` refuses requeue and purge (and the page shows no such buttons);
 - database URLs are shown only through `redact_url`, errors through `redact_text`;
-- every page has a Content-Security-Policy that allows no inline script.
+- every answer has a Content-Security-Policy that allows no inline script, nosniff, frame
+  DENY, no referrer and no-store.
 """
 
 from __future__ import annotations
@@ -120,10 +124,12 @@ class ConsoleConfig:
     #: (`outbox.transports.settings_of("kafka", kafka_bootstrap=...)`); the console passes them
     #: to the transport's entry, never reading them.
     transport: transports.TransportSettings = field(default_factory=transports.TransportSettings)
-    #: Threads serving requests, and accepted connections that may wait for one.
+    #: Threads answering requests (they read the databases), and connections that may be open
+    #: besides: at most `workers + queued` at once, one more is answered 503.
     workers: int = 8
     queued: int = 16
-    #: Seconds a read from or a write to a client may take before its connection is closed.
+    #: Seconds a client may take to send a request head or its body, or to read some of its
+    #: answer, and a kept-alive connection may stay idle, before its connection is closed.
     socket_timeout: float = 10.0
     #: A file of more databases (`outbox.core.databases.read_file`), read again every sample.
     databases_file: str | None = None
