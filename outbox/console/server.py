@@ -44,6 +44,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -270,6 +271,13 @@ class Console:
             thread = threading.Thread(target=target, daemon=True, name=name)
             thread.start()
             self._threads.append(thread)
+        # Serving before this returns (connections wait in the socket's backlog meanwhile).
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise OutboxError("the console's HTTP server did not start (see the log)")
+            time.sleep(0.01)
 
     def exchange(self, method: str, target: str, headers: Sequence[tuple[str, str]]) -> _Exchange:
         """The console's side of one request: `check` it, then `answer` it with its body."""

@@ -541,6 +541,47 @@ def test_a_client_that_reads_nothing_of_its_answer_is_cut_off(
         assert Client(app).get_json("/api/status?db=orders")[0] == 200
 
 
+def test_the_database_reads_run_in_at_most_workers_threads_off_the_event_loop(
+    outbox_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    running: list[str] = []
+    seen: set[str] = set()
+    most = 0
+    lock = threading.Lock()
+    real = Console.status_document
+
+    def slow(self: Console, d: Database) -> dict[str, Any]:
+        nonlocal most
+        with lock:
+            running.append(threading.current_thread().name)
+            seen.add(threading.current_thread().name)
+            most = max(most, len(running))
+        time.sleep(0.5)
+        with lock:
+            running.remove(threading.current_thread().name)
+        return real(self, d)
+
+    monkeypatch.setattr(Console, "status_document", slow)
+    with console(outbox_database_url, workers=2, queued=10) as app:
+        client = Client(app)
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: client.get_json("/api/status")[0], range(6)))
+        assert answers == [200] * 6
+        assert most == 2, most
+        assert "outbox-console-server" not in seen, seen  # not the event loop's thread
+        # HEAD: the GET's headers, no body.
+        answer = _raw_request(
+            app, b"HEAD / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and body == b"", answer
+        assert b"content-security-policy: default-src 'none'" in head.lower()
+        assert int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]) > 1000
+
+
 def test_connections_beyond_the_workers_and_their_queue_are_answered_503(
     outbox_database_url: str,
 ) -> None:
