@@ -1,14 +1,16 @@
-"""The console's HTTP server: the standard library's `http.server`, served by a fixed pool of
-worker threads (see docs/decisions/0014-console-server.md).
+"""The console: what it shows and what each request may do, apart from HTTP's transport. It
+is served by uvicorn through the Starlette application of `outbox.console.web` (the stack of
+`outbox serve`; see docs/decisions/0014-console-server.md).
 
 Bounded:
 
-- `workers` threads serve requests; at most `queued` accepted connections wait for one, and
-  any further connection is answered 503 at once and closed;
-- every socket read and write times out after `socket_timeout` seconds, so a client that
-  sends nothing (or reads nothing) frees its worker then;
+- at most `workers + queued` connections are open at once; any further connection is
+  answered 503 (with Retry-After) as soon as it is accepted, and closed;
+- the answers, which read the databases, run in at most `workers` threads, off the event loop;
+- a connection that sends no whole request head, no announced body or reads nothing of its
+  answer for `socket_timeout` seconds is closed (a body that does not come: 408);
 - a request body is read only with a valid Content-Length of at most MAX_BODY_BYTES (400 for
-  a missing-digits, negative or repeated one, 413 above, 408 for a body that does not come);
+  a malformed or differing repeated one, 413 above, 411 for a chunked one);
 - no answer is larger than MAX_RESPONSE_BYTES: what is read from the databases is cut in
   PostgreSQL and paged (`outbox.console.reads`), tables are cut (`outbox.console.render`),
   and an answer that would still be larger is refused with 500 and logged.
@@ -21,10 +23,12 @@ Safe by default:
 - without a token, a request whose Host header is not a loopback name is refused (a DNS
   rebinding page cannot read the console);
 - a state-changing request is a POST with the CSRF token of its session (an HMAC of the
-  session cookie) in `X-CSRF-Token`, and an `Origin` of the console's own host;
+  session cookie) in `X-CSRF-Token`, an `Origin` of the console's own host, and a
+  `Sec-Fetch-Site` of same-origin or none;
 - `read_only` refuses requeue and purge (and the page shows no such buttons);
 - database URLs are shown only through `redact_url`, errors through `redact_text`;
-- every page has a Content-Security-Policy that allows no inline script.
+- every answer has a Content-Security-Policy that allows no inline script, nosniff, frame
+  DENY, no referrer and no-store.
 """
 
 from __future__ import annotations
@@ -32,20 +36,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import importlib.util
 import ipaddress
 import json
 import logging
-import queue
 import re
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -80,6 +84,16 @@ MAX_LAG_PARTITIONS = 1000
 _CONTENT_LENGTH_RE = re.compile(r"[0-9]{1,18}")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{32,64}$")
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+#: What a missing extra says.
+MISSING_EXTRA = "outbox console needs the console extra: pip install 'pg-kafka-outbox[console]'"
+
+
+def require_extra() -> None:
+    """ConfigurationError naming the `console` extra unless Starlette and uvicorn are
+    installed (this module imports neither: `outbox.console.web` does)."""
+    for module in ("starlette", "uvicorn"):
+        if importlib.util.find_spec(module) is None:
+            raise ConfigurationError(f"{MISSING_EXTRA} ({module} is not installed)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +125,12 @@ class ConsoleConfig:
     #: (`outbox.transports.settings_of("kafka", kafka_bootstrap=...)`); the console passes them
     #: to the transport's entry, never reading them.
     transport: transports.TransportSettings = field(default_factory=transports.TransportSettings)
-    #: Threads serving requests, and accepted connections that may wait for one.
+    #: Threads answering requests (they read the databases), and connections that may be open
+    #: besides: at most `workers + queued` at once, one more is answered 503.
     workers: int = 8
     queued: int = 16
-    #: Seconds a read from or a write to a client may take before its connection is closed.
+    #: Seconds a client may take to send a request head or its body, or to read some of its
+    #: answer, and a kept-alive connection may stay idle, before its connection is closed.
     socket_timeout: float = 10.0
     #: A file of more databases (`outbox.core.databases.read_file`), read again every sample.
     databases_file: str | None = None
@@ -204,6 +220,7 @@ class Console:
     """The console: its sampler thread and its HTTP server."""
 
     def __init__(self, config: ConsoleConfig) -> None:
+        require_extra()
         self.config = config
         self._databases: tuple[Database, ...] = ()
         self._by_name: dict[str, Database] = {}
@@ -221,24 +238,60 @@ class Console:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.asyncapi = _asyncapi(config)
-        self._server = _Server(config, _Handler)
-        self._server.console = self
+        #: Connections answered 503 at once: beyond `workers + queued` open at a time.
+        self.busy_answers = 0
+        self._socket = _listen(config)
+        self._server: Any = None
+        address = self._socket.getsockname()
+        host, port = str(address[0]), int(address[1])
+        shown = f"[{host}]" if ":" in host else host
+        self._url = f"http://{shown}:{port}/"
 
     @property
     def url(self) -> str:
-        """The console's address, e.g. http://127.0.0.1:8470/."""
-        address = self._server.server_address
-        host, port = str(address[0]), int(address[1])
-        shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}/"
+        """The console's address, e.g. http://127.0.0.1:8470/ (also once closed)."""
+        return self._url
 
     def start(self) -> None:
-        """Serve and sample in background threads."""
-        self._server.start_workers()
-        for target in (self._sample_forever, self._server.serve_forever):
-            thread = threading.Thread(target=target, daemon=True, name="outbox-console")
+        """Serve (uvicorn, in a thread of its own) and sample in background threads."""
+        from outbox.console import web
+
+        self._server = web.server(
+            self,
+            workers=self.config.workers,
+            queued=self.config.queued,
+            socket_timeout=self.config.socket_timeout,
+            max_body_bytes=MAX_BODY_BYTES,
+            busy=self.busy,
+        )
+        for name, target in (
+            ("outbox-console-sampler", self._sample_forever),
+            ("outbox-console-server", lambda: self._server.run(sockets=[self._socket])),
+        ):
+            thread = threading.Thread(target=target, daemon=True, name=name)
             thread.start()
             self._threads.append(thread)
+        # Serving before this returns (connections wait in the socket's backlog meanwhile).
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise OutboxError("the console's HTTP server did not start (see the log)")
+            time.sleep(0.01)
+
+    def exchange(self, method: str, target: str, headers: Sequence[tuple[str, str]]) -> _Exchange:
+        """The console's side of one request: `check` it, then `answer` it with its body."""
+        return _Exchange(self, method, target, _Headers(headers))
+
+    def busy(self) -> bytes:
+        """The whole answer to a connection beyond the bound (counted in `busy_answers`)."""
+        self.busy_answers += 1
+        body = b'{"error": "the console is busy: try again in a moment"}'
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+        )
+        return head.encode("ascii") + body
 
     def run(self) -> None:
         """Serve until `stop` (from a signal handler)."""
@@ -259,12 +312,12 @@ class Console:
     def close(self) -> None:
         """Stop serving and sampling."""
         self._stop.set()
-        if self._threads:
-            self._server.shutdown()
-        self._server.server_close()
-        self._server.stop_workers()
+        if self._server is not None:
+            self._server.should_exit = True
         for thread in self._threads:
-            thread.join(10)
+            thread.join(15)
+        self._threads.clear()
+        self._socket.close()
 
     # -- the databases ----------------------------------------------------------------------
 
@@ -659,107 +712,62 @@ def _listen_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[A
     return socket.AF_INET, (bare, port)
 
 
-class _Server(HTTPServer):
-    """An HTTP server whose requests a fixed pool of worker threads serve; connections beyond
-    the pool and its queue are answered 503 at once."""
-
-    console: Console
-
-    def __init__(self, config: ConsoleConfig, handler: type[BaseHTTPRequestHandler]) -> None:
-        family, address = _listen_address(config.host, config.port)
-        self.address_family = family
-        self._workers = config.workers
-        # A slot per connection being served or waiting for a worker.
-        self._slots = threading.BoundedSemaphore(config.workers + config.queued)
-        self._waiting: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue()
-        self._pool: list[threading.Thread] = []
-        self.busy_answers = 0
-        try:
-            super().__init__(address, handler)
-        except OSError as exc:
-            shown = f"[{config.host}]" if ":" in config.host else config.host
-            raise ConfigurationError(
-                f"cannot listen on {shown}:{config.port}: {exc.strerror or exc}"
-            ) from None
-
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
+def _listen(config: ConsoleConfig) -> socket.socket:
+    """A socket listening on the console's host and port (an IPv6 address: IPv6 only); a
+    ConfigurationError of one line when it cannot be had."""
+    family, address = _listen_address(config.host, config.port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
             # Only the IPv6 address asked for, not IPv4 as well through a mapped address.
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        super().server_bind()
-
-    def start_workers(self) -> None:
-        for number in range(self._workers):
-            thread = threading.Thread(
-                target=self._work, daemon=True, name=f"outbox-console-worker-{number}"
-            )
-            thread.start()
-            self._pool.append(thread)
-
-    def stop_workers(self) -> None:
-        for _ in self._pool:
-            self._waiting.put(None)
-        for thread in self._pool:
-            thread.join(10)
-        self._pool.clear()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if self._slots.acquire(blocking=False):
-            self._waiting.put((request, client_address))
-        else:
-            self._busy(request)
-
-    def _busy(self, request: socket.socket) -> None:
-        """Answer 503 without a worker (a few hundred bytes, a short timeout), and close."""
-        self.busy_answers += 1
-        body = b'{"error": "the console is busy: try again in a moment"}'
-        head = (
-            "HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-        )
-        try:
-            request.settimeout(1.0)
-            request.sendall(head.encode("ascii") + body)
-        except OSError:
-            pass
-        self.shutdown_request(request)
-
-    def _work(self) -> None:
-        while True:
-            item = self._waiting.get()
-            if item is None:
-                return
-            request, client_address = item
-            try:
-                self.finish_request(request, client_address)
-            except Exception:
-                self.handle_error(request, client_address)
-            finally:
-                self.shutdown_request(request)
-                self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("console connection from %s failed", client_address, exc_info=True)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(config.workers + config.queued)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{config.host}]" if ":" in config.host else config.host
+        raise ConfigurationError(
+            f"cannot listen on {shown}:{config.port}: {exc.strerror or exc}"
+        ) from None
+    return sock
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "outbox-console"
-    sys_version = ""
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer of the console: its status, headers and body (empty for HEAD, its
+    Content-Length that of the GET's)."""
 
-    def setup(self) -> None:
-        super().setup()
-        # Every read and write of this connection times out.
-        self.connection.settimeout(self.server.console.config.socket_timeout)
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+#: The headers of every answer (no inline script, no framing, no referrer, no caching).
+_SECURITY_HEADERS = (
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+)
+
+
+class _Exchange:
+    """One request to the console and its answer, apart from HTTP's transport (the ASGI
+    application of `outbox.console.web` hands it the request line, headers and body)."""
+
+    def __init__(self, console: Console, method: str, target: str, headers: _Headers) -> None:
+        self.console = console
+        self.method = method
+        self.target = target
+        self.headers = headers
 
     # -- plumbing ---------------------------------------------------------------------------
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), redact_text(format % args))
-
-    @property
-    def console(self) -> Console:
-        return self.server.console
 
     def _send(
         self,
@@ -767,43 +775,41 @@ class _Handler(BaseHTTPRequestHandler):
         body: bytes,
         content_type: str,
         headers: Sequence[tuple[str, str]] = (),
-    ) -> None:
+    ) -> Answer:
         if len(body) > MAX_RESPONSE_BYTES:
             log.warning(
                 "console answer of %d bytes to %s refused: larger than %d",
                 len(body),
-                cut(redact_text(urlsplit(self.path).path), 100),
+                cut(redact_text(urlsplit(self.target).path), 100),
                 MAX_RESPONSE_BYTES,
             )
             status = HTTPStatus.INTERNAL_SERVER_ERROR
             body = b'{"error": "the answer would be larger than the console sends"}'
             content_type, headers = "application/json", ()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("X-Frame-Options", "DENY")
-        self.send_header("Referrer-Policy", "no-referrer")
-        self.send_header(
-            "Content-Security-Policy",
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        return Answer(
+            int(status),
+            (
+                ("Content-Type", content_type),
+                ("Content-Length", str(len(body))),
+                *_SECURITY_HEADERS,
+                *headers,
+            ),
+            b"" if self.method == "HEAD" else body,
         )
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
-    def _json(self, status: HTTPStatus, doc: Any, headers: Sequence[tuple[str, str]] = ()) -> None:
+    def _json(
+        self, status: HTTPStatus, doc: Any, headers: Sequence[tuple[str, str]] = ()
+    ) -> Answer:
         # ensure_ascii and "<" escaped: the JSON is inert even if a browser sniffed it as HTML.
         text = json.dumps(doc, ensure_ascii=True, default=str).replace("<", "\\u003c")
-        self._send(status, text.encode("ascii"), "application/json", headers)
+        return self._send(status, text.encode("ascii"), "application/json", headers)
+
+    def refuse(self, status: int, message: str) -> Answer:
+        """The error answer `{"error": message}` with `status`."""
+        return self._json(HTTPStatus(status), {"error": redact_text(message)})
 
     def _query(self) -> dict[str, str]:
-        query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        query = parse_qs(urlsplit(self.target).query, keep_blank_values=True)
         return _without_nul({k: v[-1] for k, v in query.items()})
 
     def _session(self) -> str | None:
@@ -825,16 +831,16 @@ class _Handler(BaseHTTPRequestHandler):
         """Without a token, only loopback Host names (no DNS rebinding)."""
         if self.console.config.auth_token:
             return
-        host = self.headers.get("Host", "")
+        host = self.headers.get("Host") or ""
         name = urlsplit(f"//{host}").hostname or ""
         if not is_loopback(name):
             raise _Refused(HTTPStatus.FORBIDDEN, "the console answers loopback host names only")
 
-    def _check_auth(self) -> bool:
+    def _check_auth(self) -> Answer | None:
         token = self.console.config.auth_token
         if not token:
-            return True
-        given = self.headers.get("Authorization", "")
+            return None
+        given = self.headers.get("Authorization") or ""
         scheme, _, value = given.partition(" ")
         candidate = ""
         if scheme.lower() == "bearer":
@@ -846,50 +852,57 @@ class _Handler(BaseHTTPRequestHandler):
                 decoded = ""
             candidate = decoded.partition(":")[2]
         if candidate and hmac.compare_digest(candidate.encode(), token.encode()):
-            return True
+            return None
         body = b"authentication required: the console's token as the password"
-        self._send(
+        return self._send(
             HTTPStatus.UNAUTHORIZED,
             body,
             "text/plain; charset=utf-8",
             [("WWW-Authenticate", 'Basic realm="outbox console", charset="UTF-8"')],
         )
-        return False
 
     def _check_post(self) -> None:
         """Same-origin, with the CSRF token of the session."""
         origin = self.headers.get("Origin")
-        host = self.headers.get("Host", "")
+        host = self.headers.get("Host") or ""
         if not origin or urlsplit(origin).netloc != host:
             raise _Refused(HTTPStatus.FORBIDDEN, "cross-origin request refused")
         if self.headers.get("Sec-Fetch-Site") not in (None, "same-origin"):
             raise _Refused(HTTPStatus.FORBIDDEN, "cross-site request refused")
         session = self._session()
-        token = self.headers.get("X-CSRF-Token", "")
+        token = self.headers.get("X-CSRF-Token") or ""
         if session is None or not hmac.compare_digest(
             token.encode(), self.console.csrf_token(session).encode()
         ):
             raise _Refused(HTTPStatus.FORBIDDEN, "missing or wrong CSRF token; reload the page")
 
-    # -- methods ----------------------------------------------------------------------------
+    # -- the two steps ----------------------------------------------------------------------
 
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:
-        self._handle(self._get)
-
-    def do_POST(self) -> None:
-        self._handle(self._post)
-
-    def _handle(self, method: Any) -> None:
+    def check(self) -> Answer | None:
+        """The refusal of this request before its body is read (Host, token, method and path,
+        and for a POST its origin and CSRF token), or None. Reads no database."""
         try:
             self._check_host()
-            if not self._check_auth():
-                return
-            method()
+            refused = self._check_auth()
+            if refused is not None:
+                return refused
+            if self.method == "POST":
+                if self._action() is None:
+                    raise _Refused(HTTPStatus.NOT_FOUND, "not found")
+                self._check_post()
+            elif self.method not in ("GET", "HEAD"):
+                raise _Refused(HTTPStatus.METHOD_NOT_ALLOWED, "the console takes GET and POST")
         except _Refused as exc:
-            self._json(exc.status, {"error": redact_text(exc.message)})
+            return self.refuse(exc.status, exc.message)
+        return None
+
+    def answer(self, body: bytes) -> Answer:
+        """The answer of a request `check` let through, with its `body` (blocking: it reads
+        the databases)."""
+        try:
+            return self._post(body) if self.method == "POST" else self._get()
+        except _Refused as exc:
+            return self.refuse(exc.status, exc.message)
         except OutboxError as exc:
             status = (
                 HTTPStatus.NOT_FOUND
@@ -898,24 +911,22 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(exc, ops.RequeueConflict)
                 else HTTPStatus.BAD_REQUEST
             )
-            self._json(status, {"error": redact_text(first_line(exc))})
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            self.close_connection = True
+            return self.refuse(status, first_line(exc))
         except Exception as exc:
             log.warning("console request failed", exc_info=True)
-            self._json(
+            return self._json(
                 HTTPStatus.INTERNAL_SERVER_ERROR,
                 {"error": f"unexpected {type(exc).__name__}: {redact_text(first_line(exc))}"},
             )
 
-    def _get(self) -> None:
-        path = urlsplit(self.path).path
+    def _get(self) -> Answer:
+        path = urlsplit(self.target).path
         query = self._query()
         if path == "/static/console.js":
-            self._send(HTTPStatus.OK, assets.JS.encode(), "text/javascript; charset=utf-8")
-        elif path == "/static/console.css":
-            self._send(HTTPStatus.OK, assets.CSS.encode(), "text/css; charset=utf-8")
-        elif path == "/":
+            return self._send(HTTPStatus.OK, assets.JS.encode(), "text/javascript; charset=utf-8")
+        if path == "/static/console.css":
+            return self._send(HTTPStatus.OK, assets.CSS.encode(), "text/css; charset=utf-8")
+        if path == "/":
             d = self.console.database(query.get("db"))
             session = self._session()
             headers = []
@@ -925,19 +936,19 @@ class _Handler(BaseHTTPRequestHandler):
                     ("Set-Cookie", f"{COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict")
                 )
             body = self.console.page(d, session).encode()
-            self._send(HTTPStatus.OK, body, "text/html; charset=utf-8", headers)
-        elif path == "/api/view":
+            return self._send(HTTPStatus.OK, body, "text/html; charset=utf-8", headers)
+        if path == "/api/view":
             d = self.console.database(query.get("db"))
-            self._json(HTTPStatus.OK, self.console.view(d, query))
-        elif path == "/api/status":
+            return self._json(HTTPStatus.OK, self.console.view(d, query))
+        if path == "/api/status":
             d = self.console.database(query.get("db"))
-            self._json(HTTPStatus.OK, self.console.status_document(d))
-        elif path == "/api/databases":
-            self._json(HTTPStatus.OK, self.console.database_states(query.get("db")))
-        elif path == "/api/row":
+            return self._json(HTTPStatus.OK, self.console.status_document(d))
+        if path == "/api/databases":
+            return self._json(HTTPStatus.OK, self.console.database_states(query.get("db")))
+        if path == "/api/row":
             d = self.console.database(query.get("db"))
-            self._json(HTTPStatus.OK, self.console.row(d, query))
-        elif path in ("/asyncapi", "/asyncapi.json"):
+            return self._json(HTTPStatus.OK, self.console.row(d, query))
+        if path in ("/asyncapi", "/asyncapi.json"):
             found = self.console.asyncapi
             if found is None:
                 raise _Refused(
@@ -945,49 +956,41 @@ class _Handler(BaseHTTPRequestHandler):
                     "no AsyncAPI document: start the console with --asyncapi MODULE[:ATTRIBUTE]",
                 )
             if path == "/asyncapi":
-                self._send(HTTPStatus.OK, found.html.encode(), "text/html; charset=utf-8")
-            else:
-                self._json(HTTPStatus.OK, found.document)
-        elif path == "/favicon.ico":
-            self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
-        else:
-            raise _Refused(HTTPStatus.NOT_FOUND, "not found")
+                return self._send(HTTPStatus.OK, found.html.encode(), "text/html; charset=utf-8")
+            return self._json(HTTPStatus.OK, found.document)
+        if path == "/favicon.ico":
+            return self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+        raise _Refused(HTTPStatus.NOT_FOUND, "not found")
 
-    def _post(self) -> None:
-        path = urlsplit(self.path).path
-        action = {"/api/requeue": "requeue", "/api/purge": "purge"}.get(path)
+    def _action(self) -> str | None:
+        path = urlsplit(self.target).path
+        return {"/api/requeue": "requeue", "/api/purge": "purge"}.get(path)
+
+    def _post(self, body: bytes) -> Answer:
+        action = self._action()
         if action is None:
             raise _Refused(HTTPStatus.NOT_FOUND, "not found")
-        self._check_post()
-        raw = self._body().decode("utf-8", "replace")
+        raw = body.decode("utf-8", "replace")
         form = _without_nul({k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()})
         d = self.console.database(form.get("db"))
-        self._json(HTTPStatus.OK, self.console.change(d, action, form))
+        return self._json(HTTPStatus.OK, self.console.change(d, action, form))
 
-    def _body(self) -> bytes:
-        """The request's body, read as its Content-Length says (at most MAX_BODY_BYTES)."""
-        if self.headers.get("Transfer-Encoding") is not None:
-            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
-        given = self.headers.get_all("Content-Length") or []
-        if not given:
-            return b""
-        if len(given) > 1 or not _CONTENT_LENGTH_RE.fullmatch(given[0].strip()):
-            raise _Refused(
-                HTTPStatus.BAD_REQUEST, "Content-Length must be one number of bytes (0 or more)"
-            )
-        length = int(given[0])
-        if length > MAX_BODY_BYTES:
-            raise _Refused(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"request body too large: at most {MAX_BODY_BYTES} bytes",
-            )
-        try:
-            body = self.rfile.read(length)
-        except TimeoutError:
-            raise _Refused(HTTPStatus.REQUEST_TIMEOUT, "the request body did not come") from None
-        if len(body) < length:
-            raise _Refused(HTTPStatus.BAD_REQUEST, "the request body is shorter than announced")
-        return body
+
+class _Headers:
+    """A request's headers, names compared without case."""
+
+    def __init__(self, pairs: Sequence[tuple[str, str]]) -> None:
+        self._pairs = [(name.lower(), value) for name, value in pairs]
+
+    def get(self, name: str) -> str | None:
+        """The first value of header `name`, or None."""
+        found = self.get_all(name)
+        return found[0] if found else None
+
+    def get_all(self, name: str) -> list[str]:
+        """Every value of header `name`, in order."""
+        name = name.lower()
+        return [value for key, value in self._pairs if key == name]
 
 
 def serve(config: ConsoleConfig) -> Console:
