@@ -748,8 +748,10 @@ def run(
         ]
     if ctx.quick and rates is RATES:
         rates = QUICK_RATES
+    if ctx.smoke and rates is RATES:
+        rates = QUICK_RATES[:1]  # every variant runs, at one rate: a check, not numbers
     if seconds is None:
-        seconds = 2.0 if ctx.smoke else 5.0 if ctx.quick else 20.0
+        seconds = 1.5 if ctx.smoke else 5.0 if ctx.quick else 20.0
     results: list[Result] = []
     for variant in variants:
         results += through_daemons(ctx, variant, rates, seconds)

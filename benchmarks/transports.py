@@ -586,7 +586,7 @@ LATENCY_FLOORS = {
 def run(ctx: Context) -> list[Result]:
     backlog = ctx.scale(50_000, 3_000)
     raw = ctx.scale(100_000, 5_000)
-    seconds = 2.0 if ctx.smoke else 15.0
+    seconds = 1.0 if ctx.smoke else 15.0
     endpoints = {name: Endpoint(ctx, name) for name in TRANSPORTS}
     relay: dict[str, tuple[float, float, float]] = {}
     inbox: dict[str, tuple[float, float]] = {}
