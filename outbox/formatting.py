@@ -192,4 +192,12 @@ def status_json(status: ops.Status) -> dict[str, Any]:
             {"backend_pid": c.backend_pid, "state": c.state, "age_seconds": round(c.age, 3)}
             for c in status.claims
         ],
+        "connections": None
+        if status.connections is None
+        else {
+            "outbox": dict(status.connections.outbox),
+            "database": status.connections.database,
+            "server": status.connections.server,
+            "max_connections": status.connections.max_connections,
+        },
     }

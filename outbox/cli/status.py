@@ -19,6 +19,8 @@ added):
      (a parked process, idle for --idle-disconnect seconds with no session of its own:
       "parked": true, "parked_since": "<ISO 8601>", "alive": true, "lanes": 0)
      "claims": [{"backend_pid": 456, "state": "idle in transaction", "age_seconds": 0.2}],
+     "connections": {"outbox": {"outbox-handler": 5, "outbox-cli": 1}, "database": 9,
+                     "server": 42, "max_connections": 300},
      "scheduled": {"topics": {"<topic>": {"rows": N, "overdue": N,
                               "next_due_at": "<ISO 8601>", "next_due_in_seconds": <float>}},
                    "rows": N, "overdue": N, "next_due_at": "<ISO 8601>" or null}}
@@ -496,6 +498,7 @@ def _status_text(status: ops.Status) -> list[str]:
         body.append(["TOTAL", *(_count_cell(q.totals[s]) for s in q.states)])
         lines.extend(_table(["TOPIC", *(s.upper() for s in q.states)], body, indent="  "))
     lines.extend(_scheduled_text(status))
+    lines.extend(_connections_text(status.connections))
     lines.append("")
     if not status.processes:
         lines.append("processes: none registered in relay_state")
@@ -526,6 +529,21 @@ def _status_text(status: ops.Status) -> list[str]:
         body = [[str(c.backend_pid), _safe(c.state), fmt.age(c.age)] for c in status.claims]
         lines.extend(_table(["BACKEND PID", "STATE", "AGE"], body, indent="  "))
     return lines
+
+
+def _connections_text(connections: ops.Connections | None) -> list[str]:
+    """Who holds the database's connections: outbox's by application name, then all."""
+    if connections is None:
+        return []
+    ours = sum(connections.outbox.values())
+    named = ", ".join(f"{_safe(name)} {n}" for name, n in connections.outbox.items())
+    return [
+        "",
+        f"connections: {ours} of outbox here"
+        + (f" ({named})" if named else "")
+        + f"; {connections.database} to this database, {connections.server} to the server "
+        f"of max_connections {connections.max_connections}",
+    ]
 
 
 def _scheduled_text(status: ops.Status) -> list[str]:

@@ -118,7 +118,8 @@ class InboxWakeups:
 
     def __init__(self, url: str, schema: str) -> None:
         self.sql = queries(schema)
-        self.relay_id = f"serve-{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # host:pid:random, as a daemon's (`outbox status` shows its host and pid).
+        self.relay_id = f"{socket.gethostname()}:{os.getpid()}:serve-{uuid.uuid4().hex[:8]}"
         self.conn = connect(url, timeout=10, application_name="outbox-serve-inbox-wakeups")
         try:
             self.conn.execute(self.sql["relay_forget_dead"])

@@ -171,6 +171,18 @@ class Claim:
     age: float
 
 
+@dataclass(frozen=True, slots=True)
+class Connections:
+    """Who holds a database's connections, as `pg_stat_activity` shows them to this role."""
+
+    #: outbox's sessions of this database by application name (`outbox-handler`, ...).
+    outbox: dict[str, int]
+    #: Client sessions of this database, and of the whole server, and its max_connections.
+    database: int
+    server: int
+    max_connections: int
+
+
 @dataclass(frozen=True)
 class Status:
     """Everything `outbox status` reports, read in one transaction."""
@@ -183,6 +195,8 @@ class Status:
     claims: tuple[Claim, ...] = ()
     #: Messages due later, per topic in name order (decision 21).
     scheduled: tuple[Scheduled, ...] = ()
+    #: Who holds the database's connections (None: not read).
+    connections: Connections | None = None
 
 
 def _queue_status(queue: Queue, rows: list[tuple[Any, ...]]) -> QueueStatus:
@@ -244,6 +258,12 @@ def status(conn: psycopg.Connection[Any], schema: str) -> Status:
                 sql["ops_status_scheduled"]
             ).fetchall()
         )
+        named, here, server, most = cur.execute(sql["ops_status_connections"]).fetchone() or (
+            {},
+            0,
+            0,
+            0,
+        )
     return Status(
         schema=schema,
         taken_at=now_row[0],
@@ -251,6 +271,12 @@ def status(conn: psycopg.Connection[Any], schema: str) -> Status:
         processes=processes,
         claims=claims,
         scheduled=scheduled,
+        connections=Connections(
+            {str(k): int(v) for k, v in dict(named or {}).items()},
+            int(here),
+            int(server),
+            int(most),
+        ),
     )
 
 

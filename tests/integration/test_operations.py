@@ -711,3 +711,25 @@ def count_rows(url: str, table: str) -> int:
         row = conn.execute(f"SELECT count(*) FROM outbox.{table}").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_status_says_who_holds_the_databases_connections(outbox_database_url: str) -> None:
+    """Operators of many tenants read here what each database's connections are used by:
+    outbox's sessions by application name, the database's and the server's client sessions,
+    and max_connections."""
+    url = outbox_database_url
+    held = [psycopg.connect(url, application_name="outbox-handler") for _ in range(3)]
+    held.append(psycopg.connect(url, application_name="someone-else"))
+    try:
+        doc = json.loads(_ok("status", "--database-url", url, "--json"))
+        connections = doc["connections"]
+        assert connections["outbox"] == {"outbox-handler": 3, "outbox-cli": 1}
+        assert connections["database"] == 5  # the four above and the status's own
+        assert connections["server"] >= 5 and connections["max_connections"] >= 5
+        text = _ok("status", "--database-url", url)
+        line = next(line for line in text.splitlines() if line.startswith("connections:"))
+        assert line.startswith("connections: 4 of outbox here (outbox-cli 1, outbox-handler 3)")
+        assert "; 5 to this database, " in line and "of max_connections " in line
+    finally:
+        for conn in held:
+            conn.close()

@@ -93,6 +93,22 @@ SELECT r.relay_id,
 FROM {schema}.relay_state r
 ORDER BY r.queue, r.relay_id;
 
+-- name: ops_status_connections
+-- Who holds this database's connections: outbox's sessions by application name (each daemon
+-- names its connections `outbox-...`), this database's client sessions in all, the server's,
+-- and its max_connections. Only the sessions this role may see are counted (a role without
+-- pg_read_all_stats sees the others' as connected, with their application names).
+SELECT (SELECT COALESCE(json_object_agg(application_name, n), '{}'::json)
+        FROM (SELECT application_name, count(*) AS n FROM pg_stat_activity
+              WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND starts_with(application_name, 'outbox')
+              GROUP BY application_name ORDER BY application_name) AS named),
+       (SELECT count(*) FROM pg_stat_activity
+        WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND backend_type = 'client backend')::int,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int,
+       current_setting('max_connections')::int;
+
 -- name: ops_lock_timeout
 -- How long this session waits for a row lock before it fails (`SET lock_timeout`, for the
 -- session), e.g. '10s'.
