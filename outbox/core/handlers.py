@@ -218,6 +218,7 @@ class Handlers:
             if not callable(func):
                 raise ConfigurationError(f"@{decorator}({name!r}) must decorate a function")
             where = f"@{decorator}({name!r}) on {_name_of(func)!r}"
+            _check_arguments(func, where, batch)
             # Names an annotation uses may be local to the function applying the decorator.
             localns = _caller_locals()
             payload_type = _payload_type(func, where, batch, declared, localns)
@@ -412,6 +413,24 @@ def _annotated(
     if typing.get_origin(argument) in (dict, list, abc.Mapping, abc.Sequence):
         return None
     return check_payload_type(argument, where)
+
+
+def _check_arguments(func: Callable[..., Any], where: str, batch: bool) -> None:
+    """A callback is called with two positional arguments, the message (a batch handler: the
+    list of messages) and the transaction's handle: one that cannot take them would fail each
+    attempt until its message went dead, so it is refused when the decorator runs."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to read (some builtins): called as it is
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        first = "messages" if batch else "message"
+        raise ConfigurationError(
+            f"{where} must take two positional arguments, ({first}, conn): the "
+            f"{first} and the transaction's handle; its signature is {signature}"
+        ) from None
 
 
 def _probe(name: str, annotation: object) -> Callable[[], None]:
