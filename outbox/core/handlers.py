@@ -453,12 +453,30 @@ def load_handlers(path: str, *, allow_empty: bool = False) -> Handlers:
             f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
             f"got {path!r}"
         )
+    if "/" in module_name or module_name.endswith(".py"):
+        relative = module_name.removesuffix(".py").removeprefix("./")
+        dotted = (
+            f"{relative.replace('/', '.')}:{attribute}"
+            if not relative.startswith("/")  # an absolute path: no dotted name to offer
+            else "myservice.handlers:handlers, run from the directory that holds myservice/"
+        )
+        raise ConfigurationError(
+            f"handlers must be given as a module's dotted name, not a file: {dotted} (got {path!r})"
+        )
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            where = (
+                f" (looked in the current directory, {Path.cwd()}, and sys.path: run from the "
+                "directory that holds it, or add that directory to PYTHONPATH)"
+            )
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for handlers: {exc}{where}"
+        ) from None
     except Exception as exc:  # the module itself fails: no retry can fix it either
         raise ConfigurationError(
             f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"

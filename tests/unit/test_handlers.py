@@ -113,6 +113,13 @@ def test_load_handlers_finds_the_registry(app_module: str) -> None:
         ("{mod}:nope", "has no attribute 'nope'"),
         ("{mod}:not_handlers", "is a int, not an outbox.Handlers"),
         ("{mod}:empty", "no handlers registered"),
+        # A file path where the module's dotted name goes: the dotted name it means.
+        ("svc/handlers.py:handlers", "a module's dotted name, not a file: svc.handlers:handlers"),
+        ("./svc/handlers:registry", "not a file: svc.handlers:registry"),
+        ("svc_handlers.py:handlers", "not a file: svc_handlers:handlers"),
+        ("/srv/svc/handlers.py:handlers", "not a file: myservice.handlers:handlers, run from"),
+        # A package not found from here: where it was looked for.
+        ("svc_missing_module:handlers", f"(looked in the current directory, {Path.cwd()}, "),
     ],
 )
 def test_load_handlers_errors_name_the_problem(app_module: str, path: str, fragment: str) -> None:
