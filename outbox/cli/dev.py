@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -178,7 +179,15 @@ def _signals(stop: _Stop) -> Iterator[None]:
 def _say(text: str = "") -> None:
     """A line of stdout: a shell comment (each of `text`'s lines) or an export line."""
     for line in text.splitlines() or [""]:
-        print(line if line.startswith("export ") else f"# {line}".rstrip(), flush=True)
+        try:
+            print(line if line.startswith("export ") else f"# {line}".rstrip(), flush=True)
+        except BrokenPipeError:
+            # Its reader is gone (`outbox dev | tee log`, tee ended by the same Ctrl-C): what
+            # is left to say goes nowhere, and stopping the servers goes on.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return
 
 
 def run_dev(args: argparse.Namespace) -> int:

@@ -486,11 +486,20 @@ def _status_text(status: ops.Status) -> list[str]:
         if q.total.rows == 0:
             lines.append(f"{q.table}: empty")
             continue
-        rows = "row" if q.total.rows == 1 else "rows"
-        lines.append(
-            f"{q.table}: {q.total.rows} {rows}, oldest {fmt.age(q.total.oldest_age)}; "
-            f"each cell: rows (age of the oldest, by {q.age_column})"
+        # A handled message has left the queue: only its id is kept, in consumer_processed.
+        handled = q.totals.get("processed", ops.Count())
+        held = ops.Count()
+        for state, count in q.totals.items():
+            if state != "processed":
+                held += count
+        rows = "row" if held.rows == 1 else "rows"
+        head = f"{q.table}: " + (
+            f"{held.rows} {rows}, oldest {fmt.age(held.oldest_age)}" if held.rows else "empty"
         )
+        if handled.rows:
+            ids = "its id" if handled.rows == 1 else "their ids"
+            head += f"; {handled.rows} handled, {ids} kept in {ops.PROCESSED_TABLE}"
+        lines.append(f"{head}; each cell: rows (age of the oldest, by {q.age_column})")
         body = [
             [_safe(topic), *(_count_cell(per_state[s]) for s in q.states)]
             for topic, per_state in q.topics.items()

@@ -218,6 +218,7 @@ class Handlers:
             if not callable(func):
                 raise ConfigurationError(f"@{decorator}({name!r}) must decorate a function")
             where = f"@{decorator}({name!r}) on {_name_of(func)!r}"
+            _check_arguments(func, where, batch)
             # Names an annotation uses may be local to the function applying the decorator.
             localns = _caller_locals()
             payload_type = _payload_type(func, where, batch, declared, localns)
@@ -414,6 +415,24 @@ def _annotated(
     return check_payload_type(argument, where)
 
 
+def _check_arguments(func: Callable[..., Any], where: str, batch: bool) -> None:
+    """A callback is called with two positional arguments, the message (a batch handler: the
+    list of messages) and the transaction's handle: one that cannot take them would fail each
+    attempt until its message went dead, so it is refused when the decorator runs."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to read (some builtins): called as it is
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        first = "messages" if batch else "message"
+        raise ConfigurationError(
+            f"{where} must take two positional arguments, ({first}, conn): the "
+            f"{first} and the transaction's handle; its signature is {signature}"
+        ) from None
+
+
 def _probe(name: str, annotation: object) -> Callable[[], None]:
     """A function annotated with only `name: annotation`, for `typing.get_type_hints`."""
 
@@ -434,12 +453,30 @@ def load_handlers(path: str, *, allow_empty: bool = False) -> Handlers:
             f"handlers must be given as module:attribute (e.g. myservice.handlers:handlers), "
             f"got {path!r}"
         )
+    if "/" in module_name or module_name.endswith(".py"):
+        relative = module_name.removesuffix(".py").removeprefix("./")
+        dotted = (
+            f"{relative.replace('/', '.')}:{attribute}"
+            if not relative.startswith("/")  # an absolute path: no dotted name to offer
+            else "myservice.handlers:handlers, run from the directory that holds myservice/"
+        )
+        raise ConfigurationError(
+            f"handlers must be given as a module's dotted name, not a file: {dotted} (got {path!r})"
+        )
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for handlers: {exc}") from None
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            where = (
+                f" (looked in the current directory, {Path.cwd()}, and sys.path: run from the "
+                "directory that holds it, or add that directory to PYTHONPATH)"
+            )
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for handlers: {exc}{where}"
+        ) from None
     except Exception as exc:  # the module itself fails: no retry can fix it either
         raise ConfigurationError(
             f"cannot import {module_name!r} for handlers: {type(exc).__name__}: {first_line(exc)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -45,7 +46,49 @@ class _OtherClientsSettings(logging.Filter):
         return True
 
 
+#: What varies between two lines librdkafka repeats: "(after 0ms in state CONNECT)".
+_REPEAT_NOISE = re.compile(r"\(after \d+ms in state \w+\)")
+
+
+class _Repeats(logging.Filter):
+    """Lets one line of each kind through per `interval` seconds, and says how many were held
+    when the next goes out: with its broker gone, a consumer's librdkafka logs "Connect to ...
+    failed" about 20 times a second (its coordinator queries skip the reconnect backoff), an
+    ERROR flood in the daemons' log for as long as the outage lasts."""
+
+    def __init__(self, interval: float = 10.0, kinds: int = 256) -> None:
+        super().__init__()
+        self.interval = interval
+        self.kinds = kinds
+        self._lock = threading.Lock()
+        #: a line's kind -> (when one was last let through, how many were held since)
+        self._seen: dict[tuple[int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
+            return True
+        text = record.getMessage()
+        kind = (record.levelno, _REPEAT_NOISE.sub("", text))
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._seen.get(kind, (None, 0))
+            if last is not None and now - last < self.interval:
+                self._seen[kind] = (last, held + 1)
+                return False
+            self._seen.pop(kind, None)
+            if len(self._seen) >= self.kinds:  # the oldest kind goes: memory stays bounded
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[kind] = (now, 0)
+        if held and last is not None:
+            record.msg, record.args = (
+                f"{text} (repeated {held} times in the last {now - last:.0f}s)",
+                None,
+            )
+        return True
+
+
 rdkafka_log.addFilter(_OtherClientsSettings())
+rdkafka_log.addFilter(_Repeats())
 
 #: Settings the delivery guarantee depends on; a user override that weakens them is refused.
 REQUIRED = {"enable.idempotence": "true", "acks": "all"}

@@ -232,3 +232,40 @@ def test_a_server_that_stops_on_its_own_ends_it_with_one_line(servers_dir: Path)
     assert dev.lines[-1].startswith("outbox: error: the broker stopped on its own"), dev.output()
     assert processes_under(root) == []
     assert not root.exists()
+
+
+def test_ctrl_c_with_its_reader_gone_still_stops_and_removes_everything(
+    servers_dir: Path,
+) -> None:
+    # `outbox dev | tee dev.log`, then Ctrl-C: tee dies of the same SIGINT, and the lines
+    # `outbox dev` says while stopping hit a closed pipe. The BrokenPipeError skipped the
+    # stop: the PostgreSQL cluster's and Tansu's directory stayed behind.
+    process = subprocess.Popen(
+        [*OUTBOX, "dev", "--dir", str(servers_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(),
+        start_new_session=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    for line in process.stdout:
+        if line.startswith("# running until Ctrl-C"):
+            break
+    else:
+        raise AssertionError(f"outbox dev exited: {process.stderr.read()}")
+    (root,) = servers_dir.iterdir()
+    process.stdout.close()  # the reader is gone
+    process.send_signal(signal.SIGINT)
+    try:
+        code = process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    errors = process.stderr.read()
+    process.stderr.close()
+    assert code == 0, errors
+    assert "Traceback" not in errors, errors
+    assert processes_under(root) == []
+    assert not root.exists()

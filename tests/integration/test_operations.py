@@ -733,3 +733,27 @@ def test_status_says_who_holds_the_databases_connections(outbox_database_url: st
     finally:
         for conn in held:
             conn.close()
+
+
+def test_status_text_counts_handled_messages_apart_from_the_queue(
+    outbox_database_url: str,
+) -> None:
+    # A handled message has left consumer_queue (only its id is kept, for the dedup window):
+    # the queue's line counted them as its rows, "consumer_queue: 3 rows" over an empty queue.
+    url = outbox_database_url
+    insert(url, "consumer", "processed", topic="orders", age=30)
+    insert(url, "consumer", "processed", topic="orders", age=90)
+
+    lines = _ok("status", "--database-url", url).splitlines()
+    consumer = next(line for line in lines if line.startswith("consumer_queue:"))
+    assert consumer.startswith(
+        "consumer_queue: empty; 2 handled, their ids kept in consumer_processed; each cell: "
+    )
+
+    insert(url, "consumer", "dead", topic="orders", age=65)
+    lines = _ok("status", "--database-url", url).splitlines()
+    consumer = next(line for line in lines if line.startswith("consumer_queue:"))
+    assert consumer.startswith("consumer_queue: 1 row, oldest 1m0"), (
+        consumer
+    )  # the dead row's age, not the older handled one's (1m30s)
+    assert "; 2 handled, their ids kept in consumer_processed; each cell: " in consumer

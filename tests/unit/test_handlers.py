@@ -113,9 +113,60 @@ def test_load_handlers_finds_the_registry(app_module: str) -> None:
         ("{mod}:nope", "has no attribute 'nope'"),
         ("{mod}:not_handlers", "is a int, not an outbox.Handlers"),
         ("{mod}:empty", "no handlers registered"),
+        # A file path where the module's dotted name goes: the dotted name it means.
+        ("svc/handlers.py:handlers", "a module's dotted name, not a file: svc.handlers:handlers"),
+        ("./svc/handlers:registry", "not a file: svc.handlers:registry"),
+        ("svc_handlers.py:handlers", "not a file: svc_handlers:handlers"),
+        ("/srv/svc/handlers.py:handlers", "not a file: myservice.handlers:handlers, run from"),
+        # A package not found from here: where it was looked for.
+        ("svc_missing_module:handlers", f"(looked in the current directory, {Path.cwd()}, "),
     ],
 )
 def test_load_handlers_errors_name_the_problem(app_module: str, path: str, fragment: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         load_handlers(path.format(mod=app_module))
     assert fragment in str(info.value)
+
+
+def _one(message: object) -> None: ...
+
+
+def _three(message: object, conn: object, extra: object) -> None: ...
+
+
+def _keyword_only(*, message: object, conn: object) -> None: ...
+
+
+@pytest.mark.parametrize("func", [_one, _three, _keyword_only, lambda: None])
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_callback_that_cannot_take_message_and_handle_is_refused_when_decorating(
+    func: object, batch: bool
+) -> None:
+    # Called with (message, handle) for every message: a one-argument callback would fail
+    # each attempt until its message went dead, minutes after the mistake.
+    handlers = Handlers()
+    register = handlers.batch_handler if batch else handlers.handler
+    with pytest.raises(ConfigurationError, match=r"must take two positional arguments") as info:
+        register("t")(func)  # type: ignore[type-var]
+    assert "(messages, conn)" in str(info.value) if batch else "(message, conn)" in str(info.value)
+    assert handlers.topics == []
+
+
+class _Callable:
+    def __call__(self, message: object, conn: object) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        lambda message, conn: None,
+        lambda message, conn, extra=None: None,
+        lambda *args: None,
+        lambda message, *rest, **options: None,
+        _Callable(),
+    ],
+)
+def test_callbacks_that_take_message_and_handle_are_accepted(func: object) -> None:
+    handlers = Handlers()
+    handlers.handler("t")(func)  # type: ignore[type-var]
+    assert handlers.topics == ["t"]

@@ -74,3 +74,50 @@ def test_other_warnings_of_librdkafka_stay_warnings(caplog: pytest.LogCaptureFix
     assert [(r.levelno, r.getMessage().split(": ", 1)[1]) for r in caplog.records] == [
         (logging.WARNING, "something else")
     ]
+
+
+def test_a_consumer_without_its_broker_says_so_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # With its broker gone, a consumer's librdkafka logs "Connect to ... failed" about 20
+    # times a second: an ERROR flood for as long as the outage lasts.
+    consumer = Consumer(consumer_config(NOWHERE, "g"))
+    consumer.subscribe(["t"])
+    with caplog.at_level(logging.INFO, logger=rdkafka_log.name):
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            consumer.poll(0.1)
+    consumer.close()
+    refused = [
+        r for r in caplog.records if r.name == rdkafka_log.name and "Connect to" in r.getMessage()
+    ]
+    assert len(refused) == 1, [r.getMessage() for r in refused]
+    assert refused[0].levelno == logging.ERROR
+
+
+def test_a_repeated_line_goes_out_again_with_its_count() -> None:
+    from outbox.kafka.publisher import _Repeats
+
+    logger = logging.getLogger("test.repeats")
+    records: list[logging.LogRecord] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Kept()
+    logger.addHandler(handler)
+    logger.addFilter(_Repeats(interval=0.3))
+    try:
+        for after in (0, 1, 2, 0):
+            logger.error("FAIL: refused (after %dms in state CONNECT)", after)
+        logger.error("FAIL: another line")
+        time.sleep(0.35)
+        logger.error("FAIL: refused (after 5ms in state CONNECT)")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "FAIL: refused (after 0ms in state CONNECT)",
+        "FAIL: another line",
+        "FAIL: refused (after 5ms in state CONNECT) (repeated 3 times in the last 0s)",
+    ]
