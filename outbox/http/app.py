@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 
 from outbox import __version__
 from outbox.core.redact import redact_text
+from outbox.core.schedule import MAX_DELAY
 from outbox.core.text import first_line
 from outbox.http.service import Outgoing, Refused, Service
 from outbox.http.tokens import find
@@ -76,6 +77,7 @@ class MessageIn(BaseModel):
     delay_ms: int | None = Field(
         None,
         ge=0,
+        le=MAX_DELAY // timedelta(milliseconds=1),
         description="or: due this many milliseconds after the database's now (not with deliver_at)",
     )
 
@@ -380,7 +382,7 @@ def create_app(service: Service) -> FastAPI:
         """The next records at the subscription's position, leased to this client until
         acknowledged (or `ack=auto`: acknowledged at once); 204 when none came in wait_ms."""
         lease = config.lease if lease_ms is None else lease_ms / 1000
-        deadline = time.monotonic() + min(wait_ms / 1000, config.max_wait)
+        deadline = time.monotonic() + _wait(wait_ms, config.max_wait)
         while True:
             rung = bell.current()  # taken before the look: an append meanwhile rings it
             records, cursor = await run(
@@ -410,7 +412,7 @@ def create_app(service: Service) -> FastAPI:
         database: Annotated[str | None, Query(description="the inbox's NAME")] = None,
     ) -> Response:
         """Lease the next rows of the topics, one per key at a time; 204 when none came."""
-        deadline = time.monotonic() + min(body.wait_ms / 1000, config.max_wait)
+        deadline = time.monotonic() + _wait(body.wait_ms, config.max_wait)
         rung: asyncio.Event | None = None
         while True:
             rows = await run(
@@ -449,6 +451,12 @@ def create_app(service: Service) -> FastAPI:
         return await run(lambda: service.nack_inbox(body.id, body.error, retry_after, database))
 
     return app
+
+
+def _wait(wait_ms: int, most: float) -> float:
+    """The seconds a long poll asked to wait `wait_ms` waits: at most `most` (a `wait_ms` of
+    any size, even past a float's range, is cut to it)."""
+    return min(wait_ms, int(most * 1000)) / 1000
 
 
 #: The shapes a body may take where one object or an array of them is accepted (pydantic names

@@ -111,6 +111,9 @@ BAD_PUBLISHES: list[tuple[object, int, str]] = [
     ({"payload": 1, "deliver_at": "2030-01-01T10:00:00"}, 422, "naive"),
     ({"payload": 1, "deliver_at": "soon"}, 422, "deliver_at"),
     ({"payload": 1, "delay_ms": -1}, 422, "delay_ms"),
+    # Past the longest delay, or a timedelta's range: refused, not a 500 (OverflowError).
+    ({"payload": 1, "delay_ms": 2**63 - 1}, 422, "delay_ms: Input should be less than"),
+    ({"payload": 1, "delay_ms": 10**400}, 422, "delay_ms"),
     ({"payload": 1, "delay_ms": 5, "deliver_at": "2030-01-01T10:00:00Z"}, 422, "both"),
 ]
 
@@ -335,6 +338,8 @@ def test_each_bad_subscription_request_is_answered_and_changes_nothing(
         ("GET", f"{base}/s/next?max=0", None, 422, "max"),
         ("GET", f"{base}/s/next?max=1001", None, 422, "max"),
         ("GET", f"{base}/s/next?wait_ms=-1", None, 422, "wait_ms"),
+        # A wait past a float's range is cut to the longest wait (it was a 500).
+        ("GET", f"{base}/s/next?wait_ms=1{'0' * 400}", None, 404, "no subscription 's'"),
         ("GET", f"{base}/s/next?ack=sometimes", None, 422, "ack"),
         ("GET", f"{base}/s/next", None, 404, "no subscription 's'"),
         ("POST", f"{base}/s/ack", {"cursor": "nope"}, 422, "cursor"),

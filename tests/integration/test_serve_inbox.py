@@ -85,6 +85,9 @@ def test_inbox_rows_are_leased_in_key_order_acked_retried_and_dead_lettered(
         }
         assert server.call("POST", "/v1/inbox/lease", {"topics": []})[0] == 422
         assert server.call("POST", "/v1/inbox/lease", {"topics": ["bad topic"]})[0] == 422
+        # A wait past a float's range is cut to the longest wait as any other (it was a 500).
+        huge = {"topics": ["bad topic"], "wait_ms": 10**400}
+        assert server.call("POST", "/v1/inbox/lease", huge)[0] == 422
         assert server.call("POST", "/v1/inbox/nack", {"id": 1})[0] == 422
 
 
