@@ -121,7 +121,9 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    # ASCII digits only: str.isdigit also takes '²' (a header's byte 0xB2, read as Latin-1),
+    # which float() refuses, and the ValueError made a 503 a dead letter.
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = parsedate_to_datetime(value)

@@ -286,6 +286,19 @@ def test_retry_after_is_read_as_seconds_or_a_date() -> None:
     assert retry_after("soon") is None
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert retry_after("\xb2") is None  # a digit to str.isdigit, not to float()
+    assert retry_after("9" * 400) == float("inf")  # cut to the backoff's maximum
+
+
+def test_a_5xx_with_a_retry_after_of_garbage_is_retried_not_dead() -> None:
+    port = free_port()
+    garbage = [(503, {"Retry-After": value}, b"busy") for value in ("\xb2", "soon", "-1")]
+    delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=5)
+    with receiving(Receiver(port, deque(garbage))):
+        for _ in garbage:
+            with pytest.raises(RetryLater, match="HTTP 503") as caught:
+                delivery.post(_message(None), "outbox://x")
+            assert caught.value.after is None
 
 
 def test_a_retry_after_delays_the_next_attempt_up_to_the_backoffs_maximum() -> None:
