@@ -3,7 +3,8 @@
 Every error is a JSON object `{"error": "..."}` with its status: 400 malformed JSON or a
 missing choice, 401/403 tokens, 404, 408 a body sent too slowly, 409, 413 a body too large
 (refused from its Content-Length before it is read, or as soon as it grows past the bound),
-422 a value refused, 501 topics on a transport other than the log, 503 a database down.
+415 a body not sent as JSON, 422 a value refused, 501 topics on a transport other than the
+log, 503 a database down.
 """
 
 import asyncio
@@ -149,7 +150,7 @@ class Problem(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem} for status in (400, 401, 403, 404, 409, 413, 422, 501, 503)
+    status: {"model": Problem} for status in (400, 401, 403, 404, 409, 413, 415, 422, 501, 503)
 }
 
 
@@ -239,6 +240,18 @@ def create_app(service: Service) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
+        given = request.headers.get("content-type")
+        if not _is_json(given) and any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors):
+            # The body was not read as JSON at all (fetch sends a string as text/plain, curl -d
+            # as a form): say so, rather than that the JSON sent is not an object. Read as JSON
+            # only when it says so, so that a web page cannot post here without a preflight.
+            return JSONResponse(
+                {
+                    "error": "send the body as JSON with `Content-Type: application/json` (got "
+                    f"{'none' if not given else repr(given[:100])}); nothing was stored"
+                },
+                status_code=415,
+            )
         for error in errors:
             if error.get("type") == "json_invalid":
                 reason = error.get("ctx", {}).get("error", "not JSON")
@@ -451,6 +464,15 @@ def create_app(service: Service) -> FastAPI:
         return await run(lambda: service.nack_inbox(body.id, body.error, retry_after, database))
 
     return app
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether a request's Content-Type is one FastAPI reads as JSON (application/json or
+    application/*+json, any parameters)."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
 
 
 def _wait(wait_ms: int, most: float) -> float:

@@ -162,6 +162,18 @@ def test_malformed_and_oversized_bodies_and_unknown_databases(
 ) -> None:
     status, found = server.call("POST", "/v1/topics/orders/messages", raw=b'{"payload": ')
     assert status == 400 and "malformed JSON" in found["error"]
+    # A body not sent as JSON (fetch sends a string as text/plain, curl -d as a form) is not
+    # read as JSON, and is told so (it was 422 "Input should be a valid dictionary ...").
+    for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded"):
+        status, found = server.call(
+            "POST", "/v1/topics/orders/messages", {"payload": 1}, headers={"Content-Type": kind}
+        )
+        assert status == 415, found
+        assert "`Content-Type: application/json`" in found["error"] and kind in found["error"]
+    status, found = server.call(
+        "PUT", "/v1/topics/orders/subscriptions/s", {}, headers={"Content-Type": "text/plain"}
+    )
+    assert status == 415, found
     # Refused by its Content-Length, before a byte of the body is read.
     status, said = raw_request(server.port, "Content-Length: 5000000\r\n", b"[")
     assert status == 413 and b"larger than" in said
