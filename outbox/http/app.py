@@ -235,6 +235,13 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI's "There was an error parsing the body": JSON whose bytes are not UTF-8,
+            # or a number too long to read; say which.
+            said = redact_text(first_line(exc.__cause__))
+            return JSONResponse(
+                {"error": f"malformed JSON: {said}; nothing was stored"}, status_code=400
+            )
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)

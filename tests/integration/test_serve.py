@@ -162,6 +162,13 @@ def test_malformed_and_oversized_bodies_and_unknown_databases(
 ) -> None:
     status, found = server.call("POST", "/v1/topics/orders/messages", raw=b'{"payload": ')
     assert status == 400 and "malformed JSON" in found["error"]
+    # JSON whose bytes are not UTF-8, or a number too long to read: which, not "There was an
+    # error parsing the body".
+    status, found = server.call("POST", "/v1/topics/orders/messages", raw=b'{"payload": "\xff"}')
+    assert status == 400
+    assert found["error"].startswith("malformed JSON: 'utf-8' codec can't decode byte 0xff")
+    status, found = server.call("POST", "/v1/topics/orders/messages", raw=b"[" + b"1" * 5000 + b"]")
+    assert status == 400 and found["error"].startswith("malformed JSON: Exceeds the limit")
     # A body not sent as JSON (fetch sends a string as text/plain, curl -d as a form) is not
     # read as JSON, and is told so (it was 422 "Input should be a valid dictionary ...").
     for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded"):
