@@ -134,6 +134,28 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+#: Most header lines of an interim (1xx) answer skipped, as http.client bounds a final one's.
+MAX_INTERIM_HEADERS = 100
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """The final answer past any interim one: http.client skips `100 Continue` only, and read
+    a `103 Early Hints` or `102 Processing` before the 2xx as the answer (dead at once)."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            # (http.client's own, left out of typeshed: the status line, read once per answer)
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 102 <= status < 200:  # 100 http.client skips; 101 ends HTTP on the socket
+                return version, status, reason
+            for _ in range(MAX_INTERIM_HEADERS + 1):  # the interim answer's headers
+                line = self.fp.readline(65537)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+            else:
+                raise http.client.HTTPException(f"an interim {status} answer has too many headers")
+
+
 class HttpDelivery:
     """The callback of `Handlers.deliver`: POSTs each message to `url` as a CloudEvent."""
 
@@ -197,6 +219,7 @@ class HttpDelivery:
                 else http.client.HTTPConnection
             )
             connection = kind(endpoint.host, endpoint.port, timeout=self.timeout)
+            connection.response_class = _FinalResponse
             try:
                 connection.request(
                     "POST",
