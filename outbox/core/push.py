@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.client
 import socket
 import threading
@@ -230,8 +231,14 @@ class HttpDelivery:
                 response = connection.getresponse()
                 try:
                     status, reason = response.status, response.reason
-                    body = response.read(ERROR_BODY_BYTES)
                     wait = retry_after(response.getheader("retry-after"))
+                    body = b""
+                    if not 200 <= status < 300:
+                        # What the error shows, as far as it can be read: a 2xx's body is not
+                        # read at all, so that a broken one (a bad chunk, cut short) does not
+                        # make the message, accepted, be sent again or dead.
+                        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+                            body = response.read(ERROR_BODY_BYTES)
                 finally:
                     response.close()  # its socket, when the answer said Connection: close
             except TimeoutError:

@@ -320,6 +320,34 @@ def test_an_interim_answer_before_the_final_one_is_skipped() -> None:
         listener.close()
 
 
+def test_a_2xx_with_a_broken_body_is_handled_and_an_error_keeps_what_was_read() -> None:
+    """The body was read before the status was looked at: a 2xx with a bad chunk was an
+    IncompleteRead, retried (the accepted message POSTed again, dead once its attempts were
+    spent)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    broken = b"Transfer-Encoding: chunked\r\n\r\nzz\r\nnot a chunk"
+    answers = [b"HTTP/1.1 200 OK\r\n" + broken, b"HTTP/1.1 503 Busy\r\n" + broken]
+
+    def answer() -> None:
+        for raw in answers:
+            client, _ = listener.accept()
+            with client:
+                client.recv(65536)
+                client.sendall(raw)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=5)
+        delivery.post(_message(None), "outbox://x")  # handled
+        with pytest.raises(RetryLater, match=r"HTTP 503 Busy$"):
+            delivery.post(_message(None), "outbox://x")
+    finally:
+        thread.join(10)
+        listener.close()
+
+
 def test_a_5xx_with_a_retry_after_of_garbage_is_retried_not_dead() -> None:
     port = free_port()
     garbage = [(503, {"Retry-After": value}, b"busy") for value in ("\xb2", "soon", "-1")]
