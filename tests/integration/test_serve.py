@@ -157,6 +157,31 @@ def test_each_bad_publish_is_answered_and_stores_nothing(
         assert conn.execute("SELECT count(*) FROM outbox.http_published").fetchone() == (0,)
 
 
+def test_a_message_id_sent_by_python_or_sql_and_waiting_is_a_conflict(
+    server: Server, outbox_database_url: str
+) -> None:
+    """The server answers 200 only for ids it accepted itself (http_published); an id that a
+    message sent another way has, still waiting due now or later, is 409 and nothing is
+    written, not even the id's record (a retry after the message left is then accepted)."""
+    url = outbox_database_url
+    now, later = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute("SELECT outbox.send('orders', '1', message_id => %s)", (now,))
+        conn.execute(
+            "SELECT outbox.send('orders', '1', message_id => %s, "
+            "deliver_at => now() + interval '1 hour')",
+            (later,),
+        )
+    for taken in (now, later):
+        status, found = server.call(
+            "POST", "/v1/topics/orders/messages", {"payload": 2, "message_id": str(taken)}
+        )
+        assert status == 409 and str(taken) in found["error"], found
+    assert count(url) == 1
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.http_published").fetchone() == (0,)
+
+
 def test_malformed_and_oversized_bodies_and_unknown_databases(
     server: Server, outbox_database_url: str
 ) -> None:
