@@ -62,5 +62,5 @@ def test_an_unsubscribe_while_clients_pull_and_ack_is_never_a_5xx(
         thread.start()
     for thread in threads:
         thread.join(300)
-    assert statuses["delete", 204] == statuses["put", 201] == 60
+    assert statuses["delete", 204] == statuses["put", 201] == 60, statuses
     assert not [k for k in statuses if k[1] >= 500], (statuses, server.daemon.output()[-3000:])
