@@ -23,7 +23,7 @@ from outbox.core.lanes import LANES
 from outbox.postgres.queries import quote_ident
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

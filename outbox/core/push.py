@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.client
 import socket
 import threading
@@ -121,7 +122,9 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    # ASCII digits only: str.isdigit also takes '²' (a header's byte 0xB2, read as Latin-1),
+    # which float() refuses, and the ValueError made a 503 a dead letter.
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = parsedate_to_datetime(value)
@@ -130,6 +133,28 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+#: Most header lines of an interim (1xx) answer skipped, as http.client bounds a final one's.
+MAX_INTERIM_HEADERS = 100
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """The final answer past any interim one: http.client skips `100 Continue` only, and read
+    a `103 Early Hints` or `102 Processing` before the 2xx as the answer (dead at once)."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            # (http.client's own, left out of typeshed: the status line, read once per answer)
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 102 <= status < 200:  # 100 http.client skips; 101 ends HTTP on the socket
+                return version, status, reason
+            for _ in range(MAX_INTERIM_HEADERS + 1):  # the interim answer's headers
+                line = self.fp.readline(65537)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+            else:
+                raise http.client.HTTPException(f"an interim {status} answer has too many headers")
 
 
 class HttpDelivery:
@@ -195,6 +220,7 @@ class HttpDelivery:
                 else http.client.HTTPConnection
             )
             connection = kind(endpoint.host, endpoint.port, timeout=self.timeout)
+            connection.response_class = _FinalResponse
             try:
                 connection.request(
                     "POST",
@@ -205,8 +231,14 @@ class HttpDelivery:
                 response = connection.getresponse()
                 try:
                     status, reason = response.status, response.reason
-                    body = response.read(ERROR_BODY_BYTES)
                     wait = retry_after(response.getheader("retry-after"))
+                    body = b""
+                    if not 200 <= status < 300:
+                        # What the error shows, as far as it can be read: a 2xx's body is not
+                        # read at all, so that a broken one (a bad chunk, cut short) does not
+                        # make the message, accepted, be sent again or dead.
+                        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+                            body = response.read(ERROR_BODY_BYTES)
                 finally:
                     response.close()  # its socket, when the answer said Connection: close
             except TimeoutError:

@@ -3,7 +3,8 @@
 Every error is a JSON object `{"error": "..."}` with its status: 400 malformed JSON or a
 missing choice, 401/403 tokens, 404, 408 a body sent too slowly, 409, 413 a body too large
 (refused from its Content-Length before it is read, or as soon as it grows past the bound),
-422 a value refused, 501 topics on a transport other than the log, 503 a database down.
+415 a body not sent as JSON, 422 a value refused, 501 topics on a transport other than the
+log, 503 a database down.
 """
 
 import asyncio
@@ -29,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from outbox import __version__
 from outbox.core.redact import redact_text
+from outbox.core.schedule import MAX_DELAY
 from outbox.core.text import first_line
 from outbox.http.service import Outgoing, Refused, Service
 from outbox.http.tokens import find
@@ -76,6 +78,7 @@ class MessageIn(BaseModel):
     delay_ms: int | None = Field(
         None,
         ge=0,
+        le=MAX_DELAY // timedelta(milliseconds=1),
         description="or: due this many milliseconds after the database's now (not with deliver_at)",
     )
 
@@ -147,7 +150,7 @@ class Problem(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem} for status in (400, 401, 403, 404, 409, 413, 422, 501, 503)
+    status: {"model": Problem} for status in (400, 401, 403, 404, 409, 413, 415, 422, 501, 503)
 }
 
 
@@ -232,11 +235,30 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI's "There was an error parsing the body": JSON whose bytes are not UTF-8,
+            # or a number too long to read; say which.
+            said = redact_text(first_line(exc.__cause__))
+            return JSONResponse(
+                {"error": f"malformed JSON: {said}; nothing was stored"}, status_code=400
+            )
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
+        given = request.headers.get("content-type")
+        if not _is_json(given) and any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors):
+            # The body was not read as JSON at all (fetch sends a string as text/plain, curl -d
+            # as a form): say so, rather than that the JSON sent is not an object. Read as JSON
+            # only when it says so, so that a web page cannot post here without a preflight.
+            return JSONResponse(
+                {
+                    "error": "send the body as JSON with `Content-Type: application/json` (got "
+                    f"{'none' if not given else repr(given[:100])}); nothing was stored"
+                },
+                status_code=415,
+            )
         for error in errors:
             if error.get("type") == "json_invalid":
                 reason = error.get("ctx", {}).get("error", "not JSON")
@@ -380,7 +402,7 @@ def create_app(service: Service) -> FastAPI:
         """The next records at the subscription's position, leased to this client until
         acknowledged (or `ack=auto`: acknowledged at once); 204 when none came in wait_ms."""
         lease = config.lease if lease_ms is None else lease_ms / 1000
-        deadline = time.monotonic() + min(wait_ms / 1000, config.max_wait)
+        deadline = time.monotonic() + _wait(wait_ms, config.max_wait)
         while True:
             rung = bell.current()  # taken before the look: an append meanwhile rings it
             records, cursor = await run(
@@ -410,7 +432,7 @@ def create_app(service: Service) -> FastAPI:
         database: Annotated[str | None, Query(description="the inbox's NAME")] = None,
     ) -> Response:
         """Lease the next rows of the topics, one per key at a time; 204 when none came."""
-        deadline = time.monotonic() + min(body.wait_ms / 1000, config.max_wait)
+        deadline = time.monotonic() + _wait(body.wait_ms, config.max_wait)
         rung: asyncio.Event | None = None
         while True:
             rows = await run(
@@ -449,6 +471,21 @@ def create_app(service: Service) -> FastAPI:
         return await run(lambda: service.nack_inbox(body.id, body.error, retry_after, database))
 
     return app
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether a request's Content-Type is one FastAPI reads as JSON (application/json or
+    application/*+json, any parameters)."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
+def _wait(wait_ms: int, most: float) -> float:
+    """The seconds a long poll asked to wait `wait_ms` waits: at most `most` (a `wait_ms` of
+    any size, even past a float's range, is cut to it)."""
+    return min(wait_ms, int(most * 1000)) / 1000
 
 
 #: The shapes a body may take where one object or an array of them is accepted (pydantic names

@@ -59,8 +59,9 @@ class ServeConfig:
 
     @classmethod
     def of(cls, *, tokens_file: str | None = None, **fields: object) -> ServeConfig:
-        """The config with the tokens of `tokens_file` (None: no tokens)."""
-        tokens = read_tokens(tokens_file) if tokens_file else ()
+        """The config with the tokens of `tokens_file` (None: no tokens; an empty path is
+        refused, never read as none: `--tokens-file "$UNSET"` must not open the server)."""
+        tokens = read_tokens(tokens_file) if tokens_file is not None else ()
         return cls(tokens=tokens, **fields)  # type: ignore[arg-type]
 
 

@@ -51,6 +51,9 @@ from outbox.runtime.settings import Settings
 
 log = logging.getLogger("outbox.serve")
 
+#: Runs of one unit of work on the log that PostgreSQL ended to break a deadlock.
+LOG_ATTEMPTS = 3
+
 #: Attempts of an inbox row whose topic no handler of the registry takes (as `Handlers`).
 DEFAULT_ATTEMPTS = 5
 
@@ -316,8 +319,21 @@ class Service:
         if self.log_pool is None or self.subscriptions is None:
             raise Refused(501, NOT_ON_THIS_TRANSPORT.format(label=self.transport.label))
         subscriptions = self.subscriptions
-        with _answers(), self.log_pool.connection() as conn, conn.transaction():
-            return work(subscriptions, conn)
+        for attempt in range(1, LOG_ATTEMPTS + 1):
+            try:
+                with _answers(), self.log_pool.connection() as conn, conn.transaction():
+                    return work(subscriptions, conn)
+            except (Refused, psycopg.errors.ForeignKeyViolation) as exc:
+                # An unsubscribe while clients take and acknowledge the subscription's leases
+                # deadlocks with them, or deletes the group a `next` is writing a lease row of:
+                # the unit of work was rolled back whole; run it again (it answers as if alone,
+                # 404 once the subscription is gone) rather than 503 or 500.
+                cause = exc.__cause__ if isinstance(exc, Refused) else exc
+                transient = psycopg.errors.DeadlockDetected | psycopg.errors.ForeignKeyViolation
+                if not isinstance(cause, transient) or attempt == LOG_ATTEMPTS:
+                    raise
+                log.debug("the log changed under a request, trying again: %s", first_line(exc))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def topics(self) -> list[dict[str, Any]]:
         """Every topic of the log with its partitions' count and records."""

@@ -51,6 +51,12 @@ def parse_tokens(text: str, where: str) -> tuple[Token, ...]:
                 f"{at}: unknown scope {unknown[0] if unknown else ''!r}: the scopes are "
                 f"{', '.join(SCOPES)}"
             )
+        if not (parts[1].isascii() and parts[1].isprintable()):
+            raise ConfigurationError(
+                f"{at}: the token has a character other than printable ASCII, which no "
+                "`Authorization: Bearer` header sends as written: use a random one (e.g. "
+                "`openssl rand -hex 32`)"
+            )
         secret = parts[1].encode()
         if len(secret) < MIN_TOKEN_LENGTH:
             raise ConfigurationError(
@@ -68,8 +74,11 @@ def parse_tokens(text: str, where: str) -> tuple[Token, ...]:
 
 def read_tokens(path: str) -> tuple[Token, ...]:
     """The tokens of the file at `path` (`parse_tokens`); ConfigurationError if unreadable."""
+    if not path:
+        raise ConfigurationError("the tokens file is an empty path: give the file's path")
     try:
-        with open(path, encoding="utf-8") as file:
+        # utf-8-sig: a byte order mark (an editor's on Windows) is not part of the first scope.
+        with open(path, encoding="utf-8-sig") as file:
             text = file.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(

@@ -165,6 +165,8 @@ class Subscriptions:
 
     def unsubscribe(self, conn: Connection, topic: str, name: str) -> None:
         """Forget subscription `name` of `topic` and its position; UnknownSubscription."""
+        group = self._require(conn, topic, name)
+        conn.execute(self.sql["sub_lease_lock"], {"group_id": group, "cursor": None})
         if conn.execute(self.sql["sub_delete"], {"topic": topic, "name": name}).fetchone() is None:
             raise UnknownSubscription(self._unknown(topic, name))
 
@@ -231,6 +233,7 @@ class Subscriptions:
         return self._ack(conn, group, cursor)
 
     def _ack(self, conn: Connection, group: int, cursor: str) -> bool:
+        conn.execute(self.sql["sub_lease_lock"], {"group_id": group, "cursor": cursor})
         row = conn.execute(self.sql["sub_ack"], {"group_id": group, "cursor": cursor}).fetchone()
         return bool(row and int(row[0]) > 0)
 

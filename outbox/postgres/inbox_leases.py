@@ -73,10 +73,8 @@ class InboxLeases:
         """Mark `ids` handled (they leave the queue, their message ids are kept for the dedup
         window, as the Handler does); the ids that were not rows to mark (unknown, handled
         already, or dead)."""
-        known = {int(r[0]) for r in conn.execute(self.sql["serve_inbox_known"], {"ids": list(ids)})}
-        if known:
-            conn.execute(self.sql["handler_done_many"], {"ids": sorted(known)})
-        return [i for i in ids if i not in known]
+        done = {int(r[0]) for r in conn.execute(self.sql["serve_inbox_done"], {"ids": list(ids)})}
+        return [i for i in ids if i not in done]
 
     def attempts(self, conn: Any, row_id: int) -> tuple[str, int] | None:
         """A pending row's topic and attempts; None when handled, dead or unknown."""

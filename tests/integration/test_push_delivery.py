@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -286,6 +287,76 @@ def test_retry_after_is_read_as_seconds_or_a_date() -> None:
     assert retry_after("soon") is None
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
+    assert retry_after("\xb2") is None  # a digit to str.isdigit, not to float()
+    assert retry_after("9" * 400) == float("inf")  # cut to the backoff's maximum
+
+
+def test_an_interim_answer_before_the_final_one_is_skipped() -> None:
+    """`103 Early Hints` (or `102 Processing`) before the 2xx: http.client skips only `100
+    Continue` and read the 103 as the answer, which made the message dead at once."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    finals = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"HTTP/1.1 503 Busy\r\n\r\n"]
+
+    def answer() -> None:
+        for final in finals:
+            client, _ = listener.accept()
+            with client:
+                client.recv(65536)
+                client.sendall(
+                    b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+                    b"HTTP/1.1 102 Processing\r\n\r\n" + final
+                )
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=5)
+        delivery.post(_message(None), "outbox://x")  # handled
+        with pytest.raises(RetryLater, match="HTTP 503"):
+            delivery.post(_message(None), "outbox://x")
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+def test_a_2xx_with_a_broken_body_is_handled_and_an_error_keeps_what_was_read() -> None:
+    """The body was read before the status was looked at: a 2xx with a bad chunk was an
+    IncompleteRead, retried (the accepted message POSTed again, dead once its attempts were
+    spent)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    broken = b"Transfer-Encoding: chunked\r\n\r\nzz\r\nnot a chunk"
+    answers = [b"HTTP/1.1 200 OK\r\n" + broken, b"HTTP/1.1 503 Busy\r\n" + broken]
+
+    def answer() -> None:
+        for raw in answers:
+            client, _ = listener.accept()
+            with client:
+                client.recv(65536)
+                client.sendall(raw)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=5)
+        delivery.post(_message(None), "outbox://x")  # handled
+        with pytest.raises(RetryLater, match=r"HTTP 503 Busy$"):
+            delivery.post(_message(None), "outbox://x")
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+def test_a_5xx_with_a_retry_after_of_garbage_is_retried_not_dead() -> None:
+    port = free_port()
+    garbage = [(503, {"Retry-After": value}, b"busy") for value in ("\xb2", "soon", "-1")]
+    delivery = HttpDelivery("t", f"http://127.0.0.1:{port}/", timeout=5)
+    with receiving(Receiver(port, deque(garbage))):
+        for _ in garbage:
+            with pytest.raises(RetryLater, match="HTTP 503") as caught:
+                delivery.post(_message(None), "outbox://x")
+            assert caught.value.after is None
 
 
 def test_a_retry_after_delays_the_next_attempt_up_to_the_backoffs_maximum() -> None:

@@ -142,6 +142,14 @@ def test_send_many_mixes_due_times_and_a_taken_id_writes_nothing(
             )
         with pytest.raises(DuplicateMessageId, match="in producer_queue or producer_scheduled"):
             broker.send(conn, "later.t", b"dup", message_id=ids[0], delay=timedelta(hours=1))
+        # A send due now whose id a message due later has (it was written a second time).
+        with pytest.raises(DuplicateMessageId, match="in producer_queue or producer_scheduled"):
+            broker.send(conn, "later.t", b"dup", message_id=ids[1])
+        with pytest.raises(DuplicateMessageId, match="in producer_queue or producer_scheduled"):
+            broker.send_many(
+                conn,
+                [Message("later.t", b"fresh"), Message("later.t", b"dup", message_id=ids[2])],
+            )
     assert len(_scheduled(url)) == 2 and len(_queued(url)) == 1
 
 

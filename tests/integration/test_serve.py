@@ -111,6 +111,9 @@ BAD_PUBLISHES: list[tuple[object, int, str]] = [
     ({"payload": 1, "deliver_at": "2030-01-01T10:00:00"}, 422, "naive"),
     ({"payload": 1, "deliver_at": "soon"}, 422, "deliver_at"),
     ({"payload": 1, "delay_ms": -1}, 422, "delay_ms"),
+    # Past the longest delay, or a timedelta's range: refused, not a 500 (OverflowError).
+    ({"payload": 1, "delay_ms": 2**63 - 1}, 422, "delay_ms: Input should be less than"),
+    ({"payload": 1, "delay_ms": 10**400}, 422, "delay_ms"),
     ({"payload": 1, "delay_ms": 5, "deliver_at": "2030-01-01T10:00:00Z"}, 422, "both"),
 ]
 
@@ -154,11 +157,55 @@ def test_each_bad_publish_is_answered_and_stores_nothing(
         assert conn.execute("SELECT count(*) FROM outbox.http_published").fetchone() == (0,)
 
 
+def test_a_message_id_sent_by_python_or_sql_and_waiting_is_a_conflict(
+    server: Server, outbox_database_url: str
+) -> None:
+    """The server answers 200 only for ids it accepted itself (http_published); an id that a
+    message sent another way has, still waiting due now or later, is 409 and nothing is
+    written, not even the id's record (a retry after the message left is then accepted)."""
+    url = outbox_database_url
+    now, later = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute("SELECT outbox.send('orders', '1', message_id => %s)", (now,))
+        conn.execute(
+            "SELECT outbox.send('orders', '1', message_id => %s, "
+            "deliver_at => now() + interval '1 hour')",
+            (later,),
+        )
+    for taken in (now, later):
+        status, found = server.call(
+            "POST", "/v1/topics/orders/messages", {"payload": 2, "message_id": str(taken)}
+        )
+        assert status == 409 and str(taken) in found["error"], found
+    assert count(url) == 1
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.http_published").fetchone() == (0,)
+
+
 def test_malformed_and_oversized_bodies_and_unknown_databases(
     server: Server, outbox_database_url: str
 ) -> None:
     status, found = server.call("POST", "/v1/topics/orders/messages", raw=b'{"payload": ')
     assert status == 400 and "malformed JSON" in found["error"]
+    # JSON whose bytes are not UTF-8, or a number too long to read: which, not "There was an
+    # error parsing the body".
+    status, found = server.call("POST", "/v1/topics/orders/messages", raw=b'{"payload": "\xff"}')
+    assert status == 400
+    assert found["error"].startswith("malformed JSON: 'utf-8' codec can't decode byte 0xff")
+    status, found = server.call("POST", "/v1/topics/orders/messages", raw=b"[" + b"1" * 5000 + b"]")
+    assert status == 400 and found["error"].startswith("malformed JSON: Exceeds the limit")
+    # A body not sent as JSON (fetch sends a string as text/plain, curl -d as a form) is not
+    # read as JSON, and is told so (it was 422 "Input should be a valid dictionary ...").
+    for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded"):
+        status, found = server.call(
+            "POST", "/v1/topics/orders/messages", {"payload": 1}, headers={"Content-Type": kind}
+        )
+        assert status == 415, found
+        assert "`Content-Type: application/json`" in found["error"] and kind in found["error"]
+    status, found = server.call(
+        "PUT", "/v1/topics/orders/subscriptions/s", {}, headers={"Content-Type": "text/plain"}
+    )
+    assert status == 415, found
     # Refused by its Content-Length, before a byte of the body is read.
     status, said = raw_request(server.port, "Content-Length: 5000000\r\n", b"[")
     assert status == 413 and b"larger than" in said
@@ -335,6 +382,8 @@ def test_each_bad_subscription_request_is_answered_and_changes_nothing(
         ("GET", f"{base}/s/next?max=0", None, 422, "max"),
         ("GET", f"{base}/s/next?max=1001", None, 422, "max"),
         ("GET", f"{base}/s/next?wait_ms=-1", None, 422, "wait_ms"),
+        # A wait past a float's range is cut to the longest wait (it was a 500).
+        ("GET", f"{base}/s/next?wait_ms=1{'0' * 400}", None, 404, "no subscription 's'"),
         ("GET", f"{base}/s/next?ack=sometimes", None, 422, "ack"),
         ("GET", f"{base}/s/next", None, 404, "no subscription 's'"),
         ("POST", f"{base}/s/ack", {"cursor": "nope"}, 422, "cursor"),

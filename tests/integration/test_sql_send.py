@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -519,6 +520,40 @@ def test_a_send_due_later_waits_in_producer_scheduled_as_python_writes_it(
     with psycopg.connect(url) as conn:
         left = conn.execute("SELECT message_id FROM outbox.producer_scheduled").fetchall()
     assert left == [(by_python,)]  # the cancel committed; the duplicate wrote nothing
+
+
+def test_a_message_id_waiting_in_either_queue_is_refused_due_now_or_later(
+    outbox_database_url: str,
+) -> None:
+    """Migration 0014: a send due now whose id a message due later has, and one due later
+    whose id a message due now has, are refused as Python refuses them (each branch looked
+    only in the table it writes, so a retry whose due time had passed meanwhile wrote the
+    message twice)."""
+    url = outbox_database_url
+    later, now = uuid.uuid4(), uuid.uuid4()
+    send = "SELECT outbox.send('t', '1', message_id => %s, deliver_at => {})"
+    with psycopg.connect(url) as conn:
+        with conn.transaction():
+            conn.execute(send.format("now() + interval '1 hour'"), (later,))
+            conn.execute(send.format("NULL"), (now,))
+        before = rows(url)
+        for taken, due in [
+            (later, "NULL"),
+            (later, "now() - interval '1 hour'"),
+            (now, "now() + interval '1 hour'"),
+        ]:
+            with pytest.raises(psycopg.errors.UniqueViolation) as refused, conn.transaction():
+                conn.execute(send.format(due), (taken,))
+            assert refused.value.diag.message_detail == "DuplicateMessageId"
+            assert f"message id {taken} is already in producer_queue or producer_scheduled" in str(
+                refused.value
+            )
+        with conn.transaction(), pytest.raises(DuplicateMessageId):
+            broker.send(conn, "t", 1, message_id=now, delay=timedelta(hours=1))
+    assert rows(url) == before
+    with psycopg.connect(url) as conn:
+        scheduled = conn.execute("SELECT message_id FROM outbox.producer_scheduled").fetchall()
+    assert scheduled == [(later,)]
 
 
 def test_an_infinite_due_time_is_refused_and_an_old_one_harms_nothing(

@@ -42,6 +42,9 @@ def test_a_tokens_file_gives_tokens_with_scopes(tmp_path: Path) -> None:
         ("publish short", "line 1: the token is shorter than 16"),
         (f"publish {SECRET}\nconsume {SECRET}", "line 2: the token of an earlier line again"),
         ("# nothing\n", "holds no token"),
+        # Never matched: a header is read as Latin-1, the file as UTF-8.
+        (f"publish {SECRET}\u00e9", "line 1: the token has a character other than printable"),
+        (f"publish {SECRET}\x7f", "line 1: the token has a character other than printable"),
     ],
 )
 def test_a_bad_tokens_file_names_its_line_and_never_the_token(text: str, said: str) -> None:
@@ -49,6 +52,20 @@ def test_a_bad_tokens_file_names_its_line_and_never_the_token(text: str, said: s
         parse_tokens(text, "tokens file 't'")
     assert said in str(raised.value)
     assert SECRET not in str(raised.value) and "short" not in str(raised.value).split(":", 1)[0]
+
+
+def test_a_tokens_file_with_a_byte_order_mark_and_crlf_lines_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_bytes(f"\ufeffpublish {SECRET}\r\n\r\nconsume {'c' * 16}\r\n".encode())
+    tokens = read_tokens(str(path))
+    assert [sorted(t.scopes) for t in tokens] == [["publish"], ["consume"]]
+    assert find(tokens, SECRET) is tokens[0]
+
+
+def test_an_empty_tokens_file_path_is_refused_not_read_as_no_tokens() -> None:
+    with pytest.raises(ConfigurationError, match="the tokens file is an empty path"):
+        ServeConfig.of(tokens_file="")
+    assert ServeConfig.of(tokens_file=None).tokens == ()
 
 
 def test_another_address_than_loopback_needs_tokens(tmp_path: Path) -> None:

@@ -45,6 +45,17 @@ WHERE id = (SELECT s.group_id FROM {schema}.log_subscriptions s
             WHERE t.name = %(topic)s AND s.name = %(name)s)
 RETURNING id;
 
+-- name: sub_lease_lock
+-- Lock the leases of a subscription (all, or those of one cursor), in partition order, before
+-- an unsubscribe deletes its group or an acknowledgement updates them: a client holds the
+-- leases it took while it writes rows that reference the group, so a delete that locked the
+-- group first and then waited for a lease deadlocked with it, and two statements locking
+-- leases in their scan's orders could too. Taking them in one order makes them wait instead.
+SELECT 1 FROM {schema}.log_subscription_leases
+WHERE group_id = %(group_id)s AND (CAST(%(cursor)s AS uuid) IS NULL OR cursor = %(cursor)s)
+ORDER BY partition_id
+FOR UPDATE;
+
 -- name: sub_positions
 -- A position at 0 in each partition of the subscription's topic it has none in (partitions
 -- added after it was made), so that retention keeps their records for it too; then a free

@@ -7,8 +7,12 @@
 WITH inserted AS (
     INSERT INTO {schema}.producer_queue
         (message_id, topic, key, payload, headers, content_type, lane)
-    VALUES (%(message_id)s, %(topic)s, %(key)s, %(payload)s, CAST(%(headers)s AS jsonb),
-            %(content_type)s, %(lane)s)
+    SELECT * FROM (VALUES (CAST(%(message_id)s AS uuid), CAST(%(topic)s AS text),
+                           CAST(%(key)s AS bytea), CAST(%(payload)s AS bytea),
+                           CAST(%(headers)s AS jsonb), CAST(%(content_type)s AS text),
+                           CAST(%(lane)s AS smallint))) AS m
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.producer_scheduled s
+                      WHERE s.message_id = CAST(%(message_id)s AS uuid))
     ON CONFLICT (message_id) DO NOTHING
     RETURNING 1
 )
@@ -25,7 +29,9 @@ SELECT (SELECT count(*) FROM inserted) AS inserted,
 -- queue has (committed, or inserted by a transaction that then commits: ON CONFLICT waits
 -- for it) is skipped rather than violating the unique index, which would abort the caller's
 -- transaction: the statement returns how many it inserted and, when that is not all of them,
--- their ids, which the caller deletes again before raising DuplicateMessageId.
+-- their ids, which the caller deletes again before raising DuplicateMessageId. An id that a
+-- message due later has (producer_scheduled) is skipped too, as `send_later` skips one of the
+-- queue's.
 WITH inserted AS (
     INSERT INTO {schema}.producer_queue
         (message_id, topic, key, payload, headers, content_type, lane)
@@ -37,7 +43,9 @@ WITH inserted AS (
         CAST(%(headers)s AS jsonb[]),
         CAST(%(content_types)s AS text[]),
         CAST(%(lanes)s AS smallint[])
-    )
+    ) AS m(message_id, topic, key, payload, headers, content_type, lane)
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.producer_scheduled s
+                      WHERE s.message_id = m.message_id)
     ON CONFLICT (message_id) DO NOTHING
     RETURNING message_id
 )

@@ -81,10 +81,25 @@ RETURNING id, attempts;
 SELECT topic, attempts FROM {schema}.consumer_queue
 WHERE id = %(id)s AND processed_at IS NULL AND dead_at IS NULL;
 
--- name: serve_inbox_known
--- Which of `ids` are rows of consumer_queue not dead (those an ack can mark handled).
-SELECT id FROM {schema}.consumer_queue
-WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND dead_at IS NULL;
+-- name: serve_inbox_done
+-- Mark leased rows handled, as handler_done_many does (they leave consumer_queue; their message
+-- ids are kept in consumer_processed for the dedup window), and return the ids marked: a row
+-- dead, unknown, or handled meanwhile by another client's ack (which this one waited for) is
+-- not. Its attempts are those counted already: each lease counted one, the handling's own
+-- among them (handler_done_many adds the attempt its claim did not count).
+WITH handled AS (
+    DELETE FROM {schema}.consumer_queue
+    WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND dead_at IS NULL
+    RETURNING message_id, id, topic, key, lane, created_at, attempts
+), kept AS (
+    INSERT INTO {schema}.consumer_processed AS p
+        (message_id, id, topic, key, lane, created_at, attempts)
+    SELECT message_id, id, topic, key, lane, created_at, attempts FROM handled
+    ON CONFLICT (message_id) DO UPDATE
+    SET handled_count = p.handled_count + 1, processed_at = now(),
+        attempts = p.attempts + excluded.attempts
+)
+SELECT id FROM handled;
 
 -- name: serve_listener_register
 -- `outbox serve` waits for inbox rows of this schema on this session: listed as a process of
