@@ -15,12 +15,11 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 from alembic import op
 
+from outbox.postgres.migrate import sibling_migration
 from outbox.postgres.queries import quote_ident
 
 revision = "0012"
@@ -33,12 +32,7 @@ SIGNATURE = "send(text, jsonb, text, jsonb, uuid, text, timestamptz)"
 
 def _sql_send() -> ModuleType:
     """Migration 0008, whose function this one extends (its body is written once, there)."""
-    path = Path(__file__).with_name("0008_sql_send.py")
-    spec = importlib.util.spec_from_file_location("outbox_migration_0008_sql_send", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_migration(__file__, "0008_sql_send.py")
 
 
 def _replace(text: str, old: str, new: str) -> str:

@@ -16,12 +16,11 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 from alembic import op
 
+from outbox.postgres.migrate import sibling_migration
 from outbox.postgres.queries import quote_ident
 
 revision = "0014"
@@ -32,12 +31,7 @@ depends_on = None
 
 def _previous() -> ModuleType:
     """Migration 0012, whose function this one changes (its body is written there and in 0008)."""
-    path = Path(__file__).with_name("0012_sql_send_deliver_at.py")
-    spec = importlib.util.spec_from_file_location("outbox_migration_0012_sql_send", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_migration(__file__, "0012_sql_send_deliver_at.py")
 
 
 def _replace(text: str, old: str, new: str) -> str:

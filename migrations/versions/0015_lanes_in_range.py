@@ -20,6 +20,7 @@ from __future__ import annotations
 from alembic import op
 
 from outbox.core.lanes import LANES
+from outbox.postgres.migrate import sibling_migration
 from outbox.postgres.queries import quote_ident
 
 revision = "0015"
@@ -31,14 +32,8 @@ TABLES = ("producer_queue", "producer_scheduled", "consumer_queue")
 
 
 def _crc32_table() -> str:
-    """zlib's CRC-32 table, as migration 0008 writes it for the SQL send."""
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
-        table.append(str(c))
-    return "ARRAY[" + ",".join(table) + "]::bigint[]"
+    """zlib's CRC-32 table as migration 0008 writes it for the SQL send."""
+    return str(sibling_migration(__file__, "0008_sql_send.py")._crc32_table())
 
 
 def _fix(q: str, table: str) -> str:

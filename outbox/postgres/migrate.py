@@ -8,12 +8,14 @@ downgrade, offline SQL, the revision check) over either script directory, and th
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
 import psycopg
@@ -41,6 +43,17 @@ def sqlalchemy_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def sibling_migration(script: str, filename: str) -> ModuleType:
+    """The migration `filename` beside `script` (a migration's `__file__`), loaded as a module:
+    for a migration that builds on an earlier one's text (its function, its CRC-32 table)."""
+    path = Path(script).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"outbox_migration_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def alembic_config(
