@@ -482,8 +482,9 @@ def add_budget(parser: argparse.ArgumentParser) -> None:
         help="with several databases: the most connections the process holds to its databases "
         "at once (relays, a handler's workers, the consumer's, shared by the daemons of "
         "`outbox run`); short of them a database waits for one, the database idle longest "
-        "gives its own back first, busy ones take turns, and a handler runs at most N-1 "
-        f"workers per database (env {settings.MAX_CONNECTIONS}; at least 2; "
+        "gives its own back first, busy ones take turns, and a handler's --concurrency "
+        "workers are shared by its databases, at most N/2 of them "
+        f"(env {settings.MAX_CONNECTIONS}; at least 2; "
         "default 0: unlimited)",
     )
 

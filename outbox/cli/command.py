@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=flag_type("threads"),
         default=4,
-        help="worker threads, each with its database session (1 to 1000)",
+        help="worker threads, each with its database session (1 to 1000); with several "
+        "databases and --max-connections, shared by the databases",
     )
     handler.add_argument(
         "--batch-size",

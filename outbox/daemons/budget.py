@@ -14,6 +14,9 @@ Contract (docs/how-to/many-databases.md, "A connection budget"):
   after their batch in hand, once they held them `FAIR_HOLD` seconds, and wait behind the
   others: busy databases take turns.
 - `holders()` says who holds what, for /readyz and the `outbox_connections` metric.
+- A handler serving several databases reserves its shared worker sessions at start
+  (outbox/daemons/handler/slots.py): a permanent holding, never asked to yield, listed apart
+  (`reserved()`); a session in use is moved onto the database it serves (`transfer`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ BEAT_EVERY = 0.2
 class Holding:
     """What one holder (a database's relay, say) holds of the budget."""
 
-    __slots__ = ("busy", "count", "database", "idle_since", "kind", "since")
+    __slots__ = ("busy", "count", "database", "idle_since", "kind", "permanent", "since")
 
     def __init__(self, database: str, kind: str) -> None:
         self.database = database
@@ -46,6 +49,9 @@ class Holding:
         #: Since when the holder found no work (None: it is busy or holds nothing).
         self.idle_since: float | None = None
         self.busy = False
+        #: Held for the process's life (the handler's shared worker sessions, reserved at
+        #: start): never asked to give its connections back.
+        self.permanent = False
 
 
 class Budget:
@@ -126,6 +132,17 @@ class Budget:
                 holding.busy = False
             self._cond.notify_all()
 
+    def transfer(self, giver: Holding, taker: Holding, count: int) -> None:
+        """Move `count` connections from `giver` to `taker` (a worker session reserved for
+        the process's handler workers now serving `taker`'s database, or back): the process
+        holds as many as before, each counted against the database it serves."""
+        with self._cond:
+            count = min(count, giver.count)
+            giver.count -= count
+            if taker.count == 0:
+                taker.since = time.monotonic()
+            taker.count += count
+
     @contextmanager
     def held(
         self,
@@ -168,7 +185,11 @@ class Budget:
             if not self._waiting or holding.count == 0:
                 return False
             waiters = {id(one) for one, _ in self._waiting}
-            held = [one for one in self._holdings if one.count and id(one) not in waiters]
+            held = [
+                one
+                for one in self._holdings
+                if one.count and id(one) not in waiters and not one.permanent
+            ]
             idle = [one for one in held if one.idle_since is not None and not one.busy]
             wanted = len(self._waiting)
             if idle:
@@ -185,7 +206,7 @@ class Budget:
         with self._cond:
             counts: dict[str, int] = {}
             for one in self._holdings:
-                if one.count:
+                if one.count and not one.permanent:
                     counts[one.database] = counts.get(one.database, 0) + one.count
             return counts
 
@@ -194,14 +215,24 @@ class Budget:
             return self._used
 
     def describe(self) -> str:
-        """`connections: USED of SIZE (NAME N, ...), W waiting`, for /readyz."""
+        """`connections: USED of SIZE (NAME N, ...), R reserved for handler workers, W waiting`,
+        for /readyz."""
         holders = self.holders()
         size = "unlimited" if self.size is None else str(self.size)
         shown = ", ".join(f"{name} {count}" for name, count in sorted(holders.items()))
         text = f"connections: {sum(holders.values())} of {size}"
         if shown:
             text += f" ({shown})"
+        reserved = self.reserved()
+        if reserved:
+            text += f", {reserved} reserved for handler workers"
         waiting = self.waiting()
         if waiting:
             text += f", {waiting} waiting"
         return text
+
+    def reserved(self) -> int:
+        """Connections held for the process's life and not serving a database now (the
+        handler's shared worker sessions not in use: outbox/daemons/handler/slots.py)."""
+        with self._cond:
+            return sum(one.count for one in self._holdings if one.permanent)

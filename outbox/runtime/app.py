@@ -33,6 +33,7 @@ from outbox.daemons.budget import Budget
 from outbox.daemons.consumer import Consumer, Subscription
 from outbox.daemons.handler.config import check_async_support
 from outbox.daemons.handler.runner import HandlerRunner
+from outbox.daemons.handler.slots import WorkerSlots
 from outbox.daemons.producer import Producer, SharedPublisher
 from outbox.daemons.routing import Routing
 from outbox.daemons.supervisor import DatabaseRelay, Supervisor
@@ -562,9 +563,18 @@ class App:
         """One Handler relay (and its workers) per database."""
         handlers = self.handlers
         quiet = self._of_many()
+        budget = self.budget()
+        slots: WorkerSlots | None = None
+        if budget is not None and budget.size is not None:
+            # Under a budget the databases share --concurrency worker sessions (at most half
+            # of the budget, so that relays keep connections of their own).
+            size = max(1, min(self.settings.handler.concurrency, budget.size // 2))
+            slots = WorkerSlots(budget, size)
 
         def make(database: Database) -> HandlerRunner:
-            return quiet.handler(database)
+            runner = quiet.handler(database)
+            runner.slots = slots
+            return runner
 
         supervisor = self._supervisor("handler", make, lambda relay: relay.serve_database())
         part = Supervised(

@@ -412,10 +412,14 @@ def test_the_parts_of_one_process_share_one_connection_budget() -> None:
     assert producers.supervisor.budget is budget and handling.supervisor.budget is budget
     assert consumer.routing is not None and consumer.routing.budget is budget
     report = consumer.observability.health.report
-    assert report is not None and report() == "connections: 0 of 3"  # /readyz's tail
-    relay = app._of_many().handler(databases.fixed[0])
-    relay.budget = budget
-    assert relay.footprint() == 3 and relay.concurrency() == 2  # of --concurrency 4
+    # /readyz's tail: the handler's workers, shared by the databases, have half of it.
+    assert report is not None and report() == "connections: 0 of 3, 1 reserved for handler workers"
+    relay = handling.supervisor._make(databases.fixed[0])
+    assert relay.slots is not None and relay.slots.size == 1
+    assert relay.footprint() == 1 and relay.concurrency() == 1  # of --concurrency 4
+    alone = app._of_many().handler(databases.fixed[0])  # a relay without shared workers
+    alone.budget = budget
+    assert alone.footprint() == 3 and alone.concurrency() == 2
     with pytest.raises(ConfigurationError, match="at least 2"):
         replace(databases, max_connections=1)
     assert App(replace(settings, databases=replace(databases, max_connections=0))).budget() is None

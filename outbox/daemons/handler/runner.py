@@ -30,6 +30,7 @@ from outbox.daemons.compat import refuse_unwired
 from outbox.daemons.handler.config import HandlerConfig, check_async_support
 from outbox.daemons.handler.failures import ConnectionLost, described
 from outbox.daemons.handler.outcomes import Outcomes
+from outbox.daemons.handler.slots import WorkerSlots
 from outbox.daemons.handler.worker import Worker
 from outbox.daemons.outages import Outage
 from outbox.daemons.relay import LaneRelay, relay_target
@@ -77,6 +78,12 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         self.handlers = handlers
         self._unordered = handlers.unordered_topics
         self._workers: list[Worker] = []
+        #: Serving one of several databases under a connection budget: the worker sessions
+        #: the process's databases share (outbox/daemons/handler/slots.py). Then this relay's
+        #: workers are those it holds sessions for, taken for a round with rows and given back
+        #: while another database waits for one.
+        self.slots: WorkerSlots | None = None
+        self._slots_held = 0
         self._limit = config.batch_size
         #: The last round came back short: every worker's last claim took fewer rows than it
         #: asked for (its lanes were drained). At start: look before the first round.
@@ -123,6 +130,7 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             self.serve_forever()
         finally:
             self._stop_workers()
+            self._give_slots()
             log.info(
                 "%shandler stopped: handled=%d failed=%d dead=%d",
                 self.observability.where(),
@@ -133,17 +141,21 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
 
     def concurrency(self) -> int:
         """The workers of this database: `concurrency`, fewer under a small connection budget
-        (its relay's connection and its workers' sessions are taken from it together)."""
+        (its relay's connection and its workers' sessions are taken from it together), or at
+        most the process's shared worker sessions."""
+        if self.slots is not None:
+            return min(self.config.concurrency, self.slots.size)
         budget = self.budget
         if budget is None or budget.size is None:
             return self.config.concurrency
         return max(1, min(self.config.concurrency, budget.size - 1))
 
     def footprint(self) -> int:
-        return 1 + self.concurrency()
+        # With shared worker sessions, the workers' come from their reserve, not with the relay's.
+        return 1 if self.slots is not None else 1 + self.concurrency()
 
     def _start_workers(self) -> None:
-        if not self._workers:
+        if not self._workers and self.slots is None:
             self._workers = [self._worker(i) for i in range(self.concurrency())]
 
     def _stop_workers(self) -> None:
@@ -157,6 +169,32 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
     def park(self) -> None:
         """Parked: the workers and their sessions go too (they come back with the rows)."""
         self._stop_workers()
+        self._give_slots()
+
+    def _serve(self, conn: InboxSession) -> None:
+        try:
+            super()._serve(conn)
+        finally:
+            # Parked, yielding, stopping or its connection lost: the shared worker sessions go
+            # back for the other databases (this relay takes them again with its next rows).
+            if self.slots is not None:
+                self._stop_workers()
+                self._give_slots()
+
+    def _give_slots(self) -> None:
+        """The shared worker sessions of workers stopped (`_stop_workers`) go back."""
+        if self.slots is not None and self.holding is not None:
+            held = self._slots_held
+            self._slots_held = 0
+            self.slots.give(self.holding, held)
+
+    def _should_yield(self) -> bool:
+        # Between rounds (the relay's idle wait, or after a round): with no rows left, the
+        # shared worker sessions go to a database that waits for one.
+        if self.slots is not None and self._workers and self._short and self.slots.waiting():
+            self._stop_workers()
+            self._give_slots()
+        return super()._should_yield()
 
     def _warn_unhandled_topics(self) -> None:
         """A WARNING per topic among the last rows stored that no handler of the registry
@@ -197,7 +235,11 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         every lane (the rows committed are its own: the look would cost a woken message a round
         trip before its claim), and every worker has one, it goes straight to the round (issue
         35). Holding only some lanes, it still looks: a notification for another process's
-        lanes would cost each of its workers an empty claiming transaction."""
+        lanes would cost each of its workers an empty claiming transaction.
+
+        With worker sessions shared by the process's databases: `_shared_round`."""
+        if self.slots is not None:
+            return self._shared_round(conn, lanes)
         self._start_workers()
         workers = len(self._workers)
         shares = self._shares(lanes)
@@ -211,6 +253,45 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             wanted = {row.lane % workers for row in rows}
         with self._turn():
             taken = self._round(conn, shares, wanted)
+        return taken > 0
+
+    def _shared_round(self, conn: InboxSession, lanes: list[int]) -> bool:
+        """A round with the process's shared worker sessions (`slots`): look first unless
+        workers are held and rounds come back full (or a notification woke a runner holding
+        every lane); with rows, take sessions for as many workers as lanes with rows (up to
+        `concurrency`), waiting for one when holding none; hand each worker `lane % workers`.
+        A worker's lanes may go to another worker in a later round: rounds follow each other,
+        and a worker replaced past its lease can no longer commit, so each lane's rows are
+        still handled in order by one worker at a time. After the round, while another
+        database waits for a worker session, all of this one's go back."""
+        slots, holding = self.slots, self.holding
+        assert slots is not None and holding is not None, "shared workers need a budget"
+        wanted = self.concurrency()
+        woken_for_its_own = self.notified and len(lanes) == LANES
+        if not self._workers or (self._short and not woken_for_its_own):
+            rows = conn.fetch(lanes, self.config.batch_size, self._unordered)
+            if not rows:
+                self._short = True
+                return False
+            wanted = min(wanted, len({row.lane for row in rows}))
+        taken_now = slots.take(
+            holding,
+            len(self._workers),
+            wanted,
+            stopping=lambda: self.stopping,
+            beat=self.heartbeat.beat,
+        )
+        self._slots_held += taken_now
+        for _ in range(taken_now):
+            self._workers.append(self._worker(len(self._workers)))
+        if not self._workers:
+            return False  # stopping
+        shares = self._shares(lanes)
+        with self._turn():
+            taken = self._round(conn, shares, set(shares))
+        if slots.waiting():
+            self._stop_workers()
+            self._give_slots()
         return taken > 0
 
     def _shares(self, lanes: list[int]) -> dict[int, list[int]]:
@@ -275,6 +356,10 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         if lost is None:
             self.workers_outage.recovered()
         else:
+            if self.slots is not None:
+                # The shared sessions go to the other databases while this one is away.
+                self._stop_workers()
+                self._give_slots()
             # Their rows stay for the next look, after a backoff (no busy loop, no log flood).
             self.workers_outage.pause(
                 self.workers_outage.failed(lost.error), self._stop, self.heartbeat.beat
