@@ -461,8 +461,12 @@ class LaneRelay(Generic[Row, S]):
                 return
             # Short slices keep SIGTERM prompt; a notification ends the wait at once, and so
             # does another database waiting for this relay's connections (it parks then).
-            if self._notified(conn, min(remaining, 0.2)) or self._should_yield():
+            if self._notified(conn, min(remaining, self.wait_slice())) or self._should_yield():
                 return
+
+    def wait_slice(self) -> float:
+        """How often an idle wait looks at `stopping` and `_should_yield` (seconds)."""
+        return 0.2
 
     def _notified(self, conn: S, timeout: float) -> bool:
         """`conn.notified(timeout)`, remembered in `notified` for the next look."""

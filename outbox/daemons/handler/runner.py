@@ -188,6 +188,11 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             self._slots_held = 0
             self.slots.give(self.holding, held)
 
+    def wait_slice(self) -> float:
+        # Holding shared worker sessions while idle: notice a database waiting for one sooner
+        # (its message waits for them meanwhile).
+        return 0.05 if self.slots is not None and self._workers else super().wait_slice()
+
     def _should_yield(self) -> bool:
         # Between rounds (the relay's idle wait, or after a round): with no rows left, the
         # shared worker sessions go to a database that waits for one.
@@ -262,8 +267,9 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         `concurrency`), waiting for one when holding none; hand each worker `lane % workers`.
         A worker's lanes may go to another worker in a later round: rounds follow each other,
         and a worker replaced past its lease can no longer commit, so each lane's rows are
-        still handled in order by one worker at a time. After the round, while another
-        database waits for a worker session, all of this one's go back."""
+        still handled in order by one worker at a time. After the round, all of this
+        database's sessions go back while another database waits for one, or when it has no
+        more rows and no session is free."""
         slots, holding = self.slots, self.holding
         assert slots is not None and holding is not None, "shared workers need a budget"
         wanted = self.concurrency()
@@ -289,7 +295,9 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         shares = self._shares(lanes)
         with self._turn():
             taken = self._round(conn, shares, set(shares))
-        if slots.waiting():
+        if slots.waiting() or (self._short and slots.in_use() == slots.size):
+            # Another database waits, or will: every session is taken and this database has
+            # no more rows. (With sessions to spare, they stay: its next rows need no connect.)
             self._stop_workers()
             self._give_slots()
         return taken > 0

@@ -12,8 +12,9 @@ Contract (docs/how-to/many-databases.md, "A connection budget"):
   it serves (moved from the reserve to that database's holding, and back).
 - A relay holding no worker session waits for one, first come first served; holding some, it
   takes more only when they are free and nobody waits. A relay gives all of its sessions back
-  after a round while another waits, and when it has no more rows while another waits (within
-  0.2 s, from its idle wait): databases with rows take turns for the workers.
+  after a round while another waits, after a round that left it no rows when none is free, and
+  idle, when another comes to wait (within 0.05 s, from its idle wait): databases with rows
+  take turns for the workers.
 """
 
 from __future__ import annotations
