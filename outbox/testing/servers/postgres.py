@@ -199,7 +199,7 @@ class PostgresServer(_ContextManagerMixin):
 
     def _server_options(self) -> str:
         opts = ["-c", "listen_addresses=127.0.0.1", "-p", str(self.port), "-k", str(self.root)]
-        opts += ["-c", "max_connections=300"]
+        opts += ["-c", f"max_connections={_max_connections()}"]
         if self.fast:
             for setting in _FAST_SETTINGS:
                 opts += ["-c", setting]
@@ -331,3 +331,16 @@ def drop_database(admin_url: str, name: str) -> None:
     _check_database_name(name)
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
         conn.execute(compose("admin_drop_database", database=name))
+
+
+def _max_connections() -> int:
+    """The local server's max_connections: 300, or OUTBOX_TEST_PG_MAX_CONNECTIONS (a benchmark
+    of hundreds of tenant databases needs more)."""
+    raw = os.environ.get("OUTBOX_TEST_PG_MAX_CONNECTIONS", "").strip()
+    if not raw:
+        return 300
+    if not raw.isdigit() or not 10 <= int(raw) <= 10_000:
+        raise ValueError(
+            f"OUTBOX_TEST_PG_MAX_CONNECTIONS must be a whole number from 10 to 10000, got {raw!r}"
+        )
+    return int(raw)
