@@ -339,7 +339,7 @@ def _max_connections() -> int:
     raw = os.environ.get("OUTBOX_TEST_PG_MAX_CONNECTIONS", "").strip()
     if not raw:
         return 300
-    if not raw.isdigit() or not 10 <= int(raw) <= 10_000:
+    if not (raw.isascii() and raw.isdigit()) or not 10 <= int(raw) <= 10_000:
         raise ValueError(
             f"OUTBOX_TEST_PG_MAX_CONNECTIONS must be a whole number from 10 to 10000, got {raw!r}"
         )
