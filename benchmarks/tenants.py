@@ -43,7 +43,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.harness import Context, Result, markdown, percentiles
 from benchmarks.latency_handlers import SCHEMA as LATENCY_SCHEMA
-from outbox import Broker, Message
+from outbox import Broker, Message, settings
 from outbox.core.lanes import lane_for
 from outbox.testing.plugin import TANSU_CONSUMER_SETTINGS
 
@@ -319,6 +319,12 @@ def _proc(pid: int) -> tuple[float, int]:
     return rss, threads
 
 
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _by_daemon(admin_url: str) -> dict[str, int]:
     with psycopg.connect(admin_url) as conn:
         rows = conn.execute(
@@ -486,7 +492,11 @@ def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Resu
             max((seen.get(mid, float("nan")) for mid, _ in first.values()), default=float("nan"))
             - launched
         )
+        cpu = {daemon: _cpu(process.pid) for daemon, process in processes.items()}
         sent = _steady(urls, topic, seconds)
+        for daemon, process in processes.items():
+            used = _cpu(process.pid) - cpu[daemon]
+            metrics[f"{daemon} CPU ms per message"] = used * 1000 / max(1, len(sent))
         everything, per, hops = _latencies(urls, sent)
         metrics.update(_summary("0.5 msg/s", everything, per, len(sent), hops))
         for daemon, process in processes.items():
@@ -560,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         # Three daemons' budgets beside the sender's connection per tenant and the measurement's.
         largest = max(int(part) for part in args.scale.split(","))
         needed = 3 * args.budget + largest + 60
-        os.environ.setdefault("OUTBOX_TEST_PG_MAX_CONNECTIONS", str(max(300, needed)))
+        os.environ.setdefault(settings.TEST_PG_MAX_CONNECTIONS, str(max(300, needed)))
     base = Path(tempfile.mkdtemp(prefix="outbox-tenants-"))
     with start_servers(base) as servers:
         ctx = Context(servers=servers, smoke=False, out_dir=base)

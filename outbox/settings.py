@@ -79,6 +79,7 @@ FAILPOINT = "OUTBOX_FAILPOINT"
 TEST_DATABASE_URL = "OUTBOX_TEST_DATABASE_URL"
 TEST_KAFKA_BOOTSTRAP = "OUTBOX_TEST_KAFKA_BOOTSTRAP"
 TEST_NO_DOCKER = "OUTBOX_TEST_NO_DOCKER"
+TEST_PG_MAX_CONNECTIONS = "OUTBOX_TEST_PG_MAX_CONNECTIONS"
 TANSU_BIN = "OUTBOX_TANSU_BIN"
 DOCKER_HOST = "DOCKER_HOST"
 
@@ -359,6 +360,11 @@ ENVIRONMENT: tuple[EnvironmentVariable, ...] = (
         TEST_NO_DOCKER,
         "`1`/`true`/`yes`/`on`: start local servers even when a Docker engine answers",
         "`outbox.testing`, `./run demo`",
+    ),
+    EnvironmentVariable(
+        TEST_PG_MAX_CONNECTIONS,
+        "max_connections of the local PostgreSQL the harness starts (10 to 10000; default 300)",
+        "`outbox.testing`, `python -m benchmarks.tenants`",
     ),
     EnvironmentVariable(
         TANSU_BIN,

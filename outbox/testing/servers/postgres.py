@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psycopg
 
+from outbox import settings
 from outbox.testing.servers._base import (
     ENV_DATABASE_URL,
     ServerError,
@@ -336,7 +337,7 @@ def drop_database(admin_url: str, name: str) -> None:
 def _max_connections() -> int:
     """The local server's max_connections: 300, or OUTBOX_TEST_PG_MAX_CONNECTIONS (a benchmark
     of hundreds of tenant databases needs more)."""
-    raw = os.environ.get("OUTBOX_TEST_PG_MAX_CONNECTIONS", "").strip()
+    raw = os.environ.get(settings.TEST_PG_MAX_CONNECTIONS, "").strip()
     if not raw:
         return 300
     if not (raw.isascii() and raw.isdigit()) or not 10 <= int(raw) <= 10_000:
