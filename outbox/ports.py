@@ -361,6 +361,11 @@ class RelaySession(Protocol):
         """Try to take `lane`; True if this session holds it now."""
         ...
 
+    def lock_each(self, lanes: list[int]) -> list[int]:
+        """Try to take each of `lanes` (none held by this session), in one round trip; those
+        this session holds now, in the order given."""
+        ...
+
     def unlock(self, lane: int) -> None:
         """Give `lane` up."""
         ...

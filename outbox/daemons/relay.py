@@ -488,9 +488,10 @@ class LaneRelay(Generic[Row, S]):
             held = conn.held()
             free = [lane for lane in range(LANES) if lane not in held]
             random.shuffle(free)
-            for lane in free:
-                if len(self.lanes) >= target:
-                    break
-                if conn.lock(lane):
+            # As many as it lacks in one statement, then more if others took some meanwhile:
+            # a relay taking its 64 lanes after a connect costs one round trip, not 64.
+            while free and len(self.lanes) < target:
+                wanted, free = free[: target - len(self.lanes)], free[target - len(self.lanes) :]
+                for lane in conn.lock_each(wanted):
                     self.lanes.add(lane)
                     self._due_unknown = True

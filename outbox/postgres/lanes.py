@@ -85,5 +85,14 @@ class Lanes:
         got = conn.execute(self.sql["relay_lane_lock"], {**self._lock, "lane": lane}).fetchone()
         return bool(got and got[0])
 
+    def lock_each(self, conn: Connection, lanes: list[int]) -> list[int]:
+        """Try to take each of `lanes` in one statement; those this session holds now, in
+        the order given. Every lane given is tried (no LIMIT beside a locking function: what
+        it locks is what it returns)."""
+        if not lanes:
+            return []
+        rows = conn.execute(self.sql["relay_lanes_lock"], {**self._lock, "lanes": lanes})
+        return [int(row[0]) for row in rows]
+
     def unlock(self, conn: Connection, lane: int) -> None:
         conn.execute(self.sql["relay_lane_unlock"], {**self._lock, "lane": lane})

@@ -71,6 +71,9 @@ class PostgresRelaySession:
     def lock(self, lane: int) -> bool:
         return self.lanes.lock(self.conn, lane)
 
+    def lock_each(self, lanes: list[int]) -> list[int]:
+        return self.lanes.lock_each(self.conn, lanes)
+
     def unlock(self, lane: int) -> None:
         self.lanes.unlock(self.conn, lane)
 

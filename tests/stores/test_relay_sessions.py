@@ -73,6 +73,25 @@ def test_a_lane_is_owned_by_one_session_at_a_time(stores: StoresUnderTest, queue
         assert not one.lock(7)
 
 
+@LONG_SCHEMA_TOO
+@pytest.mark.parametrize("queue", QUEUES)
+def test_lanes_taken_at_once_are_those_free_and_only_those(
+    stores: StoresUnderTest, queue: str
+) -> None:
+    """`lock_each`: every lane given is tried, those taken are returned (in the order given)
+    and held, those another session holds are neither; none given, none taken."""
+    with sessions(stores, queue, 2) as (one, two):
+        assert one.lock(5) and one.lock(9)
+        assert two.lock_each([]) == []
+        assert two.lock_each([9, 1, 5, 63, 0]) == [1, 63, 0]
+        assert one.held() == {0, 1, 5, 9, 63}
+        assert not one.lock(1) and not one.lock(63)
+        assert one.lock_each([1, 2]) == [2]
+        two.unlock(1)
+        assert one.lock_each([1]) == [1]
+        assert two.held() == {0, 1, 2, 5, 9, 63}
+
+
 @pytest.mark.parametrize("queue", QUEUES)
 def test_a_lane_locked_twice_is_held_until_unlocked_twice(
     stores: StoresUnderTest, queue: str

@@ -237,6 +237,12 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 -- Take a lane for this session, without waiting: true if it was free.
 SELECT pg_try_advisory_lock(CAST(%(lock_class)s AS int), CAST(%(lane)s AS int));
 
+-- name: relay_lanes_lock
+-- Take each of these lanes for this session, without waiting: those taken, in the order given.
+SELECT t.lane FROM unnest(CAST(%(lanes)s AS int[])) WITH ORDINALITY AS t(lane, n)
+WHERE pg_try_advisory_lock(CAST(%(lock_class)s AS int), t.lane)
+ORDER BY t.n;
+
 -- name: relay_lane_unlock
 SELECT pg_advisory_unlock(CAST(%(lock_class)s AS int), CAST(%(lane)s AS int));
 

@@ -135,6 +135,9 @@ class MemoryRelaySession:
             self.relays.owners[lane] = (self, count + 1)
             return True
 
+    def lock_each(self, lanes: list[int]) -> list[int]:
+        return [lane for lane in lanes if self.lock(lane)]
+
     def unlock(self, lane: int) -> None:
         self._live()
         with self.relays.lock:
