@@ -135,6 +135,11 @@ class LaneRelay(Generic[Row, S]):
         self.watched = False
         #: Set by `stop` and `nudge`: ends a parked relay's wait.
         self._wake = threading.Event()
+        #: The activity watch saw writes to this parked relay's database since its last look.
+        self._nudged = False
+        #: Back from parking on the watch's word alone: parks again at once if its first looks
+        #: find nothing (the writes were to other tables).
+        self._on_trial = False
         #: Whether the look about to be made follows a notification (rows were committed and
         #: notified since the last one), not a timed poll; `work` may read it.
         self.notified = False
@@ -232,7 +237,10 @@ class LaneRelay(Generic[Row, S]):
         self._wake.set()
 
     def nudge(self) -> None:
-        """Its database saw writes (the process's activity watch): a parked relay looks now."""
+        """Its database saw writes (the process's activity watch): a parked relay takes its
+        lanes back now, without a separate look first (one connect, not two, for the rows that
+        most likely came), and parks again at once if they were writes to other tables."""
+        self._nudged = True
         self._wake.set()
 
     @property
@@ -261,7 +269,8 @@ class LaneRelay(Generic[Row, S]):
                     )
                     self.outage.pause(wait, self._wake, self.heartbeat.beat)
                     self._wake.clear()
-                    if self.stopping or not self._rows_waiting():
+                    nudged, self._nudged = self._nudged, False
+                    if self.stopping or not (nudged or self._rows_waiting()):
                         slowdown = PARKED_WATCHED_SLOWDOWN if self.watched else PARKED_SLOWDOWN
                         self.parked_interval = min(
                             self.parked_interval * PARKED_GROWTH,
@@ -270,6 +279,7 @@ class LaneRelay(Generic[Row, S]):
                         )
                         continue
                     self.parked = False
+                    self._on_trial = nudged
                     log.debug("%s found rows: back to its lanes", self.kind)
                 with self.held(self.footprint()) as taken:
                     if not taken:
@@ -360,6 +370,7 @@ class LaneRelay(Generic[Row, S]):
                 found = self.work(conn, sorted(self.lanes)) if self.lanes else False
                 self.outage.recovered()
                 if found:
+                    self._on_trial = False
                     if busy_since is None:
                         busy_since = looked
                     idle_since = time.monotonic()
@@ -401,12 +412,20 @@ class LaneRelay(Generic[Row, S]):
                     idle_step = 0
                     self.housekeeping(conn, busy=False)
                     continue
+                # Back on the watch's word and nothing found: the writes were to other tables.
+                trial_over = self._on_trial
                 if (
-                    self.idle_disconnect is not None
-                    and time.monotonic() - idle_since >= self.idle_disconnect
-                ) or self._should_yield():
+                    trial_over
+                    or (
+                        self.idle_disconnect is not None
+                        and time.monotonic() - idle_since >= self.idle_disconnect
+                    )
+                    or self._should_yield()
+                ):
                     self.parked = True  # serve_forever looks for rows without a connection
-                    self.parked_interval = self.poll_interval
+                    self._on_trial = False
+                    if not trial_over:  # (a trial keeps the parked relay's grown interval)
+                        self.parked_interval = self.poll_interval
                     self._parked_seen = time.monotonic()
                     log.debug("%s idle for %.0fs: parked", self.kind, self.idle_disconnect)
                     return

@@ -37,11 +37,11 @@ def _activity_connections(url: str) -> int:
 
 
 @contextmanager
-def _producers(urls: dict[str, str]) -> Iterator[Supervised[Producer]]:
+def _producers(urls: dict[str, str], idle: float = 0.5) -> Iterator[Supervised[Producer]]:
     transport = InMemoryTransport()
     settings = Settings(
         databases=dataclasses.replace(
-            Databases.of(*(f"{name}={url}" for name, url in urls.items())), idle_disconnect=0.5
+            Databases.of(*(f"{name}={url}" for name, url in urls.items())), idle_disconnect=idle
         ),
         producer=ProducerConfig(poll_interval=POLL, connect_timeout=5),
     )
@@ -105,3 +105,51 @@ def test_the_watch_reports_the_databases_whose_rows_grew_and_not_the_others(
         assert "gone" not in answer and set(answer) == {"t0", "t1"}  # not watched, no error
     finally:
         watch.close()
+
+
+def test_a_relay_woken_by_writes_to_other_tables_parks_again_at_once_and_by_a_send_relays(
+    outbox_database_factory: DatabaseFactory, outbox_topic: str
+) -> None:
+    """The watch's word is enough to take the lanes back (no look on a connection of its own
+    first: one connect, not two); writes that were not sends leave it parked again at once,
+    not after --idle-disconnect."""
+    urls = {f"t{i}": outbox_database_factory() for i in range(2)}
+    url = urls["t1"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE business (n int)")
+    with _producers(urls) as part:
+        wait_for(
+            lambda: len(part.relays()) == 2 and all(r.parked and r.watched for r in part.relays()),
+            30,
+            "every relay parked and watched",
+        )
+        relay = part.supervisor._served["t1"].relay
+        served: list[float] = []
+        looks: list[float] = []
+        serve, rows_waiting = relay._serve, relay._rows_waiting
+
+        def counted_serve(conn: object) -> None:
+            served.append(time.monotonic())
+            serve(conn)  # type: ignore[arg-type]
+
+        def counted_look() -> bool:
+            looks.append(time.monotonic())
+            return rows_waiting()
+
+        relay._serve = counted_serve  # type: ignore[method-assign]
+        relay._rows_waiting = counted_look  # type: ignore[method-assign]
+        relay.idle_disconnect = 60.0  # an idle relay would hold its connection for a minute
+        relay.parked_interval = 60.0
+        # After its next look of its own, the one after is at least 7.2 s away.
+        wait_for(lambda: looks, 15, "a look of its own", 0.02)
+        looks.clear()
+        with psycopg.connect(url) as conn, conn.transaction():
+            conn.execute("INSERT INTO business VALUES (1)")
+        wait_for(lambda: len(served) == 1, 10, "the nudged relay to take its lanes back", 0.02)
+        wait_for(lambda: relay.parked, 10, "the relay parked again", 0.02)
+        assert time.monotonic() - served[0] < 5.0  # at once, not after --idle-disconnect
+        assert looks == []  # no look of its own first
+        with psycopg.connect(url) as conn, conn.transaction():
+            Broker().send(conn, outbox_topic, {"n": 1}, key="k")
+        wait_for(lambda: count(url) == 0, 30, "the send relayed", 0.02)
+        assert len(served) == 2 and looks == []
