@@ -62,6 +62,31 @@ def send_one_params(message: OutgoingMessage, channel: str) -> dict[str, Any]:
     }
 
 
+def send_one_generated_params(message: OutgoingMessage) -> dict[str, Any]:
+    """Bind parameters of `send_one_generated`, or without `headers` (none to send) of
+    `send_one_generated_no_headers`; the channel is in the statement."""
+    params = {
+        "message_id": message.message_id,
+        "topic": message.topic,
+        "key": message.key,
+        "payload": message.payload,
+        "content_type": message.content_type,
+        "lane": message.lane,
+    }
+    if message.headers:
+        params["headers"] = json.dumps(to_json(message.headers))
+    return params
+
+
+def channel_literal(channel: str) -> str:
+    """`channel` as an SQL string literal (a channel name is made of a validated schema name,
+    a queue's name and a hex digest: no quote, no `%` that psycopg would read as a
+    placeholder; checked all the same)."""
+    if "'" in channel or "%" in channel or "\\" in channel:
+        raise ValueError(f"channel {channel!r} cannot be written as a literal here")
+    return f"'{channel}'"
+
+
 def duplicate(message_ids: Sequence[Any]) -> DuplicateMessageId:
     """The error for a send of which `message_ids` are still waiting in the queue."""
     shown = ", ".join(str(m) for m in message_ids[:5])
@@ -89,7 +114,12 @@ class Writer:
         sql = queries(schema)
         self._send, self._send_one = sql["send"], sql["send_one"]
         self._send_generated = sql["send_generated"]
-        self._send_one_generated = sql["send_one_generated"]
+        # The wake-up's channel is fixed per schema: written in, not bound on every send.
+        literal = channel_literal(channel(schema, "producer_queue"))
+        self._send_one_generated = sql["send_one_generated"].replace("{channel}", literal)
+        self._send_one_generated_no_headers = sql["send_one_generated_no_headers"].replace(
+            "{channel}", literal
+        )
         self._undo = sql["send_undo"]
         self._send_later, self._later_undo = sql["send_later"], sql["send_later_undo"]
         self._cancel = sql["cancel"]
@@ -109,7 +139,10 @@ class Writer:
         run = sessions.executor(tx)
         sql, params, undo = self._statement(messages, dues)
         try:
-            row = run(sql, params).fetchone()
+            result = run(sql, params)
+            if undo is None:
+                return  # inserted (or the statement failed): no row to read
+            row = result.fetchone()
         except Exception as exc:
             missing = self._not_migrated(exc)
             if missing is None:
@@ -136,7 +169,10 @@ class Writer:
         run = await sessions.async_executor(tx)
         sql, params, undo = self._statement(messages, dues)
         try:
-            row = await sessions.fetch_one(await run(sql, params))
+            result = await run(sql, params)
+            if undo is None:
+                return  # inserted (or the statement failed): no row to read
+            row = await sessions.fetch_one(result)
         except Exception as exc:
             missing = self._not_migrated(exc)
             if missing is None:
@@ -178,18 +214,26 @@ class Writer:
 
     def _statement(
         self, messages: Sequence[OutgoingMessage], dues: Sequence[Due | None] | None = None
-    ) -> tuple[str, dict[str, Any], str]:
-        """The statement, its parameters and the statement undoing a refused batch:
-        `send_later` when a message has a due time; else `send_one` for one message (plain
-        VALUES), `send` for a batch, and their `_generated` forms, without the conflict check,
-        when `compose` generated every id."""
+    ) -> tuple[str, dict[str, Any], str | None]:
+        """The statement, its parameters and the statement undoing a refused batch (None: the
+        statement returns no row, and refuses nothing without failing): `send_later` when a
+        message has a due time; else `send_one` for one message (plain VALUES), `send` for a
+        batch, and their `_generated` forms, without the conflict check, when `compose`
+        generated every id."""
         if dues is not None and any(d is not None for d in dues):
             params = send_later_params(messages, dues, self._channel)
             return self._send_later, params, self._later_undo
         generated = all(m.id_generated for m in messages)
         if len(messages) == 1:
-            sql = self._send_one_generated if generated else self._send_one
-            return sql, send_one_params(messages[0], self._channel), self._undo
+            message = messages[0]
+            if generated:
+                sql = (
+                    self._send_one_generated
+                    if message.headers
+                    else self._send_one_generated_no_headers
+                )
+                return sql, send_one_generated_params(message), None
+            return self._send_one, send_one_params(message, self._channel), self._undo
         sql = self._send_generated if generated else self._send
         return sql, send_params(messages, self._channel), self._undo
 

@@ -71,6 +71,36 @@ def test_send_notifies_only_while_a_relay_sleeps(outbox_database_url: str) -> No
         assert _notified_by_send(url), "a sleeping relay is woken"
 
 
+def test_a_send_without_a_returned_row_still_wakes_a_sleeping_relay_each_time(
+    outbox_database_url: str,
+) -> None:
+    # issue 35: a generated id's send returns no row; its wake-up is a subquery of its FROM
+    # list, which must run for every send (with headers or without, once psycopg has prepared
+    # the statement too) and only while a relay sleeps.
+    url = outbox_database_url
+    _set_relay(url, sleeping=True)
+    sends = 12
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{channel("outbox", "producer_queue")}"')
+        with psycopg.connect(url) as conn:
+            for i in range(sends):
+                with conn.transaction():
+                    broker.send(conn, "t.wake", {"i": i}, headers={"h": "v"} if i % 2 else None)
+        woken = list(listener.notifies(timeout=1.0, stop_after=sends))
+        assert len(woken) == sends
+        _set_relay(url, sleeping=False)
+        with psycopg.connect(url) as conn:
+            for i in range(sends):
+                with conn.transaction():
+                    broker.send(conn, "t.wake", {"i": i}, headers={"h": "v"} if i % 2 else None)
+        assert not list(listener.notifies(timeout=0.5, stop_after=1))
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT headers FROM outbox.producer_queue WHERE topic = 't.wake' ORDER BY id"
+        ).fetchall()
+    assert [r[0] for r in rows] == [{"h": "v"} if i % 2 else {} for i in range(sends)] * 2
+
+
 def test_a_row_without_any_notify_is_still_relayed_by_the_poll_fallback(
     outbox_database_url: str, outbox_kafka_bootstrap: str
 ) -> None:

@@ -342,12 +342,12 @@ class Batches:
         by one. Any exception counts, BaseException too, and a lost connection (`_try_batch`
         tells it apart)."""
         self.started = time.monotonic()
-        messages = []
-        for i in positions:
-            try:
-                messages.append(self.outcomes.message(claimed[rows[i].id]))
-            except Exception as exc:
-                return Failure(i, rows[i], spec, claimed[rows[i].id], exc)
+        claims = [claimed[rows[i].id] for i in positions]
+        messages, undecodable = self.outcomes.messages(claims, spec)
+        if undecodable is not None:
+            at = len(messages)
+            i = positions[at]
+            return Failure(i, rows[i], spec, claims[at], undecodable)
         self.current_claim = claimed[rows[positions[0]].id]
         self.current = rows[positions[0]]
         try:

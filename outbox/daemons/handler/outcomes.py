@@ -12,7 +12,7 @@ from typing import Any
 
 from outbox.core.envelope import InboxMessage
 from outbox.core.handlers import Handlers, HandlerSpec
-from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending, decode
+from outbox.core.inbox_rows import Claimed, FailedAttempt, Pending, decode, decode_many
 from outbox.daemons.handler.failures import described, failed_attempt, unregistered
 from outbox.observability.metrics import HandlerTally, HandlerTallyBook
 
@@ -41,6 +41,14 @@ class Outcomes:
         spec = self.handlers.get(claimed.topic)
         payload_type = spec.payload_type if spec is not None else None
         return decode(claimed, self.handlers.serializer, payload_type)
+
+    def messages(
+        self, claimed: list[Claimed], spec: HandlerSpec
+    ) -> tuple[list[InboxMessage[Any]], Exception | None]:
+        """The messages of a batch for `spec`'s callback, built in one pass: all of them and
+        None, or those before the first that cannot be built (as `message` raises) and its
+        error."""
+        return decode_many(claimed, self.handlers.serializer, spec.payload_type)
 
     def count_handled(self, callbacks: list[tuple[str, float]]) -> None:
         """Count committed callbacks, given as (topic, seconds)."""
