@@ -83,7 +83,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         #: workers are those it holds sessions for, taken for a round with rows and given back
         #: while another database waits for one.
         self.slots: WorkerSlots | None = None
-        self._slots_held = 0
         self._limit = config.batch_size
         #: The last round came back short: every worker's last claim took fewer rows than it
         #: asked for (its lanes were drained). At start: look before the first round.
@@ -130,7 +129,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             self.serve_forever()
         finally:
             self._stop_workers()
-            self._give_slots()
             log.info(
                 "%shandler stopped: handled=%d failed=%d dead=%d",
                 self.observability.where(),
@@ -159,17 +157,19 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             self._workers = [self._worker(i) for i in range(self.concurrency())]
 
     def _stop_workers(self) -> None:
-        """Let the workers finish their group and close their sessions."""
+        """Let the workers finish their group and close their sessions; shared sessions
+        (`slots`: one per worker of this relay) go back."""
         workers, self._workers = self._workers, []
         for worker in workers:
             worker.jobs.put(None)
         for worker in workers:
             worker.thread.join(30)
+        if self.slots is not None and self.holding is not None:
+            self.slots.give(self.holding, len(workers))
 
     def park(self) -> None:
         """Parked: the workers and their sessions go too (they come back with the rows)."""
         self._stop_workers()
-        self._give_slots()
 
     def _serve(self, conn: InboxSession) -> None:
         try:
@@ -179,14 +179,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             # back for the other databases (this relay takes them again with its next rows).
             if self.slots is not None:
                 self._stop_workers()
-                self._give_slots()
-
-    def _give_slots(self) -> None:
-        """The shared worker sessions of workers stopped (`_stop_workers`) go back."""
-        if self.slots is not None and self.holding is not None:
-            held = self._slots_held
-            self._slots_held = 0
-            self.slots.give(self.holding, held)
 
     def wait_slice(self) -> float:
         # Holding shared worker sessions while idle: notice a database waiting for one sooner
@@ -198,7 +190,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
         # shared worker sessions go to a database that waits for one.
         if self.slots is not None and self._workers and self._short and self.slots.waiting():
             self._stop_workers()
-            self._give_slots()
         return super()._should_yield()
 
     def _warn_unhandled_topics(self) -> None:
@@ -287,7 +278,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             stopping=lambda: self.stopping,
             beat=self.heartbeat.beat,
         )
-        self._slots_held += taken_now
         for _ in range(taken_now):
             self._workers.append(self._worker(len(self._workers)))
         if not self._workers:
@@ -299,7 +289,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             # Another database waits, or will: every session is taken and this database has
             # no more rows. (With sessions to spare, they stay: its next rows need no connect.)
             self._stop_workers()
-            self._give_slots()
         return taken > 0
 
     def _shares(self, lanes: list[int]) -> dict[int, list[int]]:
@@ -367,7 +356,6 @@ class HandlerRunner(LaneRelay[Pending, InboxSession]):
             if self.slots is not None:
                 # The shared sessions go to the other databases while this one is away.
                 self._stop_workers()
-                self._give_slots()
             # Their rows stay for the next look, after a backoff (no busy loop, no log flood).
             self.workers_outage.pause(
                 self.workers_outage.failed(lost.error), self._stop, self.heartbeat.beat
