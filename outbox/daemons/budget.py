@@ -26,13 +26,40 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["FAIR_HOLD", "Budget", "Holding"]
+__all__ = ["FAIR_HOLD", "Budget", "Holding", "wait_in_line"]
 
 #: Seconds a busy holder keeps its connections while another database waits for some.
 FAIR_HOLD = 2.0
 #: How often a holder waiting for connections beats its heartbeat (seconds).
 BEAT_EVERY = 0.2
+
+
+def wait_in_line(
+    cond: threading.Condition,
+    line: deque[Any],
+    entry: object,
+    ready: Callable[[], bool],
+    *,
+    stopping: Callable[[], bool] = lambda: False,
+    beat: Callable[[], None] | None = None,
+) -> bool:
+    """With `cond` held: queue `entry` at the end of `line` and wait until it is first and
+    `ready()` (beating `beat` every `BEAT_EVERY` seconds meanwhile); False if `stopping()`
+    became true first. `entry` leaves the line either way, and the others are woken."""
+    line.append(entry)
+    try:
+        while not (line[0] is entry and ready()):
+            if stopping():
+                return False
+            cond.wait(BEAT_EVERY)
+            if beat is not None:
+                beat()
+        return True
+    finally:
+        line.remove(entry)
+        cond.notify_all()
 
 
 class Holding:
@@ -98,17 +125,15 @@ class Budget:
         count = self.fits(count)
         entry = (holding, count)
         with self._cond:
-            self._waiting.append(entry)
-            try:
-                while not (self._waiting[0] is entry and self._free() >= count):
-                    if stopping():
-                        return False
-                    self._cond.wait(BEAT_EVERY)
-                    if beat is not None:
-                        beat()
-            finally:
-                self._waiting.remove(entry)
-                self._cond.notify_all()
+            if not wait_in_line(
+                self._cond,
+                self._waiting,
+                entry,
+                lambda: self._free() >= count,
+                stopping=stopping,
+                beat=beat,
+            ):
+                return False
             self._take(holding, count)
             return True
 

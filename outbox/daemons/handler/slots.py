@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from outbox.daemons.budget import BEAT_EVERY, Budget, Holding
+from outbox.daemons.budget import Budget, Holding, wait_in_line
 
 __all__ = ["RESERVE", "WorkerSlots"]
 
@@ -67,18 +67,15 @@ class WorkerSlots:
             return 0
         with self._cond:
             if held == 0:
-                token = object()
-                self._waiting.append(token)
-                try:
-                    while not (self._waiting[0] is token and self._free > 0):
-                        if stopping():
-                            return 0
-                        self._cond.wait(BEAT_EVERY)
-                        if beat is not None:
-                            beat()
-                finally:
-                    self._waiting.remove(token)
-                    self._cond.notify_all()
+                if not wait_in_line(
+                    self._cond,
+                    self._waiting,
+                    object(),
+                    lambda: self._free > 0,
+                    stopping=stopping,
+                    beat=beat,
+                ):
+                    return 0
                 # Others waiting behind: one each, they are served in turn.
                 count = 1 if self._waiting else min(more, self._free)
             elif self._waiting:
