@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,6 +66,42 @@ def _held(samples: list[int]) -> int:
     (tens on a loaded machine): a connection handed from one database to another (the shared
     handler workers' sessions, many times a second) is seen twice for an instant."""
     return max((min(a, b) for a, b in itertools.pairwise(samples)), default=0)
+
+
+def _with_effects(tenants: dict[str, str]) -> None:
+    """The `effects` table of inbox_app's handler in each tenant's database."""
+    for url in tenants.values():
+        with psycopg.connect(url) as conn:
+            conn.execute(inbox_app.SCHEMA)
+
+
+def _handler(file: Path, budget: int, *extra: str) -> Daemon:
+    """`outbox handler` of inbox_app over the databases of `file`, --concurrency 4, under
+    `budget` connections."""
+    return Daemon(
+        "handler",
+        HANDLERS,
+        "--databases-file",
+        str(file),
+        "--batch-size",
+        "10",
+        "--concurrency",
+        "4",
+        "--max-connections",
+        str(budget),
+        *extra,
+    )
+
+
+def _handled_once_in_order(tenants: dict[str, str], put_ids: dict[str, list[uuid.UUID]]) -> None:
+    """Each tenant's messages (`put_ids`) handled once each, in order per key (n % 4)."""
+    for name, url in tenants.items():
+        effects = _effects(url)
+        assert Counter(row[0] for row in effects) == Counter(put_ids[name]), name
+        bodies = [json.loads(row[1]) for row in effects]
+        for key in range(4):
+            ns = [b["n"] for b in bodies if b["n"] % 4 == key]
+            assert ns == sorted(ns), f"{name} key k{key} out of order"
 
 
 def _ready(port: int) -> bool:
@@ -136,9 +173,7 @@ def test_a_handler_over_ten_active_tenants_holds_at_most_its_budget(
     topic = inbox_app.TOPIC
     monkeypatch.setenv("INBOX_APP_TOPIC", topic)
     tenants = {f"h{i}": outbox_database_factory() for i in range(TENANTS)}
-    for url in tenants.values():
-        with psycopg.connect(url) as conn:
-            conn.execute(inbox_app.SCHEMA)
+    _with_effects(tenants)
     keys = [f"k{i % 4}" for i in range(40)]
     put_ids = {
         name: put(url, topic, [{"tenant": name, "n": i} for i in range(40)], list(keys))
@@ -148,18 +183,7 @@ def test_a_handler_over_ten_active_tenants_holds_at_most_its_budget(
     _file(file, tenants)
     with (
         _sampled(outbox_admin_url, list(tenants.values()), "handler") as samples,
-        Daemon(
-            "handler",
-            HANDLERS,
-            "--databases-file",
-            str(file),
-            "--batch-size",
-            "10",
-            "--concurrency",
-            "4",
-            "--max-connections",
-            str(BUDGET),
-        ) as handler,
+        _handler(file, BUDGET) as handler,
     ):
         for url in tenants.values():
             wait_for(lambda url=url: len(_effects(url)) == 40, 120, "tenants handled", 0.1)
@@ -167,13 +191,7 @@ def test_a_handler_over_ten_active_tenants_holds_at_most_its_budget(
         assert handler.wait(30) == 0, handler.output()
     assert samples and _held(samples) <= BUDGET, samples
     assert max(samples) >= 2
-    for name, url in tenants.items():
-        effects = _effects(url)
-        assert Counter(row[0] for row in effects) == Counter(put_ids[name]), name
-        bodies = [json.loads(row[1]) for row in effects]
-        for key in range(4):
-            ns = [b["n"] for b in bodies if b["n"] % 4 == key]
-            assert ns == sorted(ns), f"{name} key k{key} out of order"
+    _handled_once_in_order(tenants, put_ids)
 
 
 def test_a_routing_consumer_over_ten_tenants_holds_at_most_its_budget(
@@ -247,9 +265,7 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
     monkeypatch.setenv("INBOX_APP_TOPIC", topic)
     tenants = {f"w{i}": outbox_database_factory() for i in range(TENANTS)}
     names = {name: conninfo_to_dict(url)["dbname"] for name, url in tenants.items()}
-    for url in tenants.values():
-        with psycopg.connect(url) as conn:
-            conn.execute(inbox_app.SCHEMA)
+    _with_effects(tenants)
     keys = [f"k{i % 4}" for i in range(40)]
     put_ids = {
         name: put(url, topic, [{"tenant": name, "n": i} for i in range(20)], keys[:20])
@@ -271,18 +287,8 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
 
     with (
         _sampled(outbox_admin_url, list(tenants.values()), "handler") as samples,
-        Daemon(
-            "handler",
-            HANDLERS,
-            "--databases-file",
-            str(file),
-            "--batch-size",
-            "10",
-            "--concurrency",
-            "4",
-            "--max-connections",
-            str(budget),
-            *("--health-port", str(health), "--health-host", "127.0.0.1"),
+        _handler(
+            file, budget, "--health-port", str(health), "--health-host", "127.0.0.1"
         ) as handler,
     ):
         for url in tenants.values():
@@ -304,10 +310,4 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
         handler.terminate()
         assert handler.wait(30) == 0, handler.output()
     assert samples and _held(samples) <= TENANTS + 4, samples
-    for name, url in tenants.items():
-        effects = _effects(url)
-        assert Counter(row[0] for row in effects) == Counter(put_ids[name]), name
-        bodies = [json.loads(row[1]) for row in effects]
-        for key in range(4):
-            ns = [b["n"] for b in bodies if b["n"] % 4 == key]
-            assert ns == sorted(ns), f"{name} key k{key} out of order"
+    _handled_once_in_order(tenants, put_ids)
