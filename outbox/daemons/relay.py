@@ -510,7 +510,8 @@ class LaneRelay(Generic[Row, S]):
             # As many as it lacks in one statement, then more if others took some meanwhile:
             # a relay taking its 64 lanes after a connect costs one round trip, not 64.
             while free and len(self.lanes) < target:
-                wanted, free = free[: target - len(self.lanes)], free[target - len(self.lanes) :]
+                lacking = target - len(self.lanes)
+                wanted, free = free[:lacking], free[lacking:]
                 for lane in conn.lock_each(wanted):
                     self.lanes.add(lane)
                     self._due_unknown = True
