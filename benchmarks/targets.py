@@ -1,4 +1,5 @@
-"""Issue 26's targets beside a run's measurements: the "Targets" section of every results file.
+"""The issues' targets beside a run's measurements: the "Targets" section of every results file
+(issue 26's, then issue 34's, 35's and 36's).
 
 Each target names the row of a scenario that measures it; its line shows that row's
 measurement, the floor measured in the same run and their ratio (`benchmarks/floors.py`), and a
@@ -222,7 +223,105 @@ def _judge_lateness(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
     return (MET if p99 < 50 else MISSED), text
 
 
-#: Issue 26's targets, in its order, then issue 34's (messages due later).
+def _p50_under(bound: float) -> Callable[[Row, Sequence[Row]], tuple[str, str]]:
+    """p50 < `bound` ms (issue 35's targets at 100/s), shown beside the floor's p50."""
+
+    def judge(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+        got = _get(row, "p50 ms")
+        text = f"p50 {got:.2f} ms (floor p50 {_get(row, 'floor'):.2f})"
+        return (MET if got < bound else MISSED), text
+
+    return judge
+
+
+def _judge_near_floor(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+    """p99 within 2x of the broker floor's p99, measured in the same run."""
+    got, floor = _get(row, "p99 ms"), _get(row, "floor p99 ms")
+    text = f"p99 {got:.2f} ms, broker floor p99 {floor:.2f} ms ({got / floor:.1f}x)"
+    return (MET if got <= 2 * floor else MISSED), text
+
+
+def _detail(variant: str) -> Callable[[Sequence[Row]], Row | None]:
+    """A row of the transports scenario's latency detail (it has p50 and p99)."""
+
+    def find(rows: Sequence[Row]) -> Row | None:
+        return next(
+            (
+                r
+                for r in _of("transports", rows)
+                if r.get("variant") == variant and "p50 ms" in _metrics(r)
+            ),
+            None,
+        )
+
+    return find
+
+
+#: Issue 36's size: tenant databases served by one producer, one consumer, one handler.
+TENANTS = 500
+
+
+def _scale(rows: Sequence[Row]) -> Row | None:
+    """The tenants scale run's row of the most tenants (`python -m benchmarks.tenants`)."""
+    return max(_of("tenants scale", rows), key=lambda r: _get(r, "tenants"), default=None)
+
+
+def _tenants(
+    measure: Callable[[Row], tuple[bool, str]],
+) -> Callable[[Row, Sequence[Row]], tuple[str, str]]:
+    """Met at 500 tenants, `smaller run` at fewer, missed when `measure` says so."""
+
+    def judge(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
+        ok, text = measure(row)
+        n = _get(row, "tenants")
+        text += f" ({n:,.0f} tenants, --max-connections {_get(row, 'budget per daemon'):,.0f})"
+        if not ok:
+            return MISSED, text
+        return (MET if n >= TENANTS else SMALLER), text
+
+    return judge
+
+
+def _start_up(row: Row) -> tuple[bool, str]:
+    got = _get(row, "start-up s (all handled)")
+    if got != got:  # not every first message was handled within the run's wait
+        handled = _get(row, "start-up first messages handled")
+        return False, f"{handled:,.0f} of {_get(row, 'tenants'):,.0f} first messages handled"
+    return got <= 60, f"{got:,.1f} s"
+
+
+def _quiet_p99(row: Row) -> tuple[bool, str]:
+    worst = _get(row, "0.5 msg/s worst tenant p99 ms")
+    handled, sent = _get(row, "0.5 msg/s handled"), _get(row, "0.5 msg/s sent")
+    text = f"worst tenant's p99 {worst:,.0f} ms, {handled:,.0f} of {sent:,.0f} handled"
+    return worst < 1000 and handled >= sent, text
+
+
+def _connections(row: Row) -> tuple[bool, str]:
+    peaks = [
+        _get(row, f"{daemon} connections (peak)") for daemon in ("producer", "consumer", "handler")
+    ]
+    text = "peaks " + " / ".join(f"{p:,.0f}" for p in peaks) + " (producer / consumer / handler)"
+    return all(p <= 150 for p in peaks), text
+
+
+def _parked(row: Row) -> tuple[bool, str]:
+    got = _get(row, "parked wake-up p50 ms")
+    return got <= 2000, f"p50 {got:,.0f} ms"
+
+
+def _beside_flood(row: Row) -> tuple[bool, str]:
+    worst = _get(row, "beside a flood worst tenant p99 ms")
+    handled, sent = _get(row, "beside a flood handled"), _get(row, "beside a flood sent")
+    text = f"worst other tenant's p99 {worst:,.0f} ms, {handled:,.0f} of {sent:,.0f} handled"
+    return worst < 1000 and handled >= sent, text
+
+
+#: How a target's scenario is run when it is not one of `python -m benchmarks --only`.
+RUN_APART = {"tenants": "python -m benchmarks.tenants --only scale --scale 500"}
+
+#: Issue 26's targets, in its order, then issue 34's (messages due later), 35's (latency near
+#: the floor) and 36's (hundreds of tenant databases).
 TARGETS: tuple[Target, ...] = (
     Target(
         "whole path, one-INSERT per-message handler >= 12,000 msg/s",
@@ -273,6 +372,49 @@ TARGETS: tuple[Target, ...] = (
         _lateness,
         _judge_lateness,
     ),
+    Target(
+        "commit -> handler p50 < 2 ms at 100/s on the log",
+        "transports",
+        _detail("PostgreSQL log, 100/s"),
+        _p50_under(2),
+    ),
+    Target(
+        "commit -> handler p50 < 3 ms at 100/s on Kafka (fetch wait 1 ms)",
+        "e",
+        _one("e.", "low latency: 100/s, 1 sender"),
+        _p50_under(3),
+    ),
+    Target(
+        "commit -> handler p99 at 500/s on Kafka within 2x of the broker floor's p99",
+        "e",
+        _one("e.", "low latency: 500/s, 1 sender"),
+        _judge_near_floor,
+    ),
+    Target(
+        "500 tenant databases served within 60 s of start",
+        "tenants",
+        _scale,
+        _tenants(_start_up),
+    ),
+    Target(
+        "every tenant's p99 < 1 s at 0.5 msg/s each",
+        "tenants",
+        _scale,
+        _tenants(_quiet_p99),
+    ),
+    Target("<= 150 connections per daemon", "tenants", _scale, _tenants(_connections)),
+    Target(
+        "a parked tenant's first message handled within 2 s p50",
+        "tenants",
+        _scale,
+        _tenants(_parked),
+    ),
+    Target(
+        "beside a tenant flooding 50,000 messages, every other tenant's p99 < 1 s",
+        "tenants",
+        _scale,
+        _tenants(_beside_flood),
+    ),
 )
 
 
@@ -292,7 +434,10 @@ def judge(results: Iterable[Any], targets: Sequence[Target] = TARGETS) -> list[V
             verdicts.append(
                 Verdict(
                     target.text,
-                    f"scenario {target.scenario} not in this run",
+                    f"scenario {target.scenario} not in this run"
+                    + (
+                        f" (`{RUN_APART[target.scenario]}`)" if target.scenario in RUN_APART else ""
+                    ),
                     float("nan"),
                     float("nan"),
                     NOT_RUN,
@@ -321,11 +466,12 @@ def _cell(value: float) -> str:
 
 
 def markdown(results: Iterable[Any]) -> list[str]:
-    """The "Targets" section: one line per target of issue 26."""
+    """The "Targets" section: one line per target of issues 26, 34, 35 and 36."""
     lines = [
         "## Targets",
         "",
-        "Issue 26's targets on this 2-core machine beside this run's measurement, its floor "
+        "Issues 26, 34, 35 and 36's targets on this 2-core machine beside this run's "
+        "measurement, its floor "
         "measured in the same run and their ratio (`n/a`: that row has no floor). "
         "`smaller run`: reached at a smaller size than the target names.",
         "",

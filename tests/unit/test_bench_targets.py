@@ -1,5 +1,5 @@
-"""The benchmarks' "Targets" section judges each of issue 26's targets from a run's rows: met,
-missed, reached only at a smaller size, or not run."""
+"""The benchmarks' "Targets" section judges each of issues 26, 34, 35 and 36's targets from a
+run's rows: met, missed, reached only at a smaller size, or not run."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _row(scenario: str, variant: str, **metrics: float) -> dict[str, Any]:
 
 def test_an_empty_run_has_every_target_not_run() -> None:
     verdicts = targets.judge([])
-    assert len(verdicts) == len(targets.TARGETS) == 9
+    assert len(verdicts) == len(targets.TARGETS) == 17
     assert {v.verdict for v in verdicts} == {targets.NOT_RUN}
 
 
@@ -146,7 +146,9 @@ def test_results_and_the_markdown_section() -> None:
     assert lines[0] == "## Targets"
     line = next(x for x in lines if x.startswith("| whole path, one-INSERT"))
     assert "| 13,000 msg/s | 26,000 | 0.50 | met | w. whole path: per message |" in line
-    assert sum("| not run |" in x for x in lines) == 8
+    assert sum("| not run |" in x for x in lines) == 16
+    apart = next(x for x in lines if x.startswith("| <= 150 connections"))
+    assert "`python -m benchmarks.tenants --only scale --scale 500`" in apart
 
 
 def test_due_later_rows_need_nine_tenths_and_a_million_and_lateness_a_p99_under_50_ms() -> None:
@@ -165,8 +167,93 @@ def test_due_later_rows_need_nine_tenths_and_a_million_and_lateness_a_p99_under_
         }
 
     def verdicts(*rows: dict[str, Any]) -> list[str]:
-        return [v.verdict for v in targets.judge(rows)[-2:]]
+        return [v.verdict for v in targets.judge(rows)[7:9]]
 
     assert verdicts(relay(0.95, 1_000_000), late(20)) == [targets.MET, targets.MET]
     assert verdicts(relay(0.95, 100_000), late(60)) == [targets.SMALLER, targets.MISSED]
     assert verdicts(relay(0.85, 1_000_000)) == [targets.MISSED, targets.NOT_RUN]
+
+
+def _of_text(text: str, rows: list[dict[str, Any]]) -> targets.Verdict:
+    return next(v for v in targets.judge(rows) if v.target.startswith(text))
+
+
+def test_issue_35s_targets_at_100_per_second_and_kafkas_p99_beside_its_floor() -> None:
+    def log(p50: float) -> str:
+        row = _row("transports: detail", "PostgreSQL log, 100/s", **{"p50 ms": p50, "floor": 0.3})
+        return _of_text("commit -> handler p50 < 2 ms at 100/s on the log", [row]).verdict
+
+    def kafka(p50: float) -> str:
+        row = _row("e. latency", "low latency: 100/s, 1 sender", **{"p50 ms": p50, "floor": 1})
+        return _of_text("commit -> handler p50 < 3 ms at 100/s", [row]).verdict
+
+    def near(p99: float, floor99: float) -> targets.Verdict:
+        row = _row(
+            "e. latency",
+            "low latency: 500/s, 1 sender",
+            **{"p99 ms": p99, "floor p99 ms": floor99},
+        )
+        return _of_text("commit -> handler p99 at 500/s", [row])
+
+    assert (log(1.9), log(2.0)) == (targets.MET, targets.MISSED)
+    assert (kafka(2.9), kafka(3.1)) == (targets.MET, targets.MISSED)
+    assert near(40.0, 20.0).verdict == targets.MET  # within 2x: the target says so
+    v = near(737.0, 20.2)
+    assert v.verdict == targets.MISSED and "(36.5x)" in v.measurement
+    # The 1,000/s row of the detail is not the 100/s one.
+    thousand = _row("transports: detail", "PostgreSQL log, 1,000/s", **{"p50 ms": 1.0})
+    assert _of_text("commit -> handler p50 < 2 ms", [thousand]).verdict == targets.NOT_RUN
+
+
+def _scale(n: int, **changes: float) -> dict[str, Any]:
+    metrics = {
+        "tenants": n,
+        "budget per daemon": 150,
+        "start-up s (all handled)": 9.2,
+        "0.5 msg/s worst tenant p99 ms": 920,
+        "0.5 msg/s handled": 1000,
+        "0.5 msg/s sent": 1000,
+        "producer connections (peak)": 100,
+        "consumer connections (peak)": 100,
+        "handler connections (peak)": 104,
+        "parked wake-up p50 ms": 995,
+        "beside a flood worst tenant p99 ms": 760,
+        "beside a flood handled": 500,
+        "beside a flood sent": 500,
+    }
+    metrics.update(changes)
+    return _row("tenants scale", f"{n} tenants, --max-connections 150", **metrics)
+
+
+def test_issue_36s_targets_are_met_only_at_500_tenants_and_read_the_largest_run() -> None:
+    issue_36 = slice(12, 17)
+    at_100 = targets.judge([_scale(100)])[issue_36]
+    assert [v.verdict for v in at_100] == [targets.SMALLER] * 5
+    assert [v.verdict for v in targets.judge([_scale(500)])[issue_36]] == [targets.MET] * 5
+    # The largest run is judged, whatever the order of the rows.
+    both = targets.judge([_scale(500, **{"start-up s (all handled)": 263}), _scale(100)])
+    assert both[12].verdict == targets.MISSED and "263.0 s (500 tenants" in both[12].measurement
+
+
+def test_issue_36s_targets_each_missed_on_their_own_measure() -> None:
+    def verdict(index: int, **changes: float) -> str:
+        return targets.judge([_scale(500, **changes)])[index].verdict
+
+    assert verdict(12, **{"start-up s (all handled)": 60.5}) == targets.MISSED
+    late = targets.judge(
+        [
+            _scale(
+                500,
+                **{"start-up s (all handled)": float("nan"), "start-up first messages handled": 53},
+            )
+        ]
+    )[12]
+    assert late.verdict == targets.MISSED
+    assert late.measurement.startswith("53 of 500 first messages handled")
+    assert verdict(13, **{"0.5 msg/s worst tenant p99 ms": 1000}) == targets.MISSED
+    assert verdict(13, **{"0.5 msg/s handled": 999}) == targets.MISSED  # one never handled
+    assert verdict(14, **{"handler connections (peak)": 151}) == targets.MISSED
+    assert verdict(14, **{"consumer connections (peak)": 150}) == targets.MET
+    assert verdict(15, **{"parked wake-up p50 ms": 2001}) == targets.MISSED
+    assert verdict(16, **{"beside a flood worst tenant p99 ms": 1200}) == targets.MISSED
+    assert verdict(16, **{"beside a flood handled": 10}) == targets.MISSED
