@@ -92,3 +92,59 @@ def test_as_many_idle_holders_yield_as_there_are_waiters() -> None:
     for thread in threads:
         thread.join(5)
     assert budget.holders() == {"h2": 1, "w0": 1, "w1": 1}
+
+
+def test_handovers_are_paced_and_a_holder_asked_stays_asked_until_it_gave_back() -> None:
+    budget = Budget(3, handovers_per_second=4.0, handover_burst=1.0)
+    holders = [budget.holding(f"h{i}", "producer") for i in range(3)]
+    for age, holding in zip((30, 20, 10), holders, strict=True):
+        assert budget.try_acquire(holding)
+        holding.idle_since = time.monotonic() - age
+    waiters = [budget.holding(f"w{i}", "producer") for i in range(3)]
+    threads = [threading.Thread(target=budget.acquire, args=(w,)) for w in waiters]
+    for thread in threads:
+        thread.start()
+    while budget.waiting() < 3:
+        time.sleep(0.01)
+    first, second, third = holders
+    assert budget.should_yield(first)
+    # One handover the burst allows: the next holder idle longest waits for the pace.
+    assert not budget.should_yield(second) and not budget.should_yield(third)
+    # Asked once, asked again, without another handover counted.
+    assert all(budget.should_yield(first) for _ in range(5))
+    deadline = time.monotonic() + 5
+    while not budget.should_yield(second):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    asked_at = time.monotonic()
+    assert not budget.should_yield(third)
+    while not budget.should_yield(third):
+        time.sleep(0.01)
+    assert time.monotonic() - asked_at >= 0.2  # 4 a second: a quarter of a second apart
+    for holding in holders:
+        budget.release(holding)
+    for thread in threads:
+        thread.join(5)
+    assert budget.holders() == {"w0": 1, "w1": 1, "w2": 1}
+    # Given back and taken again: not asked any more.
+    assert not first.asked
+    budget.release(waiters[0])
+    assert budget.try_acquire(first) and not budget.should_yield(first)
+
+
+def test_a_holder_asked_for_one_waiter_is_enough_for_it() -> None:
+    budget = Budget(2)
+    old, new, waiter = (budget.holding(n, "consumer") for n in ("old", "new", "waiter"))
+    assert budget.try_acquire(old) and budget.try_acquire(new)
+    old.idle_since, new.idle_since = time.monotonic() - 10, time.monotonic() - 5
+    thread = threading.Thread(target=budget.acquire, args=(waiter,))
+    thread.start()
+    while not budget.waiting():
+        time.sleep(0.01)
+    assert budget.should_yield(old)
+    # `old` went busy before giving back: `new` is not asked in its place for the same waiter.
+    old.idle_since, old.busy = None, True
+    assert budget.should_yield(old) and not budget.should_yield(new)
+    budget.release(old)
+    thread.join(5)
+    assert budget.holders() == {"new": 1, "waiter": 1}
