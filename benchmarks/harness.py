@@ -194,11 +194,13 @@ def write_results(
     *,
     complete: bool,
     quick: bool = False,
+    name: str = "",
 ) -> tuple[Path, Path]:
-    """Write `<stamp>.json` and `<stamp>.md` to `out_dir`; a complete, full-size run also
+    """Write `<stamp>[-name].json` and `.md` to `out_dir`; a complete, full-size run also
     becomes latest.*. Returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = "-smoke" if smoke else "-quick" if quick else ""
+    suffix += f"-{name}" if name else ""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + suffix
     data = {
         "machine": info,

@@ -13,10 +13,17 @@ verdict:
 
 Rows are given as the results JSON holds them (`{"scenario", "variant", "metrics", "notes"}`)
 or as `harness.Result`s.
+
+    python -m benchmarks.targets RESULTS.json [MORE.json ...]
+
+judges the rows of one or more results files together (a complete run and the tenants scale
+run, which is run apart) and prints the section.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass
 from typing import Any
@@ -89,14 +96,25 @@ def _rate(minimum: float) -> Callable[[Row, Sequence[Row]], tuple[str, str]]:
     return judge
 
 
+def _lost(row: Row) -> str:
+    """ "N of M messages not received in time" when the latency row says so (its quantiles are
+    then of the messages that came only), else ""."""
+    notes = str(row.get("notes") or "")
+    mark = " messages not received in time"
+    return notes[: notes.index(mark) + len(mark)] if mark in notes else ""
+
+
 def _latency(p50: float, p99: float) -> Callable[[Row, Sequence[Row]], tuple[str, str]]:
     def judge(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
         got50, got99 = _get(row, "p50 ms"), _get(row, "p99 ms")
-        verdict = MET if got50 < p50 and got99 < p99 else MISSED
+        lost = _lost(row)
+        verdict = MET if got50 < p50 and got99 < p99 and not lost else MISSED
         text = f"p50 {got50:.2f} ms, p99 {got99:.2f} ms"
         floor99 = _get(row, "floor p99 ms")
         if floor99 == floor99:
             text += f" (floor p99 {floor99:.2f})"
+        if lost:
+            text += f"; {lost}"
         return verdict, text
 
     return judge
@@ -238,6 +256,9 @@ def _judge_near_floor(row: Row, _rows: Sequence[Row]) -> tuple[str, str]:
     """p99 within 2x of the broker floor's p99, measured in the same run."""
     got, floor = _get(row, "p99 ms"), _get(row, "floor p99 ms")
     text = f"p99 {got:.2f} ms, broker floor p99 {floor:.2f} ms ({got / floor:.1f}x)"
+    lost = _lost(row)
+    if lost:
+        return MISSED, f"{text}; {lost}"
     return (MET if got <= 2 * floor else MISSED), text
 
 
@@ -485,3 +506,21 @@ def markdown(results: Iterable[Any]) -> list[str]:
         )
     lines.append("")
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the Targets section judged over the rows of the results files named."""
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m benchmarks.targets RESULTS.json [MORE.json ...]", file=sys.stderr)
+        return 2
+    rows: list[Row] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            rows += json.load(file)["results"]
+    print("\n".join([*markdown(rows), "Judged over: " + ", ".join(paths)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

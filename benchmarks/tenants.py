@@ -562,10 +562,11 @@ def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Resu
 
 def main(argv: list[str] | None = None) -> int:
     """Fairness and idle cost of one producer and one handler over many databases."""
-    from benchmarks.harness import machine
+    from benchmarks.harness import machine, write_results
     from outbox.testing.servers import start_servers
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tenants", description=main.__doc__)
+    parser.add_argument("--out", type=Path, help="also write <stamp>-tenants-*.json and .md here")
     parser.add_argument("--backlog", type=int, default=1_000_000, help="the busy tenant's rows")
     parser.add_argument("--databases", type=int, default=50, help="idle databases")
     parser.add_argument("--seconds", type=float, default=10.0, help="each measurement's length")
@@ -592,7 +593,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "scale"):
             for n in (int(part) for part in args.scale.split(",")):
                 results.append(scale(ctx, n, args.seconds, args.budget, args.flood))
-        print(markdown(results, machine(servers), False))
+        info = machine(servers)
+        print(markdown(results, info, False))
+        if args.out is not None:
+            name = "tenants" + (f"-{args.only}" if args.only else "")
+            if args.only == "scale":
+                name += "-" + args.scale.replace(",", "-")
+            for path in write_results(results, info, args.out, False, complete=False, name=name):
+                print(f"results: {path}")
     return 0
 
 

@@ -200,6 +200,16 @@ def test_issue_35s_targets_at_100_per_second_and_kafkas_p99_beside_its_floor() -
     assert near(40.0, 20.0).verdict == targets.MET  # within 2x: the target says so
     v = near(737.0, 20.2)
     assert v.verdict == targets.MISSED and "(36.5x)" in v.measurement
+    # Quantiles over the messages that came are no verdict when most never came.
+    lossy = _row(
+        "e. latency",
+        "low latency: 500/s, 1 sender",
+        **{"p50 ms": 2.0, "p99 ms": 20.0, "floor p99 ms": 12_000.0},
+    )
+    lossy["notes"] = "7955 of 10000 messages not received in time; producer linger.ms=0"
+    for verdict in targets.judge([lossy])[4], _of_text("commit -> handler p99 at 500/s", [lossy]):
+        assert verdict.verdict == targets.MISSED
+        assert verdict.measurement.endswith("; 7955 of 10000 messages not received in time")
     # The 1,000/s row of the detail is not the 100/s one.
     thousand = _row("transports: detail", "PostgreSQL log, 1,000/s", **{"p50 ms": 1.0})
     assert _of_text("commit -> handler p50 < 2 ms", [thousand]).verdict == targets.NOT_RUN
