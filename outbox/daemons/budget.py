@@ -13,14 +13,6 @@ Contract (docs/how-to/many-databases.md, "A connection budget"):
   connection); when none is idle, those that have held their connections longest give them back
   after their batch in hand, once they held them `FAIR_HOLD` seconds, and wait behind the
   others: busy databases take turns.
-- Each such handover costs a connect (a backend forked, its caches warmed, a session joined)
-  where one connection served many messages: with many more busy databases than connections,
-  asking at once whenever a holder is idle made a connect per message, which took the machine's
-  CPU from the work itself (500 tenants at 0.5 msg/s under a budget of 150, 2026-12-02). So the
-  process asks at most `HANDOVERS_PER_SECOND` holders a second (a burst of `HANDOVER_BURST`):
-  beyond that pace a database waits longer and finds more rows when its turn comes (batches
-  grow), and the connect rate stays bounded. A holder asked keeps being asked until it gave
-  its connections back (one answer per handover, however often it asks).
 - `holders()` says who holds what, for /readyz and the `outbox_connections` metric.
 - A handler serving several databases reserves its shared worker sessions at start
   (outbox/daemons/handler/slots.py): a permanent holding, never asked to yield, listed apart
@@ -40,10 +32,6 @@ __all__ = ["FAIR_HOLD", "Budget", "Holding", "wait_in_line"]
 
 #: Seconds a busy holder keeps its connections while another database waits for some.
 FAIR_HOLD = 2.0
-#: The most holders a process asks to give their connections back, per second (see the module).
-HANDOVERS_PER_SECOND = 25.0
-#: How many may be asked at once after a quiet while.
-HANDOVER_BURST = 25.0
 #: How often a holder waiting for connections beats its heartbeat (seconds).
 BEAT_EVERY = 0.2
 
@@ -77,16 +65,7 @@ def wait_in_line(
 class Holding:
     """What one holder (a database's relay, say) holds of the budget."""
 
-    __slots__ = (
-        "asked",
-        "busy",
-        "count",
-        "database",
-        "idle_since",
-        "kind",
-        "permanent",
-        "since",
-    )
+    __slots__ = ("busy", "count", "database", "idle_since", "kind", "permanent", "since")
 
     def __init__(self, database: str, kind: str) -> None:
         self.database = database
@@ -100,27 +79,15 @@ class Holding:
         #: Held for the process's life (the handler's shared worker sessions, reserved at
         #: start): never asked to give its connections back.
         self.permanent = False
-        #: Asked to give its connections back (`Budget.should_yield`), not done yet.
-        self.asked = False
 
 
 class Budget:
     """At most `size` connections for the process (see the module); None: unlimited."""
 
-    def __init__(
-        self,
-        size: int | None,
-        *,
-        handovers_per_second: float = HANDOVERS_PER_SECOND,
-        handover_burst: float = HANDOVER_BURST,
-    ) -> None:
+    def __init__(self, size: int | None) -> None:
         if size is not None and size < 1:
             raise ValueError(f"a connection budget needs at least 1 connection, got {size}")
         self.size = size
-        self._rate = handovers_per_second
-        self._burst = handover_burst
-        self._tokens = handover_burst
-        self._refilled_at = time.monotonic()
         self._cond = threading.Condition()
         self._used = 0
         self._holdings: list[Holding] = []
@@ -188,7 +155,6 @@ class Budget:
             if holding.count == 0:
                 holding.idle_since = None
                 holding.busy = False
-                holding.asked = False
             self._cond.notify_all()
 
     def transfer(self, giver: Holding, taker: Holding, count: int) -> None:
@@ -198,11 +164,8 @@ class Budget:
         with self._cond:
             count = min(count, giver.count)
             giver.count -= count
-            if giver.count == 0:
-                giver.asked = False
             if taker.count == 0:
                 taker.since = time.monotonic()
-                taker.asked = False
             taker.count += count
 
     @contextmanager
@@ -228,7 +191,6 @@ class Budget:
     def _take(self, holding: Holding, count: int) -> None:
         if holding.count == 0:
             holding.since = time.monotonic()
-            holding.asked = False
         holding.count += count
         self._used += count
         self.peak = max(self.peak, self._used)
@@ -243,12 +205,9 @@ class Budget:
     def should_yield(self, holding: Holding) -> bool:
         """Whether `holding` should give its connections back now: holders wait and it is among
         the holders idle longest, one per waiter, or, none being idle, among the busy ones
-        holding longest, past `FAIR_HOLD`; at most `HANDOVERS_PER_SECOND` holders asked a
-        second. Once asked, asked until it released its connections."""
+        holding longest, past `FAIR_HOLD`."""
         with self._cond:
-            if holding.asked:
-                return True
-            if not self._waiting or holding.count == 0 or holding.permanent:
+            if not self._waiting or holding.count == 0:
                 return False
             waiters = {id(one) for one, _ in self._waiting}
             held = [
@@ -256,30 +215,16 @@ class Budget:
                 for one in self._holdings
                 if one.count and id(one) not in waiters and not one.permanent
             ]
-            # A waiter already has a holder asked for it.
-            wanted = len(self._waiting) - sum(1 for one in held if one.asked)
-            if wanted <= 0:
-                return False
-            candidates = [one for one in held if not one.asked]
-            idle = [one for one in candidates if one.idle_since is not None and not one.busy]
-            now = time.monotonic()
+            idle = [one for one in held if one.idle_since is not None and not one.busy]
+            wanted = len(self._waiting)
             if idle:
                 idle.sort(key=lambda one: one.idle_since or 0.0)
-                chosen = idle[:wanted]
-            else:
-                chosen = sorted(
-                    (one for one in candidates if now - one.since >= FAIR_HOLD),
-                    key=lambda one: one.since,
-                )[:wanted]
-            if not any(one is holding for one in chosen):
-                return False
-            self._tokens = min(self._burst, self._tokens + (now - self._refilled_at) * self._rate)
-            self._refilled_at = now
-            if self._tokens < 1:
-                return False  # the pace of handovers: the waiter's turn comes a little later
-            self._tokens -= 1
-            holding.asked = True
-            return True
+                return any(one is holding for one in idle[:wanted])
+            now = time.monotonic()
+            ready = sorted(
+                (one for one in held if now - one.since >= FAIR_HOLD), key=lambda one: one.since
+            )
+            return any(one is holding for one in ready[:wanted])
 
     def holders(self) -> dict[str, int]:
         """Connections held now per database (summed over its holders)."""
