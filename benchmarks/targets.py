@@ -516,8 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows: list[Row] = []
     for path in paths:
-        with open(path, encoding="utf-8") as file:
-            rows += json.load(file)["results"]
+        try:
+            with open(path, encoding="utf-8") as file:
+                rows += json.load(file)["results"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"{path}: not a results file of `python -m benchmarks`: {exc!r}", file=sys.stderr)
+            return 2
     print("\n".join([*markdown(rows), "Judged over: " + ", ".join(paths)]))
     return 0
 

@@ -267,3 +267,24 @@ def test_issue_36s_targets_each_missed_on_their_own_measure() -> None:
     assert verdict(15, **{"parked wake-up p50 ms": 2001}) == targets.MISSED
     assert verdict(16, **{"beside a flood worst tenant p99 ms": 1200}) == targets.MISSED
     assert verdict(16, **{"beside a flood handled": 10}) == targets.MISSED
+
+
+def test_the_command_judges_several_files_together_and_refuses_what_is_not_one(
+    tmp_path: Any, capsys: Any
+) -> None:
+    import json
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"results": [_row("w. whole path", "per message", figure=13_000)]}))
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"results": [_scale(500)]}))
+    assert targets.main([str(run), str(tenants)]) == 0
+    out = capsys.readouterr().out
+    assert "| 13,000 msg/s |" in out and "| 9.2 s (500 tenants" in out
+    assert f"Judged over: {run}, {tenants}" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    for path in (bad, tmp_path / "missing.json"):
+        assert targets.main([str(run), str(path)]) == 2
+        assert "not a results file" in capsys.readouterr().err
+    assert targets.main([]) == 2
