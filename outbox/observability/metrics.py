@@ -81,6 +81,21 @@ METRICS: tuple[MetricInfo, ...] = (
         per_database=False,
     ),
     MetricInfo(
+        "outbox_connections_reserved",
+        "gauge",
+        (),
+        "the handler's shared worker sessions reserved in the budget and serving no database "
+        "now (several databases and --max-connections)",
+        per_database=False,
+    ),
+    MetricInfo(
+        "outbox_connections_waiting",
+        "gauge",
+        (),
+        "the databases (relays, the consumer's) waiting for a connection of the budget now",
+        per_database=False,
+    ),
+    MetricInfo(
         "outbox_seconds_since_progress",
         "gauge",
         (),
@@ -315,9 +330,16 @@ class Metrics:
     def handler_batch(self, size: int, tally: HandlerTally) -> None:
         """One Handler batch: what its workers did."""
 
-    def connection_budget(self, size: int, holders: Callable[[], Mapping[str, int]]) -> None:
-        """Export the process's connection budget (`size`) and who holds it (`holders`: the
-        connections per database, read at each scrape)."""
+    def connection_budget(
+        self,
+        size: int,
+        holders: Callable[[], Mapping[str, int]],
+        reserved: Callable[[], int] = lambda: 0,
+        waiting: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """Export the process's connection budget (`size`), who holds it (`holders`: the
+        connections per database), the handler workers' sessions reserved and not in use
+        (`reserved`) and how many wait for one (`waiting`), read at each scrape."""
 
     def queue_stats(
         self,
@@ -431,11 +453,18 @@ class PrometheusMetrics(Metrics):
                 registry, prometheus, "outbox_handler_duration_seconds", HANDLER_BUCKETS
             )
 
-    def connection_budget(self, size: int, holders: Callable[[], Mapping[str, int]]) -> None:
+    def connection_budget(
+        self,
+        size: int,
+        holders: Callable[[], Mapping[str, int]],
+        reserved: Callable[[], int] = lambda: 0,
+        waiting: Callable[[], int] = lambda: 0,
+    ) -> None:
         from prometheus_client.core import GaugeMetricFamily
 
         infos = {m.name: m for m in METRICS}
         budget, held = infos["outbox_connection_budget"], infos["outbox_connections"]
+        kept, queued = infos["outbox_connections_reserved"], infos["outbox_connections_waiting"]
 
         class _Budget:
             def collect(self) -> Iterable[Any]:
@@ -444,6 +473,8 @@ class PrometheusMetrics(Metrics):
                 for name, count in sorted(holders().items()):
                     family.add_metric([name], count)
                 yield family
+                yield GaugeMetricFamily(kept.name, kept.help, value=reserved())
+                yield GaugeMetricFamily(queued.name, queued.help, value=waiting())
 
             def describe(self) -> Iterable[Any]:
                 return []

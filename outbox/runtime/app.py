@@ -555,7 +555,9 @@ class App:
         supervisors' /readyz lines end with it; the consumer's is it)."""
         budget = self.budget()
         if budget is not None and budget.size is not None:
-            observability.metrics.connection_budget(budget.size, budget.holders)
+            observability.metrics.connection_budget(
+                budget.size, budget.holders, budget.reserved, budget.waiting
+            )
             if observability.health.report is None:  # the consumer's: the supervisors' say it
                 observability.health.report = budget.describe
 
