@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -102,6 +103,17 @@ def _handled_once_in_order(tenants: dict[str, str], put_ids: dict[str, list[uuid
         for key in range(4):
             ns = [b["n"] for b in bodies if b["n"] % 4 == key]
             assert ns == sorted(ns), f"{name} key k{key} out of order"
+
+
+def _gauges(port: int) -> dict[str, float]:
+    """The budget's series of a daemon's /metrics: name{labels} -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("outbox_connection_budget", "outbox_connections"))
+    }
 
 
 def _ready(port: int) -> bool:
@@ -274,7 +286,7 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
     file = tmp_path / "databases.txt"
     _file(file, tenants)
     budget = 16
-    health = free_port()
+    health, metrics = free_port(), free_port()
 
     def connected() -> set[str]:
         with psycopg.connect(outbox_admin_url, autocommit=True) as conn:
@@ -288,7 +300,10 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
     with (
         _sampled(outbox_admin_url, list(tenants.values()), "handler") as samples,
         _handler(
-            file, budget, "--health-port", str(health), "--health-host", "127.0.0.1"
+            file,
+            budget,
+            *("--health-port", str(health), "--health-host", "127.0.0.1"),
+            *("--metrics-port", str(metrics), "--metrics-host", "127.0.0.1"),
         ) as handler,
     ):
         for url in tenants.values():
@@ -300,6 +315,15 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
         # still open where they last ran (nobody waits for them).
         assert status == 200 and f" of {budget} (" in reason, reason
         assert all(f"{name} " in reason.split("connections:")[1] for name in tenants), reason
+        # The metrics say the same: the budget, every database's connections, the workers'
+        # sessions reserved and not in use (at most the 4), nobody waiting.
+        gauges = _gauges(metrics)
+        assert gauges["outbox_connection_budget"] == budget, gauges
+        assert set(names) <= {
+            g.split('"')[1] for g in gauges if g.startswith("outbox_connections{")
+        }
+        assert 0 <= gauges["outbox_connections_reserved"] <= 4, gauges
+        assert gauges["outbox_connections_waiting"] == 0, gauges
         # Rows again, for every tenant, now that the workers went back: handled too.
         for name, url in tenants.items():
             put_ids[name] += put(
