@@ -414,20 +414,23 @@ class LaneRelay(Generic[Row, S]):
                     continue
                 # Back on the watch's word and nothing found: the writes were to other tables.
                 trial_over = self._on_trial
-                if (
-                    trial_over
-                    or (
-                        self.idle_disconnect is not None
-                        and time.monotonic() - idle_since >= self.idle_disconnect
-                    )
-                    or self._should_yield()
-                ):
+                idle_for = time.monotonic() - idle_since
+                why = (
+                    "woken by writes to its database, found no rows"
+                    if trial_over
+                    else f"idle for {idle_for:.0f}s"
+                    if self.idle_disconnect is not None and idle_for >= self.idle_disconnect
+                    else "gives its connection to a waiting database"
+                    if self._should_yield()
+                    else None
+                )
+                if why is not None:
                     self.parked = True  # serve_forever looks for rows without a connection
                     self._on_trial = False
                     if not trial_over:  # (a trial keeps the parked relay's grown interval)
                         self.parked_interval = self.poll_interval
                     self._parked_seen = time.monotonic()
-                    log.debug("%s idle for %.0fs: parked", self.kind, self.idle_disconnect)
+                    log.debug("%s %s: parked", self.kind, why)
                     return
                 self._wait(conn, self._idle_timeout(conn, idle_step))
                 idle_step += 1

@@ -364,3 +364,38 @@ def test_a_parked_relay_looks_less_and_less_often_while_its_database_stays_quiet
         relay.stop()
         thread.join(10)
     assert [r.value for r in transport.records("orders")] == [b"late"]
+
+
+def test_an_idle_relay_gives_its_connection_to_a_waiting_database_and_says_why(
+    caplog: Any,
+) -> None:
+    """Under a budget and without --idle-disconnect, an idle relay parks when another
+    database waits for its connection, and its debug line says so (it said "idle for %.0fs"
+    of the unset --idle-disconnect: a logging error)."""
+    from outbox.daemons.budget import Budget
+
+    queue = MemoryOutbox()
+    transport = InMemoryTransport()
+    config = ProducerConfig(
+        poll_interval=0.05, rebalance_interval=0.05, backoff=Backoff(initial=0.05, maximum=0.05)
+    )
+    relay = Producer(config, transport.publisher, stores=queue.stores(), database=MEMORY)
+    budget = Budget(1)
+    relay.budget, relay.holding = budget, budget.holding("memory", "producer")
+    other = budget.holding("other", "producer")
+    caplog.set_level("DEBUG", logger="outbox.relay")
+    thread = threading.Thread(target=relay.run, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: budget.holders() == {"memory": 1}, "the relay to connect")
+        assert budget.acquire(other)  # waits until the idle relay gives its connection back
+        _wait_for(lambda: relay.parked, "the relay to park")
+        assert budget.holders() == {"other": 1}
+        budget.release(other)
+        queue.send("orders", b"after", key=b"k")
+        _wait_for(lambda: relay.relayed == 1, "the row sent after it parked")
+    finally:
+        relay.stop()
+        thread.join(10)
+    lines = [r.getMessage() for r in caplog.records if r.name == "outbox.relay"]
+    assert "producer gives its connection to a waiting database: parked" in lines, lines
