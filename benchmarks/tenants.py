@@ -357,11 +357,6 @@ def _close_senders() -> None:
     _SENDERS.clear()
 
 
-def _arrivals(urls: dict[str, str]) -> dict[str, float]:
-    """message id -> handled time (the callback's clock), over every tenant."""
-    return {mid: started for mid, (started, _) in _stages(urls).items()}
-
-
 def _handled(url: str, mid: str) -> float | None:
     """When message `mid` was handled in the tenant's database (None: not yet)."""
     conn = _sender(url)
