@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from outbox.testing.servers import free_port
 from . import inbox_app
 from .relay_helpers import Daemon, consume, count, wait_for
 from .test_inbox import put
+from .test_observability import scrape, value
 from .test_tenant_relays import HANDLERS, _effects, _file, _health, _send
 
 BUDGET = 6
@@ -103,17 +103,6 @@ def _handled_once_in_order(tenants: dict[str, str], put_ids: dict[str, list[uuid
         for key in range(4):
             ns = [b["n"] for b in bodies if b["n"] % 4 == key]
             assert ns == sorted(ns), f"{name} key k{key} out of order"
-
-
-def _gauges(port: int) -> dict[str, float]:
-    """The budget's series of a daemon's /metrics: name{labels} -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(("outbox_connection_budget", "outbox_connections"))
-    }
 
 
 def _ready(port: int) -> bool:
@@ -317,13 +306,13 @@ def test_a_handlers_workers_are_shared_by_its_tenants_so_each_keeps_its_relay_co
         assert all(f"{name} " in reason.split("connections:")[1] for name in tenants), reason
         # The metrics say the same: the budget, every database's connections, the workers'
         # sessions reserved and not in use (at most the 4), nobody waiting.
-        gauges = _gauges(metrics)
-        assert gauges["outbox_connection_budget"] == budget, gauges
-        assert set(names) <= {
-            g.split('"')[1] for g in gauges if g.startswith("outbox_connections{")
-        }
-        assert 0 <= gauges["outbox_connections_reserved"] <= 4, gauges
-        assert gauges["outbox_connections_waiting"] == 0, gauges
+        scraped = scrape(metrics)
+        assert value(scraped, "outbox_connection_budget") == budget, scraped
+        for name in names:
+            assert value(scraped, "outbox_connections", database=name) is not None, (name, scraped)
+        reserved = value(scraped, "outbox_connections_reserved")
+        assert reserved is not None and 0 <= reserved <= 4, scraped
+        assert value(scraped, "outbox_connections_waiting") == 0, scraped
         # Rows again, for every tenant, now that the workers went back: handled too.
         for name, url in tenants.items():
             put_ids[name] += put(
