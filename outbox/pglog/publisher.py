@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 
@@ -87,6 +88,11 @@ class _Once:
 
     def __init__(self, meanwhile: Callable[[], None] | None) -> None:
         self._meanwhile = meanwhile
+
+    @property
+    def pending(self) -> bool:
+        """Whether there is still a `meanwhile` to call."""
+        return self._meanwhile is not None
 
     def __call__(self) -> None:
         meanwhile, self._meanwhile = self._meanwhile, None
@@ -433,43 +439,60 @@ class PgLogPublisher:
         partition_ids: list[int],
         meanwhile: _Once,
     ) -> None:
-        """One transaction: lock the counter rows in id order, append, check, commit.
-        `meanwhile` runs before the commit is awaited; _Retry, rolled back, when a partition
-        is gone or not the one the cache says."""
+        """One statement (`log_append`): lock the counter rows in id order, append all or
+        nothing (only onto the partitions the cache names), in one transaction. _Retry when
+        nothing was appended, because a partition is gone or not the one the cache says.
+
+        Without a `meanwhile` to call, the statement is its own transaction (the connection is
+        in autocommit): one round trip, and the counter rows are never held while the client
+        is away. With one, `meanwhile` runs after the statement and before the COMMIT (its
+        failure rolls the append back), the session idle in its transaction meanwhile (ended
+        by the server past `idle_in_transaction_timeout`)."""
+        names = self._topics.names
+        expected = sorted(set(partition_ids))
         params = {
             "partition_ids": partition_ids,
             "keys": [m.key for _, m, _ in accepted],
             "values": [m.payload for _, m, _ in accepted],
             "headers": [h for _, _, h in accepted],
             "channel": self._channel,
+            "expected_ids": expected,
+            "expected_topics": [names[i][0] for i in expected],
+            "expected_partitions": [names[i][1] for i in expected],
         }
-        names = self._topics.names
-        with conn.pipeline() as pipeline, conn.transaction():
-            locked = conn.execute(
-                self._sql["log_lock_partitions"], {"partition_ids": partition_ids}
-            )
-            appended = conn.execute(self._sql["log_append"], params)
-            # The Sync right after the statements: from it on, the server counts this session
-            # idle in its transaction (not before: a session that froze before it would hold
-            # the counter rows for good).
-            pipeline.sync()
+        if not meanwhile.pending:
+            row = conn.execute(self._sql["log_append"], params).fetchone()
+            self._check_appended(row, expected, accepted)
+            return
+        with conn.transaction():
+            row = conn.execute(self._sql["log_append"], params).fetchone()
             meanwhile()
-            found = {int(i): (str(t), int(p)) for i, t, p in locked.fetchall()}
-            row = appended.fetchone()
-            stored = int(row[0]) if row else 0
-            for partition_id in sorted(set(partition_ids)):
-                if found.get(partition_id) != names[partition_id]:
-                    topic, partition = names[partition_id]
-                    now = found.get(partition_id)
-                    raise _Retry(
-                        f"log topic {topic} partition {partition} "
-                        + ("is gone" if now is None else f"is now {now[0]} partition {now[1]}")
-                        + f" (partition id {partition_id}); nothing of the batch was appended"
-                    )
-            if stored != len(accepted):
+            self._check_appended(row, expected, accepted)
+
+    def _check_appended(
+        self,
+        row: tuple[Any, ...] | None,
+        expected: list[int],
+        accepted: list[tuple[int, OutgoingRecord, bytes]],
+    ) -> None:
+        """_Retry unless the append stored the whole batch (it stores all or nothing), saying
+        which of the `expected` partitions is not the one the cache says."""
+        assert row is not None, "log_append returns one row"
+        stored, _woke, ids, topics, partitions = row
+        if int(stored) == len(accepted):
+            return
+        names = self._topics.names
+        found = {int(i): (str(t), int(p)) for i, t, p in zip(ids, topics, partitions, strict=True)}
+        for partition_id in expected:
+            if found.get(partition_id) != names[partition_id]:
+                topic, partition = names[partition_id]
+                now = found.get(partition_id)
                 raise _Retry(
-                    f"log append stored {stored} of {len(accepted)} records; none was kept"
+                    f"log topic {topic} partition {partition} "
+                    + ("is gone" if now is None else f"is now {now[0]} partition {now[1]}")
+                    + f" (partition id {partition_id}); nothing of the batch was appended"
                 )
+        raise _Retry(f"log append stored {stored} of {len(accepted)} records; none was kept")
 
     def _repair(self, conn: Connection, partition_ids: list[int]) -> bool:
         """Move the counters of `partition_ids` past the highest offset each holds, saying so

@@ -159,7 +159,7 @@ def log_poisons() -> dict[str, tuple[list[tuple[str, Any]] | bytes, bytes, bool]
 
 class LogWriter:
     """Appends raw records to the PostgreSQL log as a foreign producer would: with the
-    publisher's statements (`log_lock_partitions`, `log_append`), so offsets stay gapless, but
+    publisher's statement (`log_append`), so offsets stay gapless, but
     with headers bytes of our choosing. A keyed record goes where the publisher would put it."""
 
     def __init__(self, url: str) -> None:
@@ -175,9 +175,9 @@ class LogWriter:
                 self.topics.load(conn, [topic])
             ids = self.topics.partitions[topic]
             partition_ids = [ids[partition_for(key, len(ids))] for key, _, _ in records]
+            expected = sorted(set(partition_ids))
             with conn.transaction():
-                conn.execute(self.sql["log_lock_partitions"], {"partition_ids": partition_ids})
-                conn.execute(
+                row = conn.execute(
                     self.sql["log_append"],
                     {
                         "partition_ids": partition_ids,
@@ -185,8 +185,12 @@ class LogWriter:
                         "values": [v for _, v, _ in records],
                         "headers": [h for _, _, h in records],
                         "channel": self.channel,
+                        "expected_ids": expected,
+                        "expected_topics": [self.topics.names[i][0] for i in expected],
+                        "expected_partitions": [self.topics.names[i][1] for i in expected],
                     },
-                )
+                ).fetchone()
+                assert row is not None and row[0] == len(records), row
 
     def positions(self, topic: str, keys: list[bytes]) -> dict[bytes, tuple[int, int]]:
         """(partition, offset) of the records of `topic` with one of `keys` (unique keys):

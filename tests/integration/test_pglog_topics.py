@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox import Broker
@@ -161,8 +162,9 @@ def test_a_topic_recreated_by_hand_with_other_ids_is_read_again(
     assert sorted(partition_rows(log_url, topic)) == list(range(6))
 
 
+@pytest.mark.parametrize("with_meanwhile", [True, False], ids=["meanwhile", "one-round-trip"])
 def test_a_short_append_is_rolled_back_and_failed_retriably_when_the_topic_keeps_vanishing(
-    log_url: str, publisher: PgLogPublisher, monkeypatch: pytest.MonkeyPatch
+    log_url: str, publisher: PgLogPublisher, monkeypatch: pytest.MonkeyPatch, with_meanwhile: bool
 ) -> None:
     topic = "flapping"
     assert publisher.publish(batch(topic, 0, 4)) == [None] * 4
@@ -185,9 +187,9 @@ def test_a_short_append_is_rolled_back_and_failed_retriably_when_the_topic_keeps
         delete_topic()
 
     monkeypatch.setattr(publisher, "_read_topics", read_then_delete)
-    results = publisher.publish(batch(topic, 4, 20), meanwhile)
+    results = publisher.publish(batch(topic, 4, 20), meanwhile if with_meanwhile else None)
     assert all(r is not None and not r.permanent for r in results), results
-    assert calls == 1  # the caller's work runs once, whatever the attempts
+    assert calls == (1 if with_meanwhile else 0)  # the caller's work runs once at most
     monkeypatch.undo()
     assert sql(log_url, "SELECT count(*) FROM outbox_log.log_records WHERE value = '4'") == [(0,)]
     assert publisher.publish(batch(topic, 4, 20)) == [None] * 16
@@ -225,6 +227,83 @@ def test_a_record_planted_at_a_partitions_next_offset_is_stepped_over_once(
     assert len(warnings) == 1, warnings
     assert f"log topic {topic} partition 1" in warnings[0]
     assert f"next offset moved from {ends[1]} to {ends[1] + 2}" in warnings[0]
+
+
+def test_an_append_is_one_round_trip_without_meanwhile_and_waits_for_it_with_one(
+    log_url: str, publisher: PgLogPublisher, tmp_path: Any
+) -> None:
+    """The statement is its own transaction: an append is one round trip (its COMMIT is not
+    one of its own), and a `meanwhile` still runs before the COMMIT."""
+    topic = "round-trips"
+    assert publisher.publish(batch(topic, 0, 8)) == [None] * 8  # the topic made and cached
+    conn = publisher._conn
+    assert conn is not None
+
+    def syncs(meanwhile: Any) -> tuple[list[Any], int]:
+        """The outcomes of an append, and its round trips: the messages it sent that the
+        server answers (a Sync, or a simple Query such as BEGIN), by libpq's trace."""
+        path = tmp_path / f"trace-{uuid.uuid4()}"
+        with open(path, "wb") as trace:
+            conn.pgconn.trace(trace.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                results = publisher.publish(batch(topic, 8, 40), meanwhile)
+            finally:
+                conn.pgconn.untrace()
+        fields = [line.split("\t") for line in path.read_text(errors="replace").splitlines()]
+        return results, sum(1 for f in fields if f[:1] == ["F"] and f[2:3] in (["Sync"], ["Query"]))
+
+    results, one = syncs(None)
+    assert results == [None] * 32
+    assert one == 1, one
+
+    seen: list[object] = []
+
+    def meanwhile() -> None:  # the append is not committed yet: another session sees nothing
+        seen.append(sql(log_url, "SELECT count(*) FROM outbox_log.log_records")[0][0])
+
+    results, more = syncs(meanwhile)
+    assert results == [None] * 32
+    assert seen == [40] and more > 1, (seen, more)
+    assert values(log_url, topic) == sorted([*range(8), *range(8, 40), *range(8, 40)])
+
+
+def test_an_append_onto_a_partition_that_is_not_the_one_named_stores_nothing(
+    log_url: str, publisher: PgLogPublisher
+) -> None:
+    """`log_append` is all or nothing: named partitions that are not what the publisher
+    thinks (renamed by hand between its read and its append) take no record and no offset."""
+    topic = "renamed"
+    assert publisher.publish(batch(topic, 0, 8)) == [None] * 8
+    ends = partition_rows(log_url, topic)
+    ids = sorted(publisher._topics.names)
+    sql(
+        log_url,
+        "UPDATE outbox_log.log_partitions SET partition = partition + 10 WHERE id = %s",
+        (ids[-1],),
+    )
+    params = {
+        "partition_ids": ids,
+        "keys": [b"k"] * len(ids),
+        "values": [b"v"] * len(ids),
+        "headers": [None] * len(ids),
+        "channel": "outbox_log_never",
+        "expected_ids": ids,
+        "expected_topics": [publisher._topics.names[i][0] for i in ids],
+        "expected_partitions": [publisher._topics.names[i][1] for i in ids],
+    }
+    with psycopg.connect(log_url, autocommit=True) as conn:
+        row = conn.execute(publisher._sql["log_append"], params).fetchone()
+    assert row is not None
+    assert row[0] == 0, row
+    assert list(row[2]) == ids and row[3] == [topic] * len(ids), row
+    assert row[4][-1] == publisher._topics.names[ids[-1]][1] + 10, row
+    assert sql(log_url, "SELECT count(*) FROM outbox_log.log_records WHERE value = 'v'") == [(0,)]
+    moved = {p - 10 if p >= 10 else p: n for p, n in partition_rows(log_url, topic).items()}
+    assert moved == ends
+    # The publisher itself reads the topic again and appends the batch whole.
+    assert publisher.publish(batch(topic, 8, 24)) == [None] * 16
+    assert values(log_url, topic) == list(range(24))
 
 
 # -- partitions added -----------------------------------------------------------------------------

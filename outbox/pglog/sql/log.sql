@@ -22,29 +22,37 @@ WITH topic AS (
 INSERT INTO {schema}.log_partitions (topic_id, partition)
 SELECT topic.id, p FROM topic, generate_series(0, topic.partitions - 1) AS p;
 
--- name: log_lock_partitions
--- The counter rows of a batch's partitions, locked in id order, so that two publishers whose
--- batches share partitions never deadlock (log_append then updates them). Returns (id, topic,
--- partition) of each one found: the publisher checks that every partition it chose still
--- exists and is still the one it thinks (a topic or partition deleted or recreated by hand).
-SELECT p.id, t.name, p.partition
-FROM {schema}.log_partitions p JOIN {schema}.log_topics t ON t.id = p.topic_id
-WHERE p.id = ANY(%(partition_ids)s)
-ORDER BY p.id
-FOR UPDATE OF p;
-
 -- name: log_append
--- Reserve gapless offsets per partition through its counter row and insert the batch there.
--- The counter row stays locked until commit, so a partition's offsets commit in order: a
--- reader that sees offset n committed sees every offset before it (no keyset trap). Within a
--- partition the records keep their order in the batch (`ord`). Wakes the subscribers that
+-- Append a batch, in one statement (one round trip, its own transaction when the session is
+-- in autocommit). First the counter rows of its partitions are locked in id order (`locked`),
+-- so that two publishers whose batches share partitions never deadlock. Then, all or nothing:
+-- only if every partition the publisher names (`expected_ids`, distinct) still exists and is
+-- still the topic and partition number it thinks (`expected_topics`, `expected_partitions`; a
+-- topic or partition deleted or recreated by hand is not), gapless offsets are reserved per
+-- partition through its counter row and the batch inserted there. The counter row stays locked
+-- until commit, so a partition's offsets commit in order: a reader that sees offset n
+-- committed sees every offset before it (no keyset trap). Within a partition the records keep
+-- their order in the batch (`ord`). The records of one partition get one random append id
+-- (docs/decisions/0019): with its offset it names a record for the readers, who check that the
+-- record before their position is still the one they read. Wakes the subscribers that
 -- announced a nap (log_members.sleeping), and the servers whose long polls wait for records
--- (log_listeners, `outbox serve`); the notification is delivered at commit. Returns
--- how many records it appended: fewer than the batch when a partition's counter row is gone,
--- which the publisher checks before it commits. The records of one partition get one random
--- append id (docs/decisions/0019): with its offset it names a record for the readers, who
--- check that the record before their position is still the one they read.
-WITH batch AS (
+-- (log_listeners, `outbox serve`); the notification is delivered at commit. Returns how many
+-- records it appended (the batch, or 0), and the (id, topic, partition) of the partitions it
+-- found, for the publisher to say why it appended nothing.
+WITH locked AS MATERIALIZED (
+    SELECT p.id, t.name, p.partition
+    FROM {schema}.log_partitions p JOIN {schema}.log_topics t ON t.id = p.topic_id
+    WHERE p.id = ANY(%(expected_ids)s::int[])
+    ORDER BY p.id
+    FOR UPDATE OF p
+), intact AS MATERIALIZED (
+    SELECT count(*) = cardinality(%(expected_ids)s::int[]) AS ok
+    FROM locked l
+    JOIN unnest(
+        %(expected_ids)s::int[], %(expected_topics)s::text[], %(expected_partitions)s::int[]
+    ) AS e(id, topic, partition)
+        ON e.id = l.id AND e.topic = l.name AND e.partition = l.partition
+), batch AS (
     SELECT *
     FROM unnest(
         %(partition_ids)s::int[], %(keys)s::bytea[], %(values)s::bytea[], %(headers)s::bytea[]
@@ -53,7 +61,7 @@ WITH batch AS (
     SELECT partition_id, count(*) AS n FROM batch GROUP BY partition_id
 ), reserved AS (
     UPDATE {schema}.log_partitions p SET next_offset = p.next_offset + c.n
-    FROM counts c WHERE p.id = c.partition_id
+    FROM counts c WHERE p.id = c.partition_id AND (SELECT ok FROM intact)
     RETURNING p.id, p.next_offset - c.n AS first_offset, (random() * 9.2e18)::bigint AS append_id
 ), appended AS (
     INSERT INTO {schema}.log_records (partition_id, log_offset, key, value, headers, append_id)
@@ -65,8 +73,12 @@ WITH batch AS (
 )
 SELECT (SELECT count(*) FROM appended),
        (SELECT pg_notify(%(channel)s, '')
-        WHERE EXISTS (SELECT 1 FROM {schema}.log_members WHERE sleeping)
-           OR EXISTS (SELECT 1 FROM {schema}.log_listeners)) IS NOT NULL;
+        WHERE (SELECT ok FROM intact)
+          AND (EXISTS (SELECT 1 FROM {schema}.log_members WHERE sleeping)
+               OR EXISTS (SELECT 1 FROM {schema}.log_listeners))) IS NOT NULL,
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM locked),
+       (SELECT coalesce(array_agg(name ORDER BY id), '{}') FROM locked),
+       (SELECT coalesce(array_agg(partition ORDER BY id), '{}') FROM locked);
 
 -- name: log_repair_counters
 -- Move the counters of partitions past the highest offset they hold, never backwards: a record
