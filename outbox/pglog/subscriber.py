@@ -188,6 +188,11 @@ class PgLogSubscriber:
         #: announced: `commit` ends the nap. `_busy_since`: since when every look found records.
         self._awake = False
         self._busy_since: float | None = None
+        #: Offsets `commit` took and not yet stored: partition id -> (next offset, append id
+        #: of the record before it). Sent with the next fetch, in its round trip; alone
+        #: before a rebalance, while a partition drains, and at `close`. Dropped with the
+        #: session: the partitions may have other owners after a reconnect.
+        self._pending: dict[int, tuple[int, int | None]] = {}
         self._next_rebalance = 0.0
         self._next_connect = 0.0
         self._reconnect_delay = 0.1
@@ -311,6 +316,7 @@ class PgLogSubscriber:
         self._reconnect_delay = min(2 * self._reconnect_delay, MAX_RECONNECT_DELAY)
 
     def _forget_session(self) -> None:
+        self._pending.clear()
         self._positions.clear()
         self._committed.clear()
         self._draining.clear()
@@ -584,6 +590,10 @@ class PgLogSubscriber:
     def _poll_once(self, conn: Connection, max_records: int, deadline: float) -> InboxBatch | None:
         """Fetch once; when nothing is there, announce the nap (then look once more), or wait
         for a notification until `deadline`. Empty when the caller should look again."""
+        if self._pending and (self._draining or time.monotonic() >= self._next_rebalance):
+            # A draining partition is given up, and a rebalance may give partitions up, only
+            # once what was read from them is committed.
+            self._flush(conn)
         self._rebalance(conn)
         rows = self._fetch(conn, max_records)
         if rows:
@@ -616,26 +626,35 @@ class PgLogSubscriber:
         self._sleeping = sleeping
 
     def _fetch(self, conn: Connection, max_records: int) -> InboxBatch:
+        """The next records of the partitions read, with the offsets `commit` left pending
+        sent in the same round trip (one pipeline, one implicit transaction)."""
         batch = InboxBatch()
         reading = [p for p in sorted(self._positions) if p not in self._draining]
         if not reading:
+            self._flush(conn)
             return batch
         # Start with another partition each time, so that a busy one does not starve the rest.
         self._turn = (self._turn + 1) % len(reading)
         reading = reading[self._turn :] + reading[: self._turn]
         positions = [self._positions[p] for p in reading]
         cursor = conn.cursor(binary=True)
-        records = cursor.execute(
-            self._sql["log_fetch"],
-            {
-                "partition_ids": reading,
-                "positions": positions,
-                "append_ids": [
-                    self._append_id(p, o - 1) for p, o in zip(reading, positions, strict=True)
-                ],
-                "limit": max_records,
-            },
-        ).fetchall()
+        params = {
+            "partition_ids": reading,
+            "positions": positions,
+            "append_ids": [
+                self._append_id(p, o - 1) for p, o in zip(reading, positions, strict=True)
+            ],
+            "limit": max_records,
+        }
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            with conn.pipeline():
+                self._send_commit(conn, pending)
+                cursor.execute(self._sql["log_fetch"], params)
+            self._stored(pending)
+        else:
+            cursor.execute(self._sql["log_fetch"], params)
+        records = cursor.fetchall()
         names = self._names
         marks_of = self._marks
         add = batch.add
@@ -724,53 +743,80 @@ class PgLogSubscriber:
         self._marks[partition_id] = kept[-MARKS:]
 
     def commit(self, batch: InboxBatch) -> None:
-        """Store the group's next offsets after `batch`, in the partitions this member's
-        session holds (read by it); a failure, or a partition no longer held, is logged (its
-        records are delivered again, to its owner)."""
+        """Take the group's next offsets after `batch`, in the partitions this member's
+        session holds (read by it): stored with the next `poll`'s fetch, in its round trip (or
+        alone before a rebalance, while a partition drains, and at `close`), as Kafka's
+        asynchronous commit. A failure, or a partition no longer held, is logged (its records
+        are delivered again, to its owner)."""
         next_offsets = batch.next_offsets()
         if not next_offsets:
             return
         self._active_at = time.monotonic()
         with self._io:
-            conn = self._connection()
             held = {name: p for p, name in self._names.items()}
-            last: dict[int, int] = {}
+            taken = 0
             for name, o in next_offsets.items():
                 p = held.get(name)
                 if p is None:
                     continue
-                if o <= self._positions[p]:
-                    last[p] = o
-                elif p in self._read_again:
+                if o > self._positions[p]:
+                    if p not in self._read_again:
+                        continue
                     # Read before the partition went back under this member: its records
                     # from where the partition is read again on are not the log's any more.
-                    last[p] = self._read_again[p]
-            if len(last) < len(next_offsets):
+                    o = self._read_again[p]
+                taken += 1
+                was = self._pending.get(p)
+                if was is None or o >= was[0]:
+                    self._pending[p] = (o, self._append_id(p, o - 1))
+            if taken < len(next_offsets):
                 log.warning(
                     "log subscriber (group %s): offsets of %d partitions not committed: this "
                     "member no longer holds them (its session was lost or ended); their "
                     "records are delivered again, to their owner",
                     self._label,
-                    len(next_offsets) - len(last),
+                    len(next_offsets) - taken,
                 )
-            if conn is None or not last:
+
+    def flush(self) -> None:
+        """Store the offsets `commit` took now, not with the next fetch."""
+        with self._io:
+            conn = self._conn
+            if conn is None or conn.closed or not self._pending:
                 return
-            params = {
-                "group_id": self._group_id,
-                "partition_ids": list(last),
-                "next_offsets": list(last.values()),
-                "append_ids": [self._append_id(p, o - 1) for p, o in last.items()],
-            }
             try:
-                conn.execute(self._sql["log_commit"], params)
-                if self._awake and self._sleeping:
-                    self._set_sleeping(conn, False)
-                self._awake = False
-                for p, o in last.items():
-                    self._committed[p] = max(self._committed[p], o)
-                self._release_drained(conn)
+                self._flush(conn)
             except psycopg.Error as exc:
                 self._failed(exc, " committing offsets (the batch will be delivered again)")
+
+    def _flush(self, conn: Connection) -> None:
+        """Store the pending offsets in a round trip of their own, then give up the draining
+        partitions whose records read are all committed."""
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            self._send_commit(conn, pending)
+            self._stored(pending)
+        self._release_drained(conn)
+
+    def _send_commit(self, conn: Connection, pending: dict[int, tuple[int, int | None]]) -> None:
+        """Send `log_commit` for `pending` (and end the nap when records kept coming)."""
+        conn.execute(
+            self._sql["log_commit"],
+            {
+                "group_id": self._group_id,
+                "partition_ids": list(pending),
+                "next_offsets": [o for o, _ in pending.values()],
+                "append_ids": [a for _, a in pending.values()],
+            },
+        )
+        if self._awake and self._sleeping:
+            self._set_sleeping(conn, False)
+        self._awake = False
+
+    def _stored(self, pending: dict[int, tuple[int, int | None]]) -> None:
+        for p, (o, _) in pending.items():
+            if p in self._committed:
+                self._committed[p] = max(self._committed[p], o)
 
     def close(self) -> None:
         """Leave the group: its partitions go to the other members at their next look."""
@@ -787,6 +833,9 @@ class PgLogSubscriber:
                 return
             try:
                 if not conn.broken:
+                    if self._pending:
+                        pending, self._pending = self._pending, {}
+                        self._send_commit(conn, pending)
                     conn.execute(self._sql["log_member_unregister"], {"member_id": self.member_id})
             except psycopg.Error as exc:
                 log.debug("log subscriber close: %s", exc)

@@ -576,7 +576,8 @@ def test_a_woken_member_keeps_its_nap_at_a_low_rate_and_ends_it_under_sustained_
     """The nap flag only spares publishers a NOTIFY, which costs them only under sustained
     load: a member woken for a few records keeps it (ending it and announcing it again cost two
     writes and a look per wake-up); one that finds records at every look for AWAKE_AFTER ends
-    it with a commit, after the records were handed out (a round trip before would delay them).
+    it with the commit's statement, after the records were handed out (a round trip before would
+    delay them).
     """
     PgLog(log_url).create_topic("t.nap", 1)
 
@@ -595,6 +596,7 @@ def test_a_woken_member_keeps_its_nap_at_a_low_rate_and_ends_it_under_sustained_
         batch = subscriber.poll(10, 5)
         assert len(batch) == 1
         subscriber.commit(batch)
+        subscriber.flush()  # else stored with the next look's fetch
         assert napping(), "a member woken for one record ended its nap"
         assert not subscriber.poll(10, 0.05)  # an empty look: the next records start a new run
         started, looks = time.monotonic(), 0
@@ -607,6 +609,7 @@ def test_a_woken_member_keeps_its_nap_at_a_low_rate_and_ends_it_under_sustained_
             assert len(batch) == 1
             assert napping(), "the nap ended before the records were handed out"
         subscriber.commit(batch)
+        subscriber.flush()
         assert not napping(), "sustained load did not end the nap"
     finally:
         subscriber.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from outbox.cli import main
 from outbox.core.batches import InboxBatch
@@ -73,6 +74,106 @@ def drain(member: PgLogSubscriber, expected: int, seconds: float = 20) -> list[A
     return rows
 
 
+# -- offsets: stored with the next fetch -----------------------------------------------------------
+
+
+def _round_trips(member: PgLogSubscriber, tmp_path: Any, poll: Any) -> tuple[Any, int]:
+    """What `poll()` returned, and the round trips it made on `member`'s session: the
+    messages it sent that the server answers (a Sync, or a simple Query), by libpq's trace."""
+    conn = member._conn
+    assert conn is not None
+    path = tmp_path / f"trace-{time.monotonic_ns()}"
+    with open(path, "wb") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            got = poll()
+        finally:
+            conn.pgconn.untrace()
+    fields = [line.split("\t") for line in path.read_text(errors="replace").splitlines()]
+    return got, sum(1 for f in fields if f[:1] == ["F"] and f[2:3] in (["Sync"], ["Query"]))
+
+
+def test_offsets_committed_are_stored_with_the_next_fetch_in_its_round_trip(
+    log_url: str, tmp_path: Any
+) -> None:
+    PgLog(log_url).create_topic(TOPIC, 1)
+    member = PgLogSubscriber(log_url, [TOPIC], "g-rt", rebalance_interval=3600)
+    try:
+        publish(log_url, TOPIC, 0, 10)
+        first = drain(member, 10)
+        member.flush()
+        assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 10}
+        publish(log_url, TOPIC, 10, 15)
+        batch, trips = _round_trips(member, tmp_path, lambda: member.poll(100, 5))
+        assert len(batch) == 5 and trips == 1, (len(batch), trips)
+        member.commit(batch)
+        # Taken, not yet stored: the next fetch carries it, in the same single round trip.
+        assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 10}
+        publish(log_url, TOPIC, 15, 17)
+        batch, trips = _round_trips(member, tmp_path, lambda: member.poll(100, 5))
+        assert len(batch) == 2 and trips == 1, (len(batch), trips)
+        assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 15}
+        member.commit(batch)
+    finally:
+        member.close()  # stores what is pending before it leaves
+    assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 17}
+    assert len(first) == 10
+
+
+def test_offsets_pending_when_the_session_is_lost_are_dropped_and_the_batch_read_again(
+    log_url: str,
+) -> None:
+    PgLog(log_url).create_topic(TOPIC, 1)
+    member = PgLogSubscriber(log_url, [TOPIC], "g-lost", rebalance_interval=3600)
+    try:
+        publish(log_url, TOPIC, 0, 10)
+        batch = member.poll(100, 5)
+        assert len(batch) == 10
+        member.commit(batch)
+        conn = member._conn
+        assert conn is not None
+        sql(log_url, "SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        # The next look finds the session gone: the offsets held for it go with it (after a
+        # reconnect another member may own the partition), and the batch comes again.
+        again: list[Any] = []
+        deadline = time.monotonic() + 15
+        while len(again) < 10:
+            assert time.monotonic() < deadline, len(again)
+            again.extend(member.poll(100, 0.2).rows())
+        assert sorted(int(r.payload) for r in again) == list(range(10))
+        assert PgLog(log_url).committed("g-lost", TOPIC) in ({}, {0: 0})
+        member.commit(InboxBatch.of(again))
+    finally:
+        member.close()
+    assert PgLog(log_url).committed("g-lost", TOPIC) == {0: 10}
+
+
+def test_a_draining_partition_is_given_up_only_after_its_pending_offsets_are_stored(
+    log_url: str,
+) -> None:
+    PgLog(log_url).create_topic(TOPIC, 2)
+    first = PgLogSubscriber(log_url, [TOPIC], "g-drain", rebalance_interval=0.1)
+    second: PgLogSubscriber | None = None
+    try:
+        settle([first], [2])
+        publish(log_url, TOPIC, 0, 200)
+        read = drain(first, 200)  # committed batch by batch: the last one is still pending
+        second = PgLogSubscriber(log_url, [TOPIC], "g-drain", rebalance_interval=0.1)
+        settle([first, second], [1, 1])
+        # Every record was stored by the first before it let a partition go: the second
+        # reads none of them again.
+        assert second.poll(1000, 0.5).rows() == []
+        assert sorted(int(r.payload) for r in read) == list(range(200))
+        committed = PgLog(log_url).committed("g-drain", TOPIC)
+        assert sum(committed.values()) >= 200 - max(committed.values()), committed
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    assert sum(PgLog(log_url).committed("g-drain", TOPIC).values()) == 200
+
+
 # -- liveness: a member that stops ----------------------------------------------------------------
 
 
@@ -115,9 +216,11 @@ def test_a_member_that_stops_polling_is_evicted_and_cannot_commit_over_its_succe
         with caplog.at_level(logging.WARNING, "outbox.pglog"):
             frozen.commit(in_hand)
             frozen.commit(in_hand)
+            frozen.flush()  # else sent with its next fetch
         assert PgLog(log_url).committed("g", TOPIC) == before
         assert "not committed" in caplog.text or "lost the log database" in caplog.text
         survivor.commit(InboxBatch.of(rows))
+        survivor.flush()
         ends = {p: n for p, n in _ends(log_url).items()}
         assert PgLog(log_url).committed("g", TOPIC) == ends
         settle([frozen, survivor], [2, 2])
