@@ -72,7 +72,9 @@ class Subscriber(Protocol):
         """Record that `batch` is stored: the group resumes after its last record of each
         partition (`InboxBatch.next_offsets`).
 
-        Best effort: a lost commit (logged) only means a redelivery, which the inbox absorbs.
+        Asynchronous, and best effort: the offsets may reach the broker or the log later (the
+        log sends them with the next `poll`'s fetch, and at `close`), and a lost commit
+        (logged) only means a redelivery, which the inbox absorbs.
         """
         ...
 
