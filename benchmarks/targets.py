@@ -285,10 +285,24 @@ def _tenants(
         n = _get(row, "tenants")
         text += f" ({n:,.0f} tenants, --max-connections {_get(row, 'budget per daemon'):,.0f})"
         if not ok:
-            return MISSED, text
+            return MISSED, text + _connect_floor(row)
         return (MET if n >= TENANTS else SMALLER), text
 
     return judge
+
+
+def _connect_floor(row: Row) -> str:
+    """What connects alone take at this scale (`benchmarks.tenants.connect_floor`), when the
+    run measured it and they take more than the machine has: no daemon can meet a latency
+    target with the connects it cannot avoid queueing for the CPU."""
+    cores, have = _get(row, "connect floor cores"), _get(row, "cores")
+    if not cores > 0 or not have > 0:
+        return ""
+    text = (
+        f"; connect floor: {_get(row, 'connect floor connects/s'):,.0f} connects/s at "
+        f"{_get(row, 'connect CPU ms'):.1f} ms of CPU each take {cores:.1f} of {have:.0f} cores"
+    )
+    return text + (", beyond this machine" if cores >= have else "")
 
 
 def _start_up(row: Row) -> tuple[bool, str]:

@@ -19,7 +19,10 @@ Two questions, each with the real daemons as separate processes:
    the commit-to-handled latency at 0.5 msg/s per tenant (p50, p99 over all, and the worst
    tenant's p99), the same while one tenant floods `--flood` messages, and the wake-up of
    tenants parked for a while (commit to handled, 10 of them, 2 s apart). Issue 36's targets
-   beside them, in the Targets section (`benchmarks/targets.py`).
+   beside them, in the Targets section (`benchmarks/targets.py`). Its floor, measured first in
+   the same run: what a connect costs the machine (`connect_cost`: client and server CPU), and
+   the connects each second that N tenants at 0.5 msg/s need at least under the budget
+   (`connect_floor`), in cores.
 
 `python -m benchmarks.tenants [--backlog N] [--databases N] [--seconds S] [--only scale
 --scale 10,100 --budget 80 --flood 50000]` starts its own PostgreSQL and broker (the test
@@ -53,6 +56,8 @@ from outbox.testing.plugin import TANSU_CONSUMER_SETTINGS
 SETTLE = 60.0
 #: Seconds between two messages of the quiet tenant.
 QUIET_EVERY = 0.05
+#: Messages a second each tenant sends in the scale run's steady phases.
+STEADY_RATE = 0.5
 
 
 def _template(ctx: Context) -> str:
@@ -319,6 +324,37 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _busy_seconds() -> float:
+    """The CPU time every process of the machine has used since boot (/proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def connect_cost(url: str, count: int = 200) -> tuple[float, float]:
+    """A connect and close to `url` on this machine, `count` times in a row: its wall time
+    and the CPU it costs the client and the server together (the machine's CPU time over the
+    loop, so the machine should be otherwise quiet), in ms each."""
+    busy, start = _busy_seconds(), time.perf_counter()
+    for _ in range(count):
+        psycopg.connect(url, application_name="outbox-bench-connect").close()
+    wall = time.perf_counter() - start
+    return wall * 1000 / count, (_busy_seconds() - busy) * 1000 / count
+
+
+#: The daemons that each need a connection to a tenant's database for each of its messages.
+DAEMONS = 3
+
+
+def connect_floor(n: int, budget: int, rate: float, cpu_ms: float) -> tuple[float, float]:
+    """The connects a second a set of daemons needs at least, and the cores they take: with
+    `n` tenants each sending `rate` messages a second in turn and each daemon holding at most
+    `budget` connections, at most `budget` tenants can stay connected, so a message of any
+    other tenant needs a connect in each of the `DAEMONS` daemons (its relay or its writer)."""
+    per_second = DAEMONS * n * rate * max(0.0, 1 - budget / n)
+    return per_second, per_second * cpu_ms / 1000
+
+
 def _by_daemon(admin_url: str) -> dict[str, int]:
     with psycopg.connect(admin_url) as conn:
         rows = conn.execute(
@@ -454,6 +490,9 @@ def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Resu
     template = template_url.rsplit("/", 1)[1]
     urls = {f"t{i}": _copy(ctx, template) for i in range(n)}
     quarantine = _copy(ctx, template)
+    # The floor of what connects cost at this scale, measured before anything else runs.
+    wall_ms, cpu_ms = connect_cost(urls["t0"])
+    needed, cores = connect_floor(n, budget, STEADY_RATE, cpu_ms)
     file = ctx.out_dir / f"scale-{n}.txt"
     file.write_text("".join(f"{name}={url}\n" for name, url in urls.items()))
     common = ("--databases-file", str(file), "--max-connections", str(budget))
@@ -485,7 +524,15 @@ def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Resu
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    metrics: dict[str, float] = {"tenants": n, "budget per daemon": budget}
+    metrics: dict[str, float] = {
+        "tenants": n,
+        "budget per daemon": budget,
+        "connect wall ms": wall_ms,
+        "connect CPU ms": cpu_ms,
+        "connect floor connects/s": needed,
+        "connect floor cores": cores,
+        "cores": float(os.cpu_count() or 1),
+    }
     try:
         first = {name: _send_one(url, name, topic) for name, url in urls.items()}
         deadline = time.monotonic() + 300
@@ -502,7 +549,7 @@ def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Resu
         )
         metrics["start-up first messages handled"] = len(seen)
         cpu = {daemon: _cpu(process.pid) for daemon, process in processes.items()}
-        sent = _steady(urls, topic, seconds)
+        sent = _steady(urls, topic, seconds, STEADY_RATE)
         for daemon, process in processes.items():
             used = _cpu(process.pid) - cpu[daemon]
             metrics[f"{daemon} CPU ms per message"] = used * 1000 / max(1, len(sent))
@@ -526,7 +573,7 @@ def scale(ctx: Context, n: int, seconds: float, budget: int, flood: int) -> Resu
                             for i in range(start, min(flood, start + 5000))
                         ],
                     )
-        sent = _steady(quiet, topic, seconds)
+        sent = _steady(quiet, topic, seconds, STEADY_RATE)
         everything, per, hops = _latencies(quiet, sent)
         metrics.update(_summary("beside a flood", everything, per, len(sent), hops))
         # Parked tenants: every relay idle for its --idle-disconnect (10 s) and more.

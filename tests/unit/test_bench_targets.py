@@ -269,6 +269,34 @@ def test_issue_36s_targets_each_missed_on_their_own_measure() -> None:
     assert verdict(16, **{"beside a flood handled": 10}) == targets.MISSED
 
 
+def test_a_missed_tenants_target_names_the_connect_floor_when_it_is_beyond_the_machine() -> None:
+    from benchmarks.tenants import connect_floor
+
+    # 500 tenants at 0.5 msg/s, 150 connections per daemon: 350 tenants' messages need a
+    # connect in each of the three daemons; none at 100 tenants.
+    assert connect_floor(500, 150, 0.5, 6.0) == (525.0, 3.15)
+    assert connect_floor(100, 150, 0.5, 6.0) == (0.0, 0.0)
+    floor = {
+        "connect CPU ms": 6.0,
+        "connect floor connects/s": 525.0,
+        "connect floor cores": 3.15,
+        "cores": 2.0,
+    }
+    late = targets.judge([_scale(500, **{"0.5 msg/s worst tenant p99 ms": 86_000}, **floor)])[13]
+    assert late.verdict == targets.MISSED
+    assert late.measurement.endswith(
+        "; connect floor: 525 connects/s at 6.0 ms of CPU each take 3.1 of 2 cores, "
+        "beyond this machine"
+    ), late.measurement
+    within = dict(floor, **{"connect floor cores": 0.8})
+    late = targets.judge([_scale(500, **{"0.5 msg/s worst tenant p99 ms": 1500}, **within)])[13]
+    assert late.measurement.endswith("take 0.8 of 2 cores"), late.measurement
+    # Met, or measured without the floor: nothing said of it.
+    assert "connect floor" not in targets.judge([_scale(500, **floor)])[13].measurement
+    old = targets.judge([_scale(500, **{"0.5 msg/s worst tenant p99 ms": 86_000})])[13]
+    assert "connect floor" not in old.measurement
+
+
 def test_the_command_judges_several_files_together_and_refuses_what_is_not_one(
     tmp_path: Any, capsys: Any
 ) -> None:
