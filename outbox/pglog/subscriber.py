@@ -647,11 +647,9 @@ class PgLogSubscriber:
             "limit": max_records,
         }
         if self._pending:
-            pending, self._pending = self._pending, {}
             with conn.pipeline():
-                self._send_commit(conn, pending)
+                self._commit_pending(conn)
                 cursor.execute(self._sql["log_fetch"], params)
-            self._stored(pending)
         else:
             cursor.execute(self._sql["log_fetch"], params)
         records = cursor.fetchall()
@@ -792,14 +790,16 @@ class PgLogSubscriber:
     def _flush(self, conn: Connection) -> None:
         """Store the pending offsets in a round trip of their own, then give up the draining
         partitions whose records read are all committed."""
-        if self._pending:
-            pending, self._pending = self._pending, {}
-            self._send_commit(conn, pending)
-            self._stored(pending)
+        self._commit_pending(conn)
         self._release_drained(conn)
 
-    def _send_commit(self, conn: Connection, pending: dict[int, tuple[int, int | None]]) -> None:
-        """Send `log_commit` for `pending` (and end the nap when records kept coming)."""
+    def _commit_pending(self, conn: Connection) -> None:
+        """Send `log_commit` for the pending offsets, and end the nap when records kept
+        coming; they count as this member's committed ones (a failure of the statement, seen
+        here or at the end of the caller's pipeline, forgets the session with them)."""
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
         conn.execute(
             self._sql["log_commit"],
             {
@@ -812,8 +812,6 @@ class PgLogSubscriber:
         if self._awake and self._sleeping:
             self._set_sleeping(conn, False)
         self._awake = False
-
-    def _stored(self, pending: dict[int, tuple[int, int | None]]) -> None:
         for p, (o, _) in pending.items():
             if p in self._committed:
                 self._committed[p] = max(self._committed[p], o)
@@ -833,9 +831,7 @@ class PgLogSubscriber:
                 return
             try:
                 if not conn.broken:
-                    if self._pending:
-                        pending, self._pending = self._pending, {}
-                        self._send_commit(conn, pending)
+                    self._commit_pending(conn)
                     conn.execute(self._sql["log_member_unregister"], {"member_id": self.member_id})
             except psycopg.Error as exc:
                 log.debug("log subscriber close: %s", exc)
