@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from outbox import Broker, Handlers, InboxMessage
 from outbox.cli import main
@@ -65,6 +66,21 @@ def publish(url: str, topic: str, start: int, stop: int, keys: int = 16) -> None
         assert publisher.publish(batch) == [None] * len(batch)
     finally:
         publisher.close()
+
+
+def round_trips(conn: psycopg.Connection[Any], tmp_path: Any, call: Any) -> tuple[Any, int]:
+    """What `call()` returned, and the round trips it made on `conn`: the messages it sent
+    that the server answers (a Sync, or a simple Query such as BEGIN), by libpq's trace."""
+    path = tmp_path / f"trace-{time.monotonic_ns()}"
+    with open(path, "wb") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            got = call()
+        finally:
+            conn.pgconn.untrace()
+    fields = [line.split("\t") for line in path.read_text(errors="replace").splitlines()]
+    return got, sum(1 for f in fields if f[:1] == ["F"] and f[2:3] in (["Sync"], ["Query"]))
 
 
 def log_consumer(

@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import pq
 
 from outbox.cli import main
 from outbox.core.batches import InboxBatch
@@ -24,7 +23,7 @@ from outbox.pglog.log import upgrade as upgrade_log
 from outbox.testing.plugin import DatabaseFactory
 
 from .relay_helpers import Daemon, wait_for
-from .test_pglog import message, publish
+from .test_pglog import message, publish, round_trips
 
 TOPIC = "groups.topic"
 
@@ -77,23 +76,6 @@ def drain(member: PgLogSubscriber, expected: int, seconds: float = 20) -> list[A
 # -- offsets: stored with the next fetch -----------------------------------------------------------
 
 
-def _round_trips(member: PgLogSubscriber, tmp_path: Any, poll: Any) -> tuple[Any, int]:
-    """What `poll()` returned, and the round trips it made on `member`'s session: the
-    messages it sent that the server answers (a Sync, or a simple Query), by libpq's trace."""
-    conn = member._conn
-    assert conn is not None
-    path = tmp_path / f"trace-{time.monotonic_ns()}"
-    with open(path, "wb") as trace:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            got = poll()
-        finally:
-            conn.pgconn.untrace()
-    fields = [line.split("\t") for line in path.read_text(errors="replace").splitlines()]
-    return got, sum(1 for f in fields if f[:1] == ["F"] and f[2:3] in (["Sync"], ["Query"]))
-
-
 def test_offsets_committed_are_stored_with_the_next_fetch_in_its_round_trip(
     log_url: str, tmp_path: Any
 ) -> None:
@@ -105,13 +87,15 @@ def test_offsets_committed_are_stored_with_the_next_fetch_in_its_round_trip(
         member.flush()
         assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 10}
         publish(log_url, TOPIC, 10, 15)
-        batch, trips = _round_trips(member, tmp_path, lambda: member.poll(100, 5))
+        assert member._conn is not None
+        batch, trips = round_trips(member._conn, tmp_path, lambda: member.poll(100, 5))
         assert len(batch) == 5 and trips == 1, (len(batch), trips)
         member.commit(batch)
         # Taken, not yet stored: the next fetch carries it, in the same single round trip.
         assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 10}
         publish(log_url, TOPIC, 15, 17)
-        batch, trips = _round_trips(member, tmp_path, lambda: member.poll(100, 5))
+        assert member._conn is not None
+        batch, trips = round_trips(member._conn, tmp_path, lambda: member.poll(100, 5))
         assert len(batch) == 2 and trips == 1, (len(batch), trips)
         assert PgLog(log_url).committed("g-rt", TOPIC) == {0: 15}
         member.commit(batch)

@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox import Broker
@@ -31,7 +30,7 @@ from outbox.pglog.publisher import LogAppendRefused
 from outbox.testing.plugin import DatabaseFactory
 
 from .relay_helpers import Daemon, count, spawn_producer, wait_for
-from .test_pglog import message
+from .test_pglog import message, round_trips
 
 broker = Broker()
 
@@ -240,18 +239,9 @@ def test_an_append_is_one_round_trip_without_meanwhile_and_waits_for_it_with_one
     assert conn is not None
 
     def syncs(meanwhile: Any) -> tuple[list[Any], int]:
-        """The outcomes of an append, and its round trips: the messages it sent that the
-        server answers (a Sync, or a simple Query such as BEGIN), by libpq's trace."""
-        path = tmp_path / f"trace-{uuid.uuid4()}"
-        with open(path, "wb") as trace:
-            conn.pgconn.trace(trace.fileno())
-            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                results = publisher.publish(batch(topic, 8, 40), meanwhile)
-            finally:
-                conn.pgconn.untrace()
-        fields = [line.split("\t") for line in path.read_text(errors="replace").splitlines()]
-        return results, sum(1 for f in fields if f[:1] == ["F"] and f[2:3] in (["Sync"], ["Query"]))
+        return round_trips(
+            conn, tmp_path, lambda: publisher.publish(batch(topic, 8, 40), meanwhile)
+        )
 
     results, one = syncs(None)
     assert results == [None] * 32
